@@ -1,0 +1,50 @@
+"""durable-agents: LLM agents whose side-effecting tools run at most once, even across crashes.
+
+    from durable_agents import Agent, run, tool
+    from durable_agents.stores import sqlite_store
+
+    result = await run(agent, llm=llm, message="...", session_id="s1", store=sqlite_store("a.db"))
+
+See README.md for the contract and the crash-window table.
+"""
+
+from .agent import Agent
+from .errors import (
+    ConfigurationError,
+    DurableAgentsError,
+    MemoryStoreNotDurableError,
+    MessageTooLargeError,
+    SessionConflictError,
+    StoreError,
+    ToolDurabilityError,
+)
+from .messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
+from .run import LLM, RunResult, idempotency_key, pending_tool_calls, run
+from .stores.base import SessionInfo, Store
+from .tools import Tool, ToolContext, tool
+
+__all__ = [
+    "LLM",
+    "Agent",
+    "ConfigurationError",
+    "DurableAgentsError",
+    "LLMResponse",
+    "MemoryStoreNotDurableError",
+    "Message",
+    "MessageTooLargeError",
+    "RunResult",
+    "SessionConflictError",
+    "SessionInfo",
+    "Store",
+    "StoreError",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolDurabilityError",
+    "ToolSpec",
+    "Usage",
+    "idempotency_key",
+    "pending_tool_calls",
+    "run",
+    "tool",
+]

@@ -1,0 +1,47 @@
+"""Agent: the static part of a run (who it is, what it may call, its limits)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .errors import ConfigurationError
+from .tools import Tool
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """An agent definition, shared by every session that runs it.
+
+    - `instructions`: the system message every LLM call starts with.
+    - `tools`: what the LLM may call (handlers may be supplied per run).
+    - `max_steps`: LLM calls one `run()` may make before it stops with
+      status `"max_steps"` (the session stays resumable).
+    - `max_result_bytes`: a tool result larger than this is stored as an
+      error result instead (the default stays well under D1's 2 MB row limit,
+      so a big result never makes the write that follows a side effect fail).
+    """
+
+    name: str
+    instructions: str = ""
+    tools: Sequence[Tool] = field(default=())
+    max_steps: int = 20
+    max_result_bytes: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tools", tuple(self.tools))
+        if not self.name:
+            raise ConfigurationError("an agent needs a name")
+        if self.max_steps < 1:
+            raise ConfigurationError(f"max_steps must be at least 1, got {self.max_steps}")
+        if self.max_result_bytes < 1:
+            raise ConfigurationError("max_result_bytes must be positive")
+        seen: set[str] = set()
+        for t in self.tools:
+            if not isinstance(t, Tool):
+                raise ConfigurationError(
+                    f"agent {self.name!r}: tools must be Tool objects (use @tool), got {t!r}"
+                )
+            if t.name in seen:
+                raise ConfigurationError(f"agent {self.name!r} declares tool {t.name!r} twice")
+            seen.add(t.name)

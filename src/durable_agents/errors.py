@@ -1,0 +1,161 @@
+"""Every error the kit raises, under one root.
+
+    DurableAgentsError                   code
+    ├── ConfigurationError               "configuration"
+    │   │   a setup mistake, caught before any LLM call
+    │   └── MemoryStoreNotDurableError   "memory-store-not-durable"
+    ├── SessionConflictError             "session-conflict"
+    │       another writer got there first; nothing was written
+    ├── StoreError                       "store"
+    │   │   the store failed or is unreachable
+    │   └── MessageTooLargeError         "message-too-large"
+    ├── ToolDurabilityError              "tool-durability-error"
+    │       a tool call whose result was lost in a crash and which was
+    │       not re-invoked (not `safe_to_retry`)
+    └── LLMError (durable_agents.llm)    "llm"
+            the LLM provider failed after its retries
+
+`ToolDurabilityError` is never raised by `run()`: it is the value stored as
+the tool result, for the LLM (and for code inspecting history) to see. It is
+an exception class so callers can hold, raise or pattern-match it like the
+others.
+
+Each error keeps its structured fields as attributes and has a stable `code`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from .messages import Message
+
+
+class DurableAgentsError(Exception):
+    """Root of every error raised by durable-agents."""
+
+    code: ClassVar[str] = "durable-agents"
+
+
+class ConfigurationError(DurableAgentsError, ValueError):
+    """The agent, its tools or the call to `run()` are set up wrongly."""
+
+    code = "configuration"
+
+
+class MemoryStoreNotDurableError(ConfigurationError):
+    """A `session_id` was given with a store that cannot keep it across a crash.
+
+    Use `sqlite_store(path)` (CPython) or `d1_store(env.DB)` (Workers) for a
+    durable session, or drop `session_id` to run without durability.
+    """
+
+    code = "memory-store-not-durable"
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(
+            f"session {session_id!r} was given with the in-memory store, which loses everything "
+            "when the process dies; pass a durable store (sqlite_store or d1_store) or omit "
+            "session_id to run without durability"
+        )
+
+
+class SessionConflictError(DurableAgentsError):
+    """Another writer appended to the session since this run loaded it.
+
+    Nothing of this write landed. Typical cause: two `run()`s on one session at
+    once. Load the session again (or call `run()` again with `message=None`) to
+    continue from what the winner wrote.
+    """
+
+    code = "session-conflict"
+
+    def __init__(self, session_id: str, expected_seq: int, detail: str = "") -> None:
+        self.session_id = session_id
+        self.expected_seq = expected_seq
+        suffix = f" ({detail})" if detail else ""
+        super().__init__(
+            f"session {session_id!r} changed while this run held it: expected to append at "
+            f"position {expected_seq}, but another writer got there first; nothing was written. "
+            f"Run again with message=None to continue from the stored history{suffix}"
+        )
+
+
+class StoreError(DurableAgentsError):
+    """The store failed: unreachable, locked for too long, or an unexpected SQL error."""
+
+    code = "store"
+
+    def __init__(self, message: str, *, session_id: str | None = None) -> None:
+        self.session_id = session_id
+        super().__init__(message)
+
+
+class MessageTooLargeError(StoreError):
+    """A message is larger than the store accepts in one row. Nothing was written."""
+
+    code = "message-too-large"
+
+    def __init__(self, session_id: str, size: int, limit: int, role: str) -> None:
+        self.size = size
+        self.limit = limit
+        self.role = role
+        super().__init__(
+            f"a {role} message of {size:,} bytes exceeds the store's row limit of {limit:,} "
+            "bytes; nothing was written",
+            session_id=session_id,
+        )
+
+
+class ToolDurabilityError(DurableAgentsError):
+    """A tool call was requested, but its result was never stored, and it was not re-invoked.
+
+    The run loop stores this as the call's result when it resumes a session whose
+    last step crashed between write #1 (the call) and write #2 (its result), for
+    any tool not declared `safe_to_retry`. The side effect may or may not have
+    happened; the LLM sees this error and decides (check, ask, or give up).
+
+    Its wire form (the tool message content) is JSON with exactly the keys
+    `error`, `kind`, `toolName`, `toolCallId`.
+    """
+
+    code = "tool-durability-error"
+    kind: ClassVar[str] = "tool-durability-error"
+
+    def __init__(self, tool_name: str, tool_call_id: str, message: str | None = None) -> None:
+        self.tool_name = tool_name
+        self.tool_call_id = tool_call_id
+        self.message = message or (
+            f"Tool '{tool_name}' (call {tool_call_id}) was requested but its execution did not "
+            "complete durably: the process stopped before its result was stored, so it may or may "
+            "not have taken effect. It was not re-invoked because it is not declared "
+            "safe_to_retry. Check whether the effect happened before trying again, or ask the user."
+        )
+        super().__init__(self.message)
+
+    def to_content(self) -> str:
+        """The tool message content stored for this call."""
+        return json.dumps(
+            {
+                "error": self.message,
+                "kind": self.kind,
+                "toolName": self.tool_name,
+                "toolCallId": self.tool_call_id,
+            },
+            ensure_ascii=False,
+        )
+
+    @classmethod
+    def from_message(cls, message: Message) -> ToolDurabilityError | None:
+        """The error a stored tool message carries, or None if it is not one."""
+        if message.role != "tool" or not message.content.startswith("{"):
+            return None
+        try:
+            data: Any = json.loads(message.content)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get("kind") != cls.kind:
+            return None
+        return cls(str(data.get("toolName")), str(data.get("toolCallId")), str(data.get("error")))

@@ -1,0 +1,168 @@
+"""The conversation's data: messages, tool calls, tool specs, LLM responses, usage.
+
+These are plain frozen dataclasses, provider-neutral. LLM adapters translate
+them to and from a provider's wire format; stores persist them. The JSON codec
+here (`to_dict` / `from_dict`) is what the HTTP API and the CLI print.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool invocation requested by the LLM.
+
+    `id` is the provider's call id; the run loop replaces an empty or
+    duplicate id with a generated one before the call is stored, so every
+    stored call can be matched to exactly one result.
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ToolCall:
+        arguments = data.get("arguments") or {}
+        if not isinstance(arguments, dict):
+            raise ValueError(
+                f"tool call arguments must be an object, got {type(arguments).__name__}"
+            )
+        return cls(id=str(data.get("id") or ""), name=str(data["name"]), arguments=arguments)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens used by LLM calls. Adds up with `+`."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_dict(self) -> dict[str, int]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One entry of a conversation.
+
+    - `system` / `user`: `content` is the text.
+    - `assistant`: `content` is the text (may be empty) and `tool_calls` the
+      calls it requested; `usage` is what the LLM call that produced it cost,
+      stored with it so token accounting survives a crash.
+    - `tool`: the result of one call: `tool_call_id`, `tool_name`, and
+      `content` (a string; JSON with an `error` key when the call failed).
+    """
+
+    role: Role
+    content: str = ""
+    tool_calls: Sequence[ToolCall] = ()
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    usage: Usage | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"unknown message role {self.role!r}; expected one of {sorted(ROLES)}")
+        if not isinstance(self.tool_calls, tuple):
+            object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+
+    @classmethod
+    def system(cls, text: str) -> Message:
+        return cls("system", text)
+
+    @classmethod
+    def user(cls, text: str) -> Message:
+        return cls("user", text)
+
+    @classmethod
+    def assistant(
+        cls, text: str = "", tool_calls: Sequence[ToolCall] = (), usage: Usage | None = None
+    ) -> Message:
+        return cls("assistant", text, tuple(tool_calls), usage=usage)
+
+    @classmethod
+    def tool_result(cls, call: ToolCall, content: str) -> Message:
+        return cls("tool", content, tool_call_id=call.id, tool_name=call.name)
+
+    @property
+    def is_final_reply(self) -> bool:
+        """An assistant message that asks for no tool: the end of a turn."""
+        return self.role == "assistant" and not self.tool_calls
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            data["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            data["tool_call_id"] = self.tool_call_id
+        if self.tool_name is not None:
+            data["tool_name"] = self.tool_name
+        if self.usage is not None:
+            data["usage"] = self.usage.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Message:
+        usage = data.get("usage")
+        return cls(
+            role=data["role"],
+            content=data.get("content") or "",
+            tool_calls=tuple(ToolCall.from_dict(c) for c in data.get("tool_calls") or ()),
+            tool_call_id=data.get("tool_call_id"),
+            tool_name=data.get("tool_name"),
+            usage=Usage(**usage) if usage else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What the LLM is told about a tool: its name, description and input JSON schema."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LLMResponse:
+    """One LLM reply: text, the tool calls it requests (maybe none), and usage."""
+
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage | None = None
+
+
+def encode_tool_calls(calls: Sequence[ToolCall]) -> str | None:
+    """The JSON stored in the `tool_calls` column; None when there are none."""
+    if not calls:
+        return None
+    return json.dumps([c.to_dict() for c in calls], separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_tool_calls(raw: str | None) -> tuple[ToolCall, ...]:
+    if not raw:
+        return ()
+    return tuple(ToolCall.from_dict(c) for c in json.loads(raw))

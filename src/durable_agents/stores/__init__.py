@@ -1,0 +1,31 @@
+"""Where sessions live. One protocol, one backend per module.
+
+- `memory_store()`: a dict in this process. Not durable: for tests and
+  stateless runs only (a `session_id` with it raises
+  `MemoryStoreNotDurableError`).
+- `sqlite_store(path)`: a SQLite file, durable across crashes and shared by
+  processes. The CPython choice.
+- `durable_agents.cloudflare.d1_store(env.DB)`: Cloudflare D1. The Workers choice.
+
+Every store keeps a session as an append-only list of messages numbered from
+0. Its one write path is `append_messages_atomic(session_id, expected_seq,
+messages)`: all messages land or none do, and only if the session holds
+exactly `expected_seq` messages when the write commits; otherwise it raises
+`SessionConflictError`. That condition is what makes two concurrent runs of
+one session safe.
+"""
+
+from __future__ import annotations
+
+from .base import SessionInfo, Store
+from .memory import MemoryStore, memory_store
+from .sqlite import SQLiteStore, sqlite_store
+
+__all__ = [
+    "MemoryStore",
+    "SQLiteStore",
+    "SessionInfo",
+    "Store",
+    "memory_store",
+    "sqlite_store",
+]

@@ -1,0 +1,150 @@
+"""The one SQL source shared by the SQLite store and the D1 store.
+
+`migrations/0001_init.sql` is this module's `SCHEMA` written out (a test keeps
+the two equal). Every statement uses `?` placeholders, which both sqlite3 and
+D1 accept, and binds at most 11 parameters (D1 allows 100).
+
+Why the schema itself guards the history: rows are insert-only and keyed by
+(session_id, seq). The UNIQUE key makes a writer that lost a race collide; the
+trigger makes a writer whose view is stale the other way (the session was
+deleted or shortened under it) fail too, so an append at `expected_seq` lands
+only if exactly `expected_seq` rows precede it: a compare-and-swap made of
+constraints, which is all a D1 batch (no BEGIN, no reads inside) can offer.
+The partial unique index is the last line of defence for "one result per
+tool call".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import MessageTooLargeError
+from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls
+
+SCHEMA: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS agent_sessions (
+    id TEXT PRIMARY KEY NOT NULL,
+    agent_name TEXT,
+    state TEXT NOT NULL,
+    message_count INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS agent_messages (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL CHECK (seq >= 0),
+    role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant', 'tool')),
+    content TEXT NOT NULL,
+    tool_call_id TEXT,
+    tool_name TEXT,
+    tool_calls TEXT,
+    input_tokens INTEGER,
+    output_tokens INTEGER,
+    created_at INTEGER NOT NULL,
+    UNIQUE (session_id, seq)
+)""",
+    """CREATE UNIQUE INDEX IF NOT EXISTS agent_messages_one_result_per_call
+    ON agent_messages (session_id, tool_call_id) WHERE role = 'tool'""",
+    """CREATE INDEX IF NOT EXISTS agent_sessions_by_update
+    ON agent_sessions (updated_at)""",
+    """CREATE TRIGGER IF NOT EXISTS agent_messages_append_only_in_order
+BEFORE INSERT ON agent_messages
+WHEN NEW.seq > 0 AND NOT EXISTS (
+    SELECT 1 FROM agent_messages WHERE session_id = NEW.session_id AND seq = NEW.seq - 1
+)
+BEGIN
+    SELECT RAISE(ABORT, 'agent_messages: seq must directly follow the last stored message');
+END""",
+)
+
+INSERT_MESSAGE = (
+    "INSERT INTO agent_messages (session_id, seq, role, content, tool_call_id, tool_name, "
+    "tool_calls, input_tokens, output_tokens, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+# Created on first write; later writes refresh it. Upsert, not read-modify-write.
+UPSERT_SESSION = (
+    "INSERT INTO agent_sessions (id, agent_name, state, message_count, created_at, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+    "agent_name = COALESCE(excluded.agent_name, agent_sessions.agent_name), "
+    "state = excluded.state, message_count = excluded.message_count, "
+    "updated_at = excluded.updated_at"
+)
+
+MESSAGE_COLUMNS = "role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens"
+SELECT_MESSAGES = f"SELECT {MESSAGE_COLUMNS} FROM agent_messages WHERE session_id = ? ORDER BY seq"
+SESSION_COLUMNS = "id, agent_name, state, message_count, created_at, updated_at"
+SELECT_SESSION = f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE id = ?"
+LIST_SESSIONS = (
+    f"SELECT {SESSION_COLUMNS} FROM agent_sessions ORDER BY updated_at DESC, id LIMIT ? OFFSET ?"
+)
+DELETE_MESSAGES = "DELETE FROM agent_messages WHERE session_id = ?"
+DELETE_SESSION = "DELETE FROM agent_sessions WHERE id = ?"
+
+# D1 rejects rows over 2,000,000 bytes; the same bound everywhere keeps the
+# backends interchangeable (a history that fits SQLite fits D1).
+MAX_ROW_BYTES = 1_900_000
+
+
+def session_state(last: Message) -> str:
+    """What a session waits for, judged by its last message (shown by `sessions list`)."""
+    if last.role == "assistant":
+        return "awaiting_tool_results" if last.tool_calls else "idle"
+    return "awaiting_llm"
+
+
+def message_row(
+    session_id: str, seq: int, message: Message, now_ms: int, max_row_bytes: int = MAX_ROW_BYTES
+) -> tuple[Any, ...]:
+    """The INSERT_MESSAGE parameters for one message; refuses a row over the limit."""
+    tool_calls = encode_tool_calls(message.tool_calls)
+    size = len(message.content.encode()) + (len(tool_calls.encode()) if tool_calls else 0)
+    if size > max_row_bytes:
+        raise MessageTooLargeError(session_id, size, max_row_bytes, message.role)
+    usage = message.usage
+    return (
+        session_id,
+        seq,
+        message.role,
+        message.content,
+        message.tool_call_id,
+        message.tool_name,
+        tool_calls,
+        usage.input_tokens if usage else None,
+        usage.output_tokens if usage else None,
+        now_ms,
+    )
+
+
+def session_row(
+    session_id: str, agent_name: str | None, messages: Sequence[Message], count: int, now_ms: int
+) -> tuple[Any, ...]:
+    return (session_id, agent_name, session_state(messages[-1]), count, now_ms, now_ms)
+
+
+def row_message(row: Sequence[Any]) -> Message:
+    """A Message from a SELECT_MESSAGES row (tuple, list, or D1's positional row)."""
+    role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens = row
+    usage = None
+    if input_tokens is not None or output_tokens is not None:
+        usage = Usage(int(input_tokens or 0), int(output_tokens or 0))
+    return Message(
+        role=role,
+        content=content,
+        tool_calls=decode_tool_calls(tool_calls),
+        tool_call_id=tool_call_id,
+        tool_name=tool_name,
+        usage=usage,
+    )
+
+
+def schema_script() -> str:
+    """SCHEMA as one SQL script, as written to migrations/0001_init.sql."""
+    return "".join(f"{statement};\n\n" for statement in SCHEMA).rstrip() + "\n"
+
+
+def is_conflict(error_text: str) -> bool:
+    """Whether a failed append lost a race (vs. a real failure), from the engine's message."""
+    text = error_text.lower()
+    return "unique constraint failed: agent_messages" in text or "seq must directly follow" in text

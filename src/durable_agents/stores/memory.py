@@ -1,0 +1,94 @@
+"""A store in this process's memory: fast, shared by every run in the process, lost on exit."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import SessionConflictError
+from ..messages import Message
+from ._sql import MAX_ROW_BYTES, message_row, session_state
+from .base import SessionInfo
+
+
+@dataclass
+class _Session:
+    agent_name: str | None
+    created_at: int
+    updated_at: int
+    messages: list[Message] = field(default_factory=list)
+
+
+class MemoryStore:
+    """Sessions in a dict. Not durable: use it for tests and stateless runs.
+
+    It keeps the same contract as the durable stores (ordered append-only
+    history, conditional atomic appends, the same row size limit), so code
+    tested against it behaves the same on SQLite or D1.
+    """
+
+    durable = False
+
+    def __init__(
+        self, *, clock: Callable[[], float] = time.time, max_row_bytes: int = MAX_ROW_BYTES
+    ) -> None:
+        self._sessions: dict[str, _Session] = {}
+        self._clock = clock
+        self._max_row_bytes = max_row_bytes
+
+    async def load_messages(self, session_id: str) -> list[Message]:
+        session = self._sessions.get(session_id)
+        return list(session.messages) if session else []
+
+    async def append_messages_atomic(
+        self,
+        session_id: str,
+        expected_seq: int,
+        messages: Sequence[Message],
+        *,
+        agent_name: str | None = None,
+    ) -> int:
+        if not messages:
+            raise ValueError("append_messages_atomic needs at least one message")
+        now = int(self._clock() * 1000)
+        for offset, message in enumerate(messages):
+            message_row(session_id, expected_seq + offset, message, now, self._max_row_bytes)
+        session = self._sessions.get(session_id)
+        stored = len(session.messages) if session else 0
+        if stored != expected_seq:
+            raise SessionConflictError(session_id, expected_seq, f"{stored} messages are stored")
+        if session is None:
+            session = self._sessions[session_id] = _Session(agent_name, now, now)
+        session.messages.extend(messages)
+        session.updated_at = now
+        session.agent_name = agent_name or session.agent_name
+        return len(session.messages)
+
+    async def get_session(self, session_id: str) -> SessionInfo | None:
+        session = self._sessions.get(session_id)
+        return self._info(session_id, session) if session else None
+
+    async def list_sessions(self, *, limit: int = 100, offset: int = 0) -> list[SessionInfo]:
+        infos = [self._info(sid, s) for sid, s in self._sessions.items()]
+        infos.sort(key=lambda info: (-info.updated_at, info.id))
+        return infos[offset : offset + limit]
+
+    async def delete_session(self, session_id: str) -> bool:
+        return self._sessions.pop(session_id, None) is not None
+
+    @staticmethod
+    def _info(session_id: str, session: _Session) -> SessionInfo:
+        return SessionInfo(
+            id=session_id,
+            agent_name=session.agent_name,
+            state=session_state(session.messages[-1]),
+            message_count=len(session.messages),
+            created_at=session.created_at,
+            updated_at=session.updated_at,
+        )
+
+
+def memory_store(*, clock: Callable[[], float] = time.time) -> MemoryStore:
+    """An in-process, non-durable store. See `MemoryStore`."""
+    return MemoryStore(clock=clock)

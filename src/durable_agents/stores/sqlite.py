@@ -1,0 +1,191 @@
+"""A durable store in a SQLite file, for CPython.
+
+One connection per store, used from one dedicated thread: sqlite3 calls
+block (a durable commit waits for fsync), and running them off the event loop
+keeps other tasks moving. Several processes may share the file: WAL lets
+readers run beside a writer, and the busy timeout makes writers queue instead
+of failing at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from ..errors import SessionConflictError, StoreError
+from ..messages import Message
+from . import _sql
+from .base import SessionInfo
+
+T = TypeVar("T")
+
+
+class SQLiteStore:
+    """Sessions in a SQLite file (or `":memory:"`, which is not durable).
+
+    Each append is one `BEGIN IMMEDIATE` transaction committed with
+    `synchronous=FULL`: when it returns, the rows survive a crash or power loss.
+    Use it on CPython; on Workers use `d1_store`.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout_ms: int = 10_000,
+        clock: Callable[[], float] = time.time,
+        max_row_bytes: int = _sql.MAX_ROW_BYTES,
+    ) -> None:
+        self.path = str(path)
+        self._busy_timeout_ms = busy_timeout_ms
+        self._clock = clock
+        self._max_row_bytes = max_row_bytes
+        self._conn: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def durable(self) -> bool:
+        return self.path != ":memory:" and not self.path.startswith("file::memory:")
+
+    # -- the Store protocol -------------------------------------------------
+
+    async def load_messages(self, session_id: str) -> list[Message]:
+        rows = await self._call(lambda c: c.execute(_sql.SELECT_MESSAGES, (session_id,)).fetchall())
+        return [_sql.row_message(row) for row in rows]
+
+    async def append_messages_atomic(
+        self,
+        session_id: str,
+        expected_seq: int,
+        messages: Sequence[Message],
+        *,
+        agent_name: str | None = None,
+    ) -> int:
+        if not messages:
+            raise ValueError("append_messages_atomic needs at least one message")
+        now = int(self._clock() * 1000)
+        rows = [
+            _sql.message_row(session_id, expected_seq + i, m, now, self._max_row_bytes)
+            for i, m in enumerate(messages)
+        ]
+        count = expected_seq + len(messages)
+        session = _sql.session_row(session_id, agent_name, messages, count, now)
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.executemany(_sql.INSERT_MESSAGE, rows)
+            conn.execute(_sql.UPSERT_SESSION, session)
+
+        try:
+            await self._call(lambda conn: _transaction(conn, lambda: write(conn)))
+        except sqlite3.IntegrityError as exc:
+            if _sql.is_conflict(str(exc)):
+                raise SessionConflictError(session_id, expected_seq, str(exc)) from None
+            raise StoreError(f"append to session {session_id!r} failed: {exc}") from exc
+        return count
+
+    async def get_session(self, session_id: str) -> SessionInfo | None:
+        row = await self._call(lambda c: c.execute(_sql.SELECT_SESSION, (session_id,)).fetchone())
+        return SessionInfo(*row) if row else None
+
+    async def list_sessions(self, *, limit: int = 100, offset: int = 0) -> list[SessionInfo]:
+        rows = await self._call(lambda c: c.execute(_sql.LIST_SESSIONS, (limit, offset)).fetchall())
+        return [SessionInfo(*row) for row in rows]
+
+    async def delete_session(self, session_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            return _transaction(conn, lambda: _delete(conn, session_id))
+
+        return await self._call(delete)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def close(self) -> None:
+        """Close the connection and its thread. The store reopens on next use."""
+        if self._executor is None:
+            return
+        executor, self._executor = self._executor, None
+        await asyncio.get_running_loop().run_in_executor(executor, self._close_connection)
+        executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> SQLiteStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- internals ----------------------------------------------------------
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="durable-agents-sqlite")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self._with_connection, fn)
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite store at {self.path!r} failed: {exc}") from exc
+
+    def _with_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._conn is None:
+            self._conn = self._connect()
+        return fn(self._conn)
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: transactions are explicit (see _transaction).
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            if self.durable:
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            for statement in _sql.SCHEMA:
+                conn.execute(statement)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _close_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _transaction(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
+    # BEGIN IMMEDIATE takes the write lock up front, so a busy writer waits
+    # (busy_timeout) instead of failing later on a lock upgrade.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = body()
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+def _delete(conn: sqlite3.Connection, session_id: str) -> bool:
+    conn.execute(_sql.DELETE_MESSAGES, (session_id,))
+    return conn.execute(_sql.DELETE_SESSION, (session_id,)).rowcount > 0
+
+
+def sqlite_store(
+    path: str | Path,
+    *,
+    busy_timeout_ms: int = 10_000,
+    clock: Callable[[], float] = time.time,
+    max_row_bytes: int = _sql.MAX_ROW_BYTES,
+) -> SQLiteStore:
+    """A durable store in the SQLite file at `path` (created if missing).
+
+    `":memory:"` gives a private in-memory database, which is not durable.
+    """
+    return SQLiteStore(
+        path, busy_timeout_ms=busy_timeout_ms, clock=clock, max_row_bytes=max_row_bytes
+    )

@@ -1,0 +1,161 @@
+"""Test doubles for agents built on durable-agents: a scripted LLM and crash points.
+
+    llm = ScriptedLLM([LLMResponse(tool_calls=[ToolCall("c1", "post", {...})]),
+                       LLMResponse(text="done")])
+    crashing = crash_after_tool_results(store)      # dies on step 1's write #2
+    with pytest.raises(SimulatedCrash):
+        await run(agent, llm=llm, message="hi", session_id="s1", store=crashing)
+    result = await run(agent, llm=llm, session_id="s1", store=store)  # resume
+
+`SimulatedCrash` derives from `BaseException`, like a real process death it
+cannot be swallowed by an `except Exception` in a handler or in the loop.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..messages import LLMResponse, Message, ToolSpec
+from ..stores.base import SessionInfo, Store
+
+Step = (
+    LLMResponse
+    | BaseException
+    | Callable[[list[Message], list[ToolSpec]], LLMResponse | Awaitable[LLMResponse]]
+)
+
+
+class SimulatedCrash(BaseException):
+    """The process 'died' here. A BaseException so nothing in between can catch it."""
+
+
+class ScriptExhaustedError(BaseException):
+    """A ScriptedLLM was called more times than its script has steps.
+
+    A BaseException on purpose: a test double running out of script is a bug
+    in the test, never an LLM outage for `run()` to report as status "error".
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class LLMCall:
+    """What one `chat()` call was sent."""
+
+    messages: list[Message]
+    tools: list[ToolSpec]
+
+
+class ScriptedLLM:
+    """An LLM that plays a script: each step is an `LLMResponse` to return, an
+    exception to raise, or a callable `(messages, tools) -> LLMResponse` (sync or
+    async) for answers that depend on the conversation. Every call is recorded
+    on `.calls`."""
+
+    def __init__(self, steps: Sequence[Step]) -> None:
+        self.steps = list(steps)
+        self.calls: list[LLMCall] = []
+
+    @property
+    def remaining(self) -> int:
+        return len(self.steps) - len(self.calls)
+
+    async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        index = len(self.calls)
+        self.calls.append(LLMCall(list(messages), list(tools)))
+        if index >= len(self.steps):
+            last = messages[-1] if messages else None
+            raise ScriptExhaustedError(
+                f"ScriptedLLM was called {index + 1} times but its script has "
+                f"{len(self.steps)} steps; the last message it was sent: {last!r}"
+            )
+        step = self.steps[index]
+        if isinstance(step, BaseException):
+            raise step
+        if isinstance(step, LLMResponse):
+            return step
+        answer = step(list(messages), list(tools))
+        return await answer if inspect.isawaitable(answer) else answer
+
+
+class CrashingStore:
+    """Wraps a store; its `crash_on`-th atomic append raises `SimulatedCrash`.
+
+    With `when="before"` (the default) nothing of that append lands; with
+    `when="after"` it lands and then the crash happens, as when a process dies
+    right after a commit returns. Every other method passes through.
+    `appends` counts the calls made.
+    """
+
+    def __init__(
+        self, store: Store, crash_on: int, when: Literal["before", "after"] = "before"
+    ) -> None:
+        if crash_on < 1:
+            raise ValueError("crash_on counts from 1")
+        self.inner = store
+        self.crash_on = crash_on
+        self.when = when
+        self.appends = 0
+
+    @property
+    def durable(self) -> bool:
+        return self.inner.durable
+
+    async def load_messages(self, session_id: str) -> list[Message]:
+        return await self.inner.load_messages(session_id)
+
+    async def append_messages_atomic(
+        self,
+        session_id: str,
+        expected_seq: int,
+        messages: Sequence[Message],
+        *,
+        agent_name: str | None = None,
+    ) -> int:
+        self.appends += 1
+        crash = self.appends == self.crash_on
+        if crash and self.when == "before":
+            raise SimulatedCrash(f"simulated crash before atomic append #{self.appends}")
+        count = await self.inner.append_messages_atomic(
+            session_id, expected_seq, messages, agent_name=agent_name
+        )
+        if crash:
+            raise SimulatedCrash(f"simulated crash after atomic append #{self.appends}")
+        return count
+
+    async def get_session(self, session_id: str) -> SessionInfo | None:
+        return await self.inner.get_session(session_id)
+
+    async def list_sessions(self, *, limit: int = 100, offset: int = 0) -> list[SessionInfo]:
+        return await self.inner.list_sessions(limit=limit, offset=offset)
+
+    async def delete_session(self, session_id: str) -> bool:
+        return await self.inner.delete_session(session_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def crash_on_write(
+    store: Store, n: int, *, when: Literal["before", "after"] = "before"
+) -> CrashingStore:
+    """`store`, except that its n-th atomic append (from 1) raises `SimulatedCrash`."""
+    return CrashingStore(store, n, when)
+
+
+def crash_after_tool_results(store: Store) -> CrashingStore:
+    """Crash on the 2nd append: step 1's write #2, after its handlers ran."""
+    return crash_on_write(store, 2)
+
+
+__all__ = [
+    "CrashingStore",
+    "LLMCall",
+    "ScriptExhaustedError",
+    "ScriptedLLM",
+    "SimulatedCrash",
+    "crash_after_tool_results",
+    "crash_on_write",
+]

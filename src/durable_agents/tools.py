@@ -1,0 +1,310 @@
+"""Tools: what the LLM may call, how its arguments are checked, and how results are encoded.
+
+Two ways to make one:
+
+    @tool(safe_to_retry=True)
+    async def get_issue(args: IssueRef, ctx: ToolContext) -> Issue:
+        '''Fetch an issue by id.'''
+
+    post_slack = tool(name="post_slack", description="Post to Slack", input=SlackPost)
+    # handler supplied later: run(agent, ..., tools={"post_slack": handler})
+
+`safe_to_retry` is a statement about the operation, not a retry policy: it
+lets the run loop call the handler again when a crash lost its result. It
+never retries a handler that failed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, get_type_hints, overload
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from .errors import ConfigurationError
+from .messages import ToolSpec
+
+Handler = Callable[[Any, "ToolContext"], Awaitable[Any] | Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a handler knows about the call it serves.
+
+    `idempotency_key` is stable for one tool call: the same when a
+    `safe_to_retry` tool is re-invoked on resume, different for every other
+    call. Pass it to providers that deduplicate (an `Idempotency-Key` header)
+    and a side effect lands once even where the kit cannot know if it did.
+    `resumed` is True when the call is a re-invocation after a crash.
+    `deps` is whatever was passed as `run(..., deps=...)`.
+    """
+
+    session_id: str
+    tool_call_id: str
+    tool_name: str
+    idempotency_key: str
+    resumed: bool = False
+    deps: Any = None
+
+
+class ToolArgumentsError(ValueError):
+    """The LLM's arguments do not fit the tool's input schema (the handler is not called)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A declared tool. Build it with `tool(...)`; see the module docstring."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    input_model: type[BaseModel] | None = None
+    output: TypeAdapter[Any] | None = None
+    safe_to_retry: bool = False
+    handler: Handler | None = None
+    timeout: float | None = None
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.input_schema)
+
+    def with_handler(self, handler: Handler) -> Tool:
+        return replace(self, handler=handler)
+
+    def parse_arguments(self, arguments: Any) -> Any:
+        """The handler's `args`: a model instance or the checked dict; else ToolArgumentsError."""
+        if not isinstance(arguments, dict):
+            raise ToolArgumentsError(
+                f"arguments must be a JSON object, got {_json_type(arguments)}"
+            )
+        if self.input_model is not None:
+            try:
+                return self.input_model.model_validate(arguments)
+            except ValidationError as exc:
+                raise ToolArgumentsError(_summarise(exc)) from None
+        problems = _check_schema(arguments, self.input_schema, "arguments")
+        if problems:
+            raise ToolArgumentsError("; ".join(problems))
+        return arguments
+
+    def encode_result(self, value: Any) -> str:
+        """The stored result text. Raises ValueError if the value breaks the output schema."""
+        if self.output is not None:
+            try:
+                checked = self.output.validate_python(value)
+            except ValidationError as exc:
+                raise ValueError(_summarise(exc)) from None
+            return self.output.dump_json(checked).decode()
+        if isinstance(value, str):
+            return value
+        if isinstance(value, BaseModel):
+            return value.model_dump_json()
+        try:
+            return json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the handler returned a value that is not JSON: {exc}") from None
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    input: type[BaseModel] | dict[str, Any],
+    output: Any = None,
+    safe_to_retry: bool = False,
+    handler: Handler | None = None,
+    timeout: float | None = None,
+) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    safe_to_retry: bool = False,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    input: type[BaseModel] | dict[str, Any] | None = None,
+    output: Any = None,
+    safe_to_retry: bool = False,
+    handler: Handler | None = None,
+    timeout: float | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool, or decorate a handler into one.
+
+    - `@tool` / `@tool(safe_to_retry=True, name=..., timeout=...)` on
+      `async def name(args: InModel, ctx: ToolContext) -> OutModel`: the name
+      comes from the function, the description from its docstring, the input
+      and output schemas from its annotations (`ctx` may be left out).
+    - `tool(name=..., description=..., input=InModel | json_schema_dict,
+      output=OutType | None, safe_to_retry=False, handler=None)`: a declaration;
+      the handler may come later through `run(..., tools={name: handler})`.
+
+    `timeout` (seconds) turns a handler that runs too long into an error result.
+    """
+    if fn is not None:
+        return _from_function(fn, name, description, safe_to_retry, timeout)
+    if input is None and handler is None:
+        return lambda f: _from_function(f, name, description, safe_to_retry, timeout)
+    if not name:
+        raise ConfigurationError("a tool declaration needs a name")
+    model, schema = _input_schema(name, input if input is not None else {})
+    return Tool(
+        name=_check_name(name),
+        description=description or "",
+        input_schema=schema,
+        input_model=model,
+        output=_output_adapter(output),
+        safe_to_retry=safe_to_retry,
+        handler=handler,
+        timeout=timeout,
+    )
+
+
+def _from_function(
+    fn: Callable[..., Any],
+    name: str | None,
+    description: str | None,
+    safe_to_retry: bool,
+    timeout: float | None,
+) -> Tool:
+    tool_name = _check_name(name or fn.__name__)
+    params = list(inspect.signature(fn).parameters.values())
+    if len(params) > 2:
+        raise ConfigurationError(
+            f"tool {tool_name!r}: a handler takes (args, ctx), (args) or nothing; "
+            f"got {len(params)} parameters"
+        )
+    try:
+        hints = get_type_hints(fn)
+    except NameError as exc:
+        raise ConfigurationError(
+            f"tool {tool_name!r}: cannot resolve its annotations ({exc}); define the models "
+            "it names at module level"
+        ) from None
+    arg_type = hints.get(params[0].name) if params else None
+    if params and arg_type is ToolContext:
+        raise ConfigurationError(f"tool {tool_name!r}: the first parameter is the arguments")
+    model, schema = _input_schema(tool_name, arg_type if arg_type is not None else {})
+    returns = hints.get("return")
+    return Tool(
+        name=tool_name,
+        description=description or inspect.getdoc(fn) or "",
+        input_schema=schema,
+        input_model=model,
+        output=_output_adapter(returns),
+        safe_to_retry=safe_to_retry,
+        handler=_normalise_handler(fn, len(params)),
+        timeout=timeout,
+    )
+
+
+def _normalise_handler(fn: Callable[..., Any], arity: int) -> Handler:
+    if arity == 2:
+        return fn
+    if arity == 1:
+        return lambda args, ctx: fn(args)
+    return lambda args, ctx: fn()
+
+
+def _input_schema(
+    name: str, spec: type[BaseModel] | dict[str, Any] | Any
+) -> tuple[type[BaseModel] | None, dict[str, Any]]:
+    if isinstance(spec, type) and issubclass(spec, BaseModel):
+        return spec, spec.model_json_schema()
+    if spec is dict or spec == {}:
+        return None, {"type": "object", "properties": {}}
+    if isinstance(spec, dict):
+        if spec.get("type", "object") != "object":
+            raise ConfigurationError(f"tool {name!r}: the input schema must describe an object")
+        return None, {"type": "object", **spec}
+    raise ConfigurationError(
+        f"tool {name!r}: input must be a pydantic model or a JSON-schema dict, got {spec!r}"
+    )
+
+
+def _output_adapter(output: Any) -> TypeAdapter[Any] | None:
+    if output is None or output is type(None) or output is Any or output is str:
+        return None
+    return TypeAdapter(output)
+
+
+def _check_name(name: str) -> str:
+    # The strictest provider rule (Anthropic, OpenAI): ^[a-zA-Z0-9_-]{1,64}$
+    if not (0 < len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "_-") for c in name)):
+        raise ConfigurationError(
+            f"tool name {name!r} must be 1-64 characters of letters, digits, '_' or '-'"
+        )
+    return name
+
+
+def _summarise(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in error["loc"]) or "(root)"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+}
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    for name in ("object", "array", "string", "integer", "number", "null"):
+        if isinstance(value, _JSON_TYPES[name]):
+            return name
+    return type(value).__name__
+
+
+def _check_schema(value: Any, schema: dict[str, Any], where: str) -> list[str]:
+    """The problems of `value` against the common core of JSON schema (type,
+    enum, properties, required, additionalProperties, items). Enough to stop a
+    malformed call before its handler runs; a pydantic model gives full checks."""
+    expected = schema.get("type")
+    if expected is not None:
+        names = expected if isinstance(expected, list) else [expected]
+        actual = _json_type(value)
+        if not any(actual == n or (n == "number" and actual == "integer") for n in names):
+            return [f"{where}: expected {' or '.join(names)}, got {actual}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{where}: must be one of {schema['enum']!r}"]
+    problems: list[str] = []
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        problems += [f"{where}.{k}: required" for k in schema.get("required", ()) if k not in value]
+        for key, item in value.items():
+            if key in properties:
+                problems += _check_schema(item, properties[key], f"{where}.{key}")
+            elif schema.get("additionalProperties") is False:
+                problems.append(f"{where}.{key}: not allowed")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            problems += _check_schema(item, schema["items"], f"{where}[{i}]")
+    return problems
