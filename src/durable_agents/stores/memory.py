@@ -18,6 +18,7 @@ class _Session:
     created_at: int
     updated_at: int
     messages: list[Message] = field(default_factory=list)
+    answered: set[str] = field(default_factory=set)  # tool_call_ids with a stored result
 
 
 class MemoryStore:
@@ -58,8 +59,13 @@ class MemoryStore:
         stored = len(session.messages) if session else 0
         if stored != expected_seq:
             raise SessionConflictError(session_id, expected_seq, f"{stored} messages are stored")
+        answers = [m.tool_call_id for m in messages if m.role == "tool"]
+        answered = session.answered if session else set()
+        if not answered.isdisjoint(answers) or len(set(answers)) < len(answers):
+            raise SessionConflictError(session_id, expected_seq, "a tool call already has a result")
         if session is None:
             session = self._sessions[session_id] = _Session(agent_name, now, now)
+        session.answered.update(a for a in answers if a)
         session.messages.extend(messages)
         session.updated_at = now
         session.agent_name = agent_name or session.agent_name

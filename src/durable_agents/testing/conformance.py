@@ -1,0 +1,231 @@
+"""One store conformance suite for every backend (memory, SQLite, D1, yours).
+
+Each check is an async function taking a fresh, empty store and raising
+AssertionError on a breach of the `Store` contract. Run them all:
+
+    @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+    async def test_store_contract(check):
+        await check(my_store(clock=ticking_clock()))
+
+The store must be built with a clock that advances between calls
+(`ticking_clock()`), so the listing order is defined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from ..errors import MessageTooLargeError, SessionConflictError
+from ..messages import Message, ToolCall, Usage
+from ..stores.base import Store
+
+Check = Callable[[Store], Awaitable[None]]
+
+
+def ticking_clock(start: float = 1_800_000_000.0, step: float = 1.0) -> Callable[[], float]:
+    """A clock that moves `step` seconds forward on every read."""
+    now = [start - step]
+
+    def clock() -> float:
+        now[0] += step
+        return now[0]
+
+    return clock
+
+
+def _step(n: int) -> list[Message]:
+    """A tool-call step as the run loop writes it: assistant with calls + results."""
+    calls = [ToolCall(f"c{n}a", "lookup", {"q": n}), ToolCall(f"c{n}b", "post", {"text": "x"})]
+    return [
+        Message.assistant(f"step {n}", calls, Usage(10 + n, 5)),
+        Message.tool_result(calls[0], f'{{"n": {n}}}'),
+        Message.tool_result(calls[1], "posted"),
+    ]
+
+
+async def _expect_conflict(write: Awaitable[int]) -> None:
+    try:
+        await write
+    except SessionConflictError:
+        return
+    raise AssertionError("expected SessionConflictError")
+
+
+async def unknown_session_is_empty(store: Store) -> None:
+    assert await store.load_messages("nobody") == []
+    assert await store.get_session("nobody") is None
+    assert await store.delete_session("nobody") is False
+
+
+async def round_trip_keeps_every_field(store: Store) -> None:
+    call = ToolCall("toolu_01", "post", {"nested": {"list": [1, 2.5, None, True]}, "txt": "é€😀"})
+    messages = [
+        Message.user("héllo 😀\nline two"),
+        Message.assistant("", [call], Usage(123, 45)),
+        Message.tool_result(call, '{"error": "boom", "kind": "tool-failed"}'),
+        Message.assistant("done ✓", usage=Usage(0, 7)),
+    ]
+    assert await store.append_messages_atomic("s", 0, messages, agent_name="triage") == 4
+    assert await store.load_messages("s") == messages
+
+
+async def appends_keep_order(store: Store) -> None:
+    expected = [Message.user("go")]
+    assert await store.append_messages_atomic("s", 0, expected) == 1
+    for n in range(5):
+        step = _step(n)
+        count = await store.append_messages_atomic("s", len(expected), step[:1])
+        assert count == len(expected) + 1
+        expected += step[:1]
+        assert await store.append_messages_atomic("s", len(expected), step[1:]) == count + 2
+        expected += step[1:]
+    assert await store.load_messages("s") == expected
+
+
+async def stale_writer_conflicts_and_writes_nothing(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("a"), Message.assistant("b")])
+    before = await store.load_messages("s")
+    await _expect_conflict(store.append_messages_atomic("s", 0, [Message.user("late")]))
+    await _expect_conflict(store.append_messages_atomic("s", 1, [Message.user("late")]))
+    assert await store.load_messages("s") == before
+
+
+async def writer_ahead_of_history_conflicts(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("a")])
+    await _expect_conflict(store.append_messages_atomic("s", 3, [Message.user("gap")]))
+    await _expect_conflict(store.append_messages_atomic("new", 1, [Message.user("gap")]))
+    assert await store.load_messages("s") == [Message.user("a")]
+    assert await store.load_messages("new") == []
+
+
+async def racing_writers_one_wins_whole(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("go")])
+    first, second = _step(1), _step(2)
+    outcomes = await asyncio.gather(
+        store.append_messages_atomic("s", 1, first),
+        store.append_messages_atomic("s", 1, second),
+        return_exceptions=True,
+    )
+    conflicts = [o for o in outcomes if isinstance(o, SessionConflictError)]
+    assert len(conflicts) == 1, outcomes
+    winner = first if outcomes[0] == 4 else second
+    assert await store.load_messages("s") == [Message.user("go"), *winner]
+
+
+async def racing_creators_one_wins(store: Store) -> None:
+    outcomes = await asyncio.gather(
+        *(store.append_messages_atomic("s", 0, [Message.user(f"w{i}")]) for i in range(3)),
+        return_exceptions=True,
+    )
+    assert sum(isinstance(o, SessionConflictError) for o in outcomes) == 2, outcomes
+    assert len(await store.load_messages("s")) == 1
+
+
+async def failing_batch_writes_nothing(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("go")])
+    call = ToolCall("c1", "post", {})
+    dup = [Message.assistant("", [call]), Message.tool_result(call, "a"),
+           Message.tool_result(call, "b")]  # fmt: skip
+    # A second result for one call breaks the one-result-per-call rule in the
+    # middle of the batch: the rows before it must not land either.
+    try:
+        await store.append_messages_atomic("s", 1, dup)
+    except SessionConflictError:
+        pass
+    else:
+        raise AssertionError("a second result for one tool call was accepted")
+    assert await store.load_messages("s") == [Message.user("go")]
+
+
+async def oversized_row_writes_nothing(store: Store) -> None:
+    big = Message.user("x" * 2_100_000)
+    try:
+        await store.append_messages_atomic("s", 0, [Message.user("first"), big])
+    except MessageTooLargeError as exc:
+        if exc.size <= exc.limit:
+            raise AssertionError(f"size {exc.size} reported under limit {exc.limit}") from exc
+    else:
+        raise AssertionError("a 2.1 MB row was accepted")
+    assert await store.load_messages("s") == []
+    assert await store.get_session("s") is None
+
+
+async def large_rows_near_the_limit_round_trip(store: Store) -> None:
+    call = ToolCall("c1", "fetch", {"blob": "a" * 100_000})
+    messages = [
+        Message.user("u" * 1_800_000),
+        Message.assistant("", [call]),
+        Message.tool_result(call, "é" * 900_000),  # 1.8 MB of UTF-8
+    ]
+    await store.append_messages_atomic("s", 0, messages)
+    assert await store.load_messages("s") == messages
+
+
+async def sessions_are_isolated(store: Store) -> None:
+    await store.append_messages_atomic("a", 0, [Message.user("for a")])
+    await store.append_messages_atomic("b", 0, [Message.user("for b")])
+    assert await store.load_messages("a") == [Message.user("for a")]
+    assert await store.load_messages("b") == [Message.user("for b")]
+
+
+async def session_info_tracks_writes(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, _step(0)[:1], agent_name="triage")
+    info = await store.get_session("s")
+    assert info is not None
+    assert (info.id, info.agent_name, info.message_count) == ("s", "triage", 1)
+    assert info.state == "awaiting_tool_results"
+    await store.append_messages_atomic("s", 1, _step(0)[1:])
+    await store.append_messages_atomic("s", 3, [Message.assistant("bye")])
+    later = await store.get_session("s")
+    assert later is not None
+    assert (later.agent_name, later.message_count, later.state) == ("triage", 4, "idle")
+    assert later.created_at == info.created_at < later.updated_at
+
+
+async def list_sessions_newest_first(store: Store) -> None:
+    for name in ("s1", "s2", "s3"):
+        await store.append_messages_atomic(name, 0, [Message.user(name)])
+    await store.append_messages_atomic("s1", 1, [Message.assistant("again")])
+    listed = [info.id for info in await store.list_sessions()]
+    assert listed == ["s1", "s3", "s2"]
+    assert [i.id for i in await store.list_sessions(limit=1, offset=1)] == ["s3"]
+
+
+async def delete_removes_everything(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("a"), Message.assistant("b")])
+    await store.append_messages_atomic("other", 0, [Message.user("keep")])
+    assert await store.delete_session("s") is True
+    assert await store.load_messages("s") == []
+    assert await store.get_session("s") is None
+    assert await store.load_messages("other") == [Message.user("keep")]
+    # A deleted session starts again from position 0.
+    await store.append_messages_atomic("s", 0, [Message.user("again")])
+    assert await store.load_messages("s") == [Message.user("again")]
+
+
+async def empty_append_is_refused(store: Store) -> None:
+    try:
+        await store.append_messages_atomic("s", 0, [])
+    except ValueError:
+        return
+    raise AssertionError("an empty append was accepted")
+
+
+CHECKS: tuple[Check, ...] = (
+    unknown_session_is_empty,
+    round_trip_keeps_every_field,
+    appends_keep_order,
+    stale_writer_conflicts_and_writes_nothing,
+    writer_ahead_of_history_conflicts,
+    racing_writers_one_wins_whole,
+    racing_creators_one_wins,
+    failing_batch_writes_nothing,
+    oversized_row_writes_nothing,
+    large_rows_near_the_limit_round_trip,
+    sessions_are_isolated,
+    session_info_tracks_writes,
+    list_sessions_newest_first,
+    delete_removes_everything,
+    empty_append_is_refused,
+)
