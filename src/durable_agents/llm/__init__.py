@@ -1,0 +1,52 @@
+"""LLM providers: the objects `run(agent, llm=...)` talks to.
+
+    AnthropicLLM   Claude via the Anthropic Messages API (API key)
+    OpenAILLM      OpenAI, or any OpenAI-compatible server (Workers AI REST,
+                   Ollama, vLLM, llama.cpp)
+    WorkersAILLM   Workers AI through a Worker's `AI` binding (no key)
+    llm_from_env   builds one of these (or the offline demo) from settings
+
+Each has `async chat(messages, tools) -> LLMResponse` (the `LLM` protocol),
+retries transient failures itself (`RetryPolicy`), and raises an `LLMError`
+subclass when a call fails for good.
+"""
+
+from ._http import default_client
+from ._retry import RetryPolicy
+from .anthropic import AnthropicLLM
+from .errors import (
+    LLMAuthenticationError,
+    LLMConnectionError,
+    LLMContextLengthError,
+    LLMError,
+    LLMHTTPError,
+    LLMModelNotFoundError,
+    LLMRateLimitError,
+    LLMResponseError,
+    LLMTimeoutError,
+)
+from .openai import OpenAILLM
+from .settings import DEFAULT_MODELS, PROVIDERS, llm_from_env
+from .tool_calls import MalformedToolCall
+from .workers_ai import WorkersAILLM
+
+__all__ = [
+    "DEFAULT_MODELS",
+    "PROVIDERS",
+    "AnthropicLLM",
+    "LLMAuthenticationError",
+    "LLMConnectionError",
+    "LLMContextLengthError",
+    "LLMError",
+    "LLMHTTPError",
+    "LLMModelNotFoundError",
+    "LLMRateLimitError",
+    "LLMResponseError",
+    "LLMTimeoutError",
+    "MalformedToolCall",
+    "OpenAILLM",
+    "RetryPolicy",
+    "WorkersAILLM",
+    "default_client",
+    "llm_from_env",
+]

@@ -1,0 +1,232 @@
+"""The HTTP side shared by the HTTP adapters: the client, one POST, and error mapping."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, Self
+
+import httpx
+
+from ._retry import RetryPolicy, call_with_retries, parse_retry_after
+from .errors import (
+    LLMAuthenticationError,
+    LLMConnectionError,
+    LLMContextLengthError,
+    LLMHTTPError,
+    LLMModelNotFoundError,
+    LLMRateLimitError,
+    LLMResponseError,
+    LLMTimeoutError,
+)
+
+# Phrases providers use for "the prompt is over the context window" on a 400.
+_CONTEXT_LENGTH_MARKERS = (
+    "context_length_exceeded",
+    "context length",
+    "context window",
+    "prompt is too long",
+    "maximum context",
+    "too many tokens",
+    "input is too long",
+)
+
+
+def default_client(timeout: float) -> httpx.AsyncClient:
+    """The client an adapter uses when none is injected.
+
+    Under Pyodide (Cloudflare Python Workers) httpx's own transports cannot
+    open sockets, so requests go through the Workers `fetch` API instead.
+    """
+    if sys.platform == "emscripten":
+        from ..cloudflare.fetch_transport import FetchTransport
+
+        return httpx.AsyncClient(timeout=timeout, transport=FetchTransport())
+    return httpx.AsyncClient(timeout=timeout)
+
+
+class HTTPPoster:
+    """POSTs JSON with retries, owning the client only if it created it."""
+
+    def __init__(
+        self,
+        *,
+        provider: str,
+        client: httpx.AsyncClient | None,
+        transport: httpx.AsyncBaseTransport | None,
+        timeout: float,
+        retry: RetryPolicy,
+        secret: str | None,
+    ) -> None:
+        if client is not None and transport is not None:
+            raise ValueError("pass either client= or transport=, not both")
+        self.provider = provider
+        self.timeout = timeout
+        self.retry = retry
+        self._secret = secret
+        self._client = client
+        self._transport = transport
+        self._owns_client = client is None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        # Made on first use, not at construction: a Worker may build its LLM at
+        # import time, where no I/O object may be created.
+        if self._client is None:
+            if self._transport is not None:
+                self._client = httpx.AsyncClient(timeout=self.timeout, transport=self._transport)
+            else:
+                self._client = default_client(self.timeout)
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None and self._owns_client:
+            await self._client.aclose()
+            self._client = None
+
+    def scrub(self, text: str) -> str:
+        if self._secret:
+            text = text.replace(self._secret, "[redacted]")
+        return text
+
+    async def post_json(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any],
+        *,
+        classify: Callable[[int, str], type[LLMHTTPError] | None] | None = None,
+    ) -> Any:
+        """POST `body` as JSON; the decoded JSON reply, retried per the policy."""
+        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        all_headers = {"content-type": "application/json", "accept": "application/json"}
+        all_headers.update(headers)
+
+        async def attempt(time_left: float | None) -> Any:
+            timeout = (
+                self.timeout if time_left is None else max(0.001, min(self.timeout, time_left))
+            )
+            try:
+                response = await self.client.post(
+                    url, content=payload, headers=all_headers, timeout=timeout
+                )
+            except httpx.TimeoutException as exc:
+                raise LLMTimeoutError(
+                    f"{self.provider} did not answer within {timeout:.3g} s ({url}); "
+                    "it will be retried, or raise timeout= for long generations",
+                    provider=self.provider,
+                ) from exc
+            except httpx.TransportError as exc:
+                raise LLMConnectionError(
+                    f"could not reach {self.provider} at {url}: "
+                    f"{self.scrub(str(exc)) or type(exc).__name__}; check LLM_BASE_URL and "
+                    "the network",
+                    provider=self.provider,
+                ) from exc
+            text = self.scrub(response.text)
+            if response.status_code >= 400:
+                raise self.http_error(response, text, classify)
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise LLMResponseError(
+                    f"{self.provider} answered HTTP {response.status_code} with something that "
+                    f"is not JSON from {url}; check LLM_BASE_URL",
+                    provider=self.provider,
+                    body=text,
+                ) from None
+
+        return await call_with_retries(self.retry, attempt)
+
+    def http_error(
+        self,
+        response: httpx.Response,
+        text: str,
+        classify: Callable[[int, str], type[LLMHTTPError] | None] | None,
+    ) -> LLMHTTPError:
+        status = response.status_code
+        retry_after = _retry_after(response.headers)
+        detail = _error_detail(text)
+        cls = classify(status, detail) if classify is not None else None
+        if cls is None:
+            cls = error_class_for(status, detail)
+        return cls(
+            status,
+            detail,
+            provider=self.provider,
+            retry_after=retry_after,
+        )
+
+
+def error_class_for(status: int, detail: str) -> type[LLMHTTPError]:
+    """The error class for an HTTP status and the provider's error text."""
+    if status in (401, 403):
+        return LLMAuthenticationError
+    if status == 404:
+        return LLMModelNotFoundError
+    if status == 429:
+        return LLMRateLimitError
+    if status in (400, 413, 422):
+        lowered = detail.lower()
+        if status == 413 or any(marker in lowered for marker in _CONTEXT_LENGTH_MARKERS):
+            return LLMContextLengthError
+    return LLMHTTPError
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    # OpenAI and Anthropic also send the millisecond form, which is more precise.
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    return parse_retry_after(headers.get("retry-after"))
+
+
+def _error_detail(text: str) -> str:
+    """The human part of an error body: `error.message` when the body is the usual JSON."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()
+    if isinstance(data, dict):
+        error = data.get("error", data.get("detail"))
+        if isinstance(error, dict):
+            message = error.get("message")
+            kind = error.get("code") or error.get("type")
+            if isinstance(message, str):
+                return f"{message} ({kind})" if isinstance(kind, str) and kind else message
+        if isinstance(error, str):
+            return error
+        message = data.get("message")
+        if isinstance(message, str):
+            return message
+    return text.strip()
+
+
+class HTTPAdapter:
+    """What the HTTP adapters share: the poster, closing, and a repr without the key."""
+
+    provider: str = ""
+    model: str
+    base_url: str
+    _http: HTTPPoster
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r})"
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return self._http.retry
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this adapter made it (an injected one is left open)."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -1,0 +1,104 @@
+"""Retrying one LLM call: exponential backoff with full jitter, `Retry-After`, a deadline.
+
+Only `chat()` retries. An LLM call has no side effect, so repeating it is
+safe; a tool call is never retried here (see `safe_to_retry` in tools.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from .errors import LLMError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How `chat()` retries a failed LLM call.
+
+    - `max_attempts`: calls in all, the first included (1 = never retry).
+    - `base_delay` / `max_delay`: the wait before retry n is a random value in
+      [0, min(max_delay, base_delay * 2**(n-1))] ("full jitter"), unless the
+      provider sent `Retry-After`, which is honoured as given.
+    - `deadline`: seconds from the first attempt after which no new attempt
+      starts; a wait that would end past it is not begun, and each attempt's
+      HTTP timeout is cut to the time left.
+    - `sleep`, `random`, `clock`: injectable so tests run fast and repeatably.
+
+    `RetryPolicy.none()` fails on the first error.
+    """
+
+    max_attempts: int = 4
+    base_delay: float = 1.0
+    max_delay: float = 30.0
+    deadline: float = 300.0
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
+    random: Callable[[], float] = field(default=random.random, repr=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+        if self.base_delay < 0 or self.max_delay < 0 or self.deadline <= 0:
+            raise ValueError("base_delay and max_delay must be >= 0 and deadline > 0")
+
+    @classmethod
+    def none(cls) -> RetryPolicy:
+        return cls(max_attempts=1)
+
+    def backoff(self, retry: int) -> float:
+        """The jittered wait before retry number `retry` (1-based)."""
+        ceiling = min(self.max_delay, self.base_delay * 2.0 ** (retry - 1))
+        return self.random() * ceiling
+
+
+async def call_with_retries(
+    policy: RetryPolicy, attempt: Callable[[float | None], Awaitable[T]]
+) -> T:
+    """Call `attempt(time_left)` until it succeeds, fails for good, or the policy runs out.
+
+    `attempt` raises `LLMError`; one with `retryable` set (and, for HTTP
+    errors, a `retry_after`) is tried again. The error that ends the loop is
+    raised with `attempts` set to the number of calls made.
+    """
+    start = policy.clock()
+    tries = 0
+    while True:
+        tries += 1
+        time_left = policy.deadline - (policy.clock() - start)
+        try:
+            return await attempt(time_left)
+        except LLMError as exc:
+            exc.attempts = tries
+            if not exc.retryable or tries >= policy.max_attempts:
+                raise
+            retry_after = getattr(exc, "retry_after", None)
+            delay = retry_after if retry_after is not None else policy.backoff(tries)
+            if policy.clock() - start + delay >= policy.deadline:
+                raise
+            await policy.sleep(delay)
+
+
+def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds to wait from a `Retry-After` value: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - now()
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)

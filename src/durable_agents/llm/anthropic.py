@@ -1,0 +1,204 @@
+"""Anthropic's Messages API (`POST /v1/messages`) with tool use.
+
+Use `AnthropicLLM` for Claude models with an Anthropic API key. For any
+server that speaks OpenAI's Chat Completions (OpenAI, Workers AI's REST
+endpoint, Ollama, vLLM, llama.cpp) use `OpenAILLM`; inside a Worker with an
+`AI` binding and no key, `WorkersAILLM`.
+
+How the neutral conversation maps onto the wire:
+
+- every `system` message → the top-level `system` string (joined);
+- an assistant message → one `assistant` turn: its text block (if any),
+  then one `tool_use` block per call;
+- tool results → `tool_result` blocks (in call order, `is_error` set when the
+  content is the run loop's `{"error": ...}` JSON) in one `user` turn, and a
+  user message right after them joins that same turn, since the API wants
+  user and assistant turns to alternate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from ..errors import ConfigurationError
+from ..messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
+from ._http import HTTPAdapter, HTTPPoster
+from ._retry import RetryPolicy
+from .errors import LLMResponseError
+from .tool_calls import MalformedToolCall, is_error_result
+
+ANTHROPIC_VERSION = "2023-06-01"
+DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
+
+
+class AnthropicLLM(HTTPAdapter):
+    """Claude through the Anthropic Messages API.
+
+    `client=` (an `httpx.AsyncClient`) or `transport=` replace the HTTP layer,
+    for tests or proxies; without them a client is made on first use (the
+    Workers `fetch` transport under Pyodide). `retry=` sets how failed calls
+    are retried (see `RetryPolicy`); `timeout=` bounds each attempt.
+    `extra_body=` is merged into every request (e.g. `{"stop_sequences": ["END"]}`).
+    """
+
+    provider = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        api_key: str,
+        *,
+        base_url: str = "https://api.anthropic.com",
+        max_tokens: int = 4096,
+        client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 120.0,
+        retry: RetryPolicy | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not model:
+            raise ConfigurationError("AnthropicLLM needs a model name (LLM_MODEL)")
+        if not api_key:
+            raise ConfigurationError(
+                "AnthropicLLM needs an API key: set LLM_API_KEY to your Anthropic key"
+            )
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        self.max_tokens = max_tokens
+        self.extra_body = dict(extra_body or {})
+        self._api_key = api_key
+        self._http = HTTPPoster(
+            provider=self.provider,
+            client=client,
+            transport=transport,
+            timeout=timeout,
+            retry=retry or RetryPolicy(),
+            secret=api_key,
+        )
+
+    def request_body(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> dict[str, Any]:
+        """The JSON body `chat()` sends for this conversation."""
+        body = build_request(self.model, messages, tools, max_tokens=self.max_tokens)
+        body.update(self.extra_body)
+        return body
+
+    async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        data = await self._http.post_json(
+            f"{self.base_url}/v1/messages",
+            {"x-api-key": self._api_key, "anthropic-version": ANTHROPIC_VERSION},
+            self.request_body(messages, tools),
+        )
+        return parse_response(data)
+
+
+def build_request(
+    model: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *, max_tokens: int
+) -> dict[str, Any]:
+    """A Messages API request body for the neutral conversation."""
+    system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "system":
+            continue
+        role = "assistant" if message.role == "assistant" else "user"
+        blocks = _blocks(message)
+        if not blocks:
+            continue  # the API rejects empty turns and empty text blocks
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": turns}
+    if system:
+        body["system"] = system
+    if tools:
+        body["tools"] = [_tool(spec) for spec in tools]
+    return body
+
+
+def _blocks(message: Message) -> list[dict[str, Any]]:
+    if message.role == "tool":
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.tool_call_id}
+        if message.content:
+            block["content"] = message.content
+        if is_error_result(message.content):
+            block["is_error"] = True
+        return [block]
+    blocks: list[dict[str, Any]] = []
+    # Whitespace-only text blocks are rejected by the API.
+    if message.content.strip():
+        blocks.append({"type": "text", "text": message.content})
+    for call in message.tool_calls:
+        blocks.append(
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
+        )
+    return blocks
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    tool: dict[str, Any] = {"name": spec.name, "input_schema": spec.input_schema}
+    if spec.description:
+        tool["description"] = spec.description
+    return tool
+
+
+def parse_response(data: Any) -> LLMResponse:
+    """The neutral reply for a Messages API response body."""
+    content = data.get("content") if isinstance(data, dict) else None
+    if not isinstance(content, list):
+        raise LLMResponseError(
+            "anthropic answered without a `content` list; is LLM_BASE_URL an Anthropic "
+            "Messages API endpoint?",
+            provider="anthropic",
+            body=str(data),
+        )
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for index, block in enumerate(content):
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use":
+            call_id, name = str(block.get("id") or ""), str(block.get("name") or "")
+            arguments = block.get("input")
+            cut_off = data.get("stop_reason") == "max_tokens" and index == len(content) - 1
+            if cut_off or not isinstance(arguments, dict):
+                # A call cut off at max_tokens may hold half its arguments; never run it.
+                calls.append(
+                    MalformedToolCall(
+                        call_id,
+                        name,
+                        {},
+                        raw_arguments=repr(arguments),
+                        arguments_error=(
+                            f"The call to tool {name!r} was cut off (the reply hit max_tokens) "
+                            "or had no argument object, so the tool was not run. Call it again, "
+                            "more briefly."
+                        ),
+                    )
+                )
+            else:
+                calls.append(ToolCall(call_id, name, arguments))
+    return LLMResponse(text="".join(texts), tool_calls=calls, usage=_usage(data.get("usage")))
+
+
+def _usage(raw: Any) -> Usage | None:
+    if not isinstance(raw, dict):
+        return None
+    # Cached prompt tokens are reported apart from `input_tokens`; all were read.
+    input_tokens = sum(
+        _int(raw.get(key))
+        for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    )
+    return Usage(input_tokens=input_tokens, output_tokens=_int(raw.get("output_tokens")))
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -1,0 +1,220 @@
+"""OpenAI Chat Completions (`POST {base_url}/chat/completions`) with function tools.
+
+Use `OpenAILLM` for OpenAI itself and for any OpenAI-compatible server:
+Workers AI's REST endpoint
+(`https://api.cloudflare.com/client/v4/accounts/<id>/ai/v1`), Ollama
+(`http://localhost:11434/v1`), vLLM, llama.cpp's server. Inside a Worker
+with an `AI` binding, `WorkersAILLM` needs no key; for Claude, `AnthropicLLM`.
+
+Compatible servers differ; this adapter tolerates the differences seen in
+practice: tool calls without ids (the run loop assigns them), no `usage`,
+`content: null`, arguments sent as an object instead of a JSON string.
+Arguments that are not a JSON object become a `MalformedToolCall` (see
+`durable_agents.llm.tool_calls`), never a crash and never a guessed call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from ..errors import ConfigurationError
+from ..messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
+from ._http import HTTPAdapter, HTTPPoster
+from ._retry import RetryPolicy
+from .errors import LLMResponseError
+from .tool_calls import make_tool_call
+
+DEFAULT_OPENAI_MODEL = "gpt-4.1-mini"
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+
+
+class OpenAILLM(HTTPAdapter):
+    """A model behind an OpenAI-compatible Chat Completions endpoint.
+
+    `api_key` is sent as a Bearer token; leave it out for local servers that
+    need none. `max_tokens` is sent only when given (newer OpenAI models want
+    `extra_body={"max_completion_tokens": n}` instead). `client=`,
+    `transport=`, `timeout=`, `retry=` and `extra_body=` work as in
+    `AnthropicLLM`.
+    """
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        api_key: str | None = None,
+        *,
+        base_url: str = OPENAI_BASE_URL,
+        max_tokens: int | None = None,
+        client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 120.0,
+        retry: RetryPolicy | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not model:
+            raise ConfigurationError("OpenAILLM needs a model name (LLM_MODEL)")
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        self.max_tokens = max_tokens
+        self.extra_body = dict(extra_body or {})
+        self._api_key = api_key or None
+        self._http = HTTPPoster(
+            provider=self.provider,
+            client=client,
+            transport=transport,
+            timeout=timeout,
+            retry=retry or RetryPolicy(),
+            secret=self._api_key,
+        )
+
+    def request_body(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> dict[str, Any]:
+        """The JSON body `chat()` sends for this conversation."""
+        body = build_request(self.model, messages, tools)
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        body.update(self.extra_body)
+        return body
+
+    async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        headers = {"authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        data = await self._http.post_json(
+            f"{self.base_url}/chat/completions", headers, self.request_body(messages, tools)
+        )
+        return parse_response(data)
+
+
+def build_request(
+    model: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
+) -> dict[str, Any]:
+    """A Chat Completions request body for the neutral conversation."""
+    body: dict[str, Any] = {"model": model, "messages": to_openai_messages(messages)}
+    if tools:  # OpenAI rejects an empty `tools` list
+        body["tools"] = [to_openai_tool(spec) for spec in tools]
+    return body
+
+
+def to_openai_messages(
+    messages: Sequence[Message], *, empty_content: str | None = None
+) -> list[dict[str, Any]]:
+    """Neutral messages as Chat Completions messages.
+
+    `empty_content` is what an assistant message that only calls tools
+    carries as `content`: `None` (what OpenAI itself sends back) or `""` for
+    servers whose schema wants a string.
+    """
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "system":
+            if message.content:
+                out.append({"role": "system", "content": message.content})
+        elif message.role == "user":
+            out.append({"role": "user", "content": message.content})
+        elif message.role == "assistant":
+            entry: dict[str, Any] = {"role": "assistant"}
+            if message.tool_calls:
+                entry["content"] = message.content or empty_content
+                entry["tool_calls"] = [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {
+                            "name": call.name,
+                            "arguments": json.dumps(call.arguments, ensure_ascii=False),
+                        },
+                    }
+                    for call in message.tool_calls
+                ]
+            else:
+                entry["content"] = message.content
+            out.append(entry)
+        else:
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": message.tool_call_id,
+                    "content": message.content,
+                }
+            )
+    return out
+
+
+def to_openai_tool(spec: ToolSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": spec.name, "parameters": spec.input_schema}
+    if spec.description:
+        function["description"] = spec.description
+    return {"type": "function", "function": function}
+
+
+def parse_response(data: Any) -> LLMResponse:
+    """The neutral reply for a Chat Completions response body."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise LLMResponseError(
+            "the OpenAI-compatible server answered without `choices`; is LLM_BASE_URL a "
+            "Chat Completions endpoint (it usually ends in /v1)?",
+            provider="openai",
+            body=str(data),
+        )
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise LLMResponseError(
+            "the OpenAI-compatible server answered a choice without a `message`",
+            provider="openai",
+            body=str(data),
+        )
+    return LLMResponse(
+        text=_text(message.get("content")),
+        tool_calls=parse_tool_calls(message.get("tool_calls")),
+        usage=parse_usage(data.get("usage")),
+    )
+
+
+def parse_tool_calls(raw: Any) -> list[ToolCall]:
+    """`tool_calls` in the OpenAI shape (`{id, function: {name, arguments}}`).
+
+    The flat shape `{name, arguments}` some servers use is accepted too.
+    """
+    calls: list[ToolCall] = []
+    for item in raw if isinstance(raw, list) else ():
+        if not isinstance(item, dict):
+            continue
+        function = item.get("function")
+        source = function if isinstance(function, dict) else item
+        # A call without a name is kept: the run loop answers it with "no such
+        # tool", which tells the model what went wrong.
+        name = str(source.get("name") or "")
+        calls.append(make_tool_call(str(item.get("id") or ""), name, source.get("arguments")))
+    return calls
+
+
+def parse_usage(raw: Any) -> Usage | None:
+    if not isinstance(raw, dict):
+        return None
+    return Usage(
+        input_tokens=_int(raw.get("prompt_tokens")),
+        output_tokens=_int(raw.get("completion_tokens")),
+    )
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts, from some compatible servers
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

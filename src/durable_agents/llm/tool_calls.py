@@ -1,0 +1,89 @@
+"""Tool-call helpers shared by the adapters, and the call whose arguments did not parse.
+
+OpenAI-format providers send a call's arguments as a JSON *string* written by
+the model, and models sometimes write broken JSON. That must not crash the
+run, and it must not run a side-effecting tool with guessed arguments. So the
+adapter returns a `MalformedToolCall`: a `ToolCall` with `arguments == {}`
+that also carries `raw_arguments` (what the model wrote) and
+`arguments_error` (a sentence for the model). The run loop should answer it
+with an error result built from `arguments_error` and not call the handler;
+a loop that only knows `ToolCall` still sees `{}`, which the tool's input
+schema rejects whenever the tool has a required argument.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..messages import ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedToolCall(ToolCall):
+    """A tool call whose arguments were not a JSON object. Its `arguments` are `{}`.
+
+    Check for it with `isinstance(call, MalformedToolCall)` or
+    `getattr(call, "arguments_error", None)`; either works on any `ToolCall`.
+    """
+
+    raw_arguments: str = ""
+    arguments_error: str = ""
+
+
+def decode_arguments(name: str, raw: Any) -> tuple[dict[str, Any], str | None]:
+    """A call's arguments as a dict, and an error sentence when they were not an object.
+
+    Accepts what OpenAI-compatible servers send: a JSON string (the standard),
+    an already-decoded object (Workers AI, some local servers), or nothing.
+    """
+    if raw is None:
+        return {}, None
+    if isinstance(raw, dict):
+        return raw, None
+    if isinstance(raw, str):
+        if not raw.strip():
+            return {}, None
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            return {}, (
+                f"The arguments for tool {name!r} were not valid JSON ({exc}), so the tool was "
+                "not run. Call it again with the arguments as one JSON object."
+            )
+        if value is None:
+            return {}, None
+        if isinstance(value, dict):
+            return value, None
+        raw_type = type(value).__name__
+    else:
+        raw_type = type(raw).__name__
+    return {}, (
+        f"The arguments for tool {name!r} were a JSON {raw_type}, not an object, so the tool "
+        "was not run. Call it again with the arguments as one JSON object."
+    )
+
+
+def make_tool_call(call_id: str, name: str, raw_arguments: Any) -> ToolCall:
+    """A `ToolCall`, or a `MalformedToolCall` when `raw_arguments` is not an object."""
+    arguments, error = decode_arguments(name, raw_arguments)
+    if error is None:
+        return ToolCall(call_id, name, arguments)
+    raw = (
+        raw_arguments if isinstance(raw_arguments, str) else json.dumps(raw_arguments, default=str)
+    )
+    return MalformedToolCall(call_id, name, {}, raw_arguments=raw, arguments_error=error)
+
+
+def is_error_result(content: str) -> bool:
+    """True when a tool message's content is the JSON object with an `error` key
+    that the run loop writes for a failed call."""
+    text = content.lstrip()
+    if not text.startswith("{"):
+        return False
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and "error" in data

@@ -1,0 +1,215 @@
+"""Workers AI through the Worker's `AI` binding: `await env.AI.run(model, inputs)`.
+
+Use `WorkersAILLM` inside a Cloudflare Worker that has an `[ai]` binding: no
+API key, no HTTP. Outside a Worker (or to reach Workers AI over REST), use
+`OpenAILLM` with the account's OpenAI-compatible endpoint instead.
+
+The request is the chat-model input with `messages` (OpenAI-style: assistant
+`tool_calls` with JSON-string arguments, `tool` messages with `tool_call_id`)
+and `tools` in the `{"type": "function", "function": {...}}` form that the
+function-calling models accept. Models answer in one of three shapes, all
+handled:
+
+- traditional: `{"response": "...", "tool_calls": [{"name", "arguments": {...}}],
+  "usage": {...}}` (no call ids; the run loop assigns them);
+- the same with OpenAI-style calls: `"tool_calls": [{"id", "type",
+  "function": {"name", "arguments"}}]`;
+- OpenAI-compatible: `{"choices": [{"message": {"content", "tool_calls"}}], "usage"}`.
+
+A failure raised by the binding is mapped by its Workers AI error code onto
+the same error classes the HTTP adapters raise, and retried when transient
+(3040 out of capacity, 3007/3008 timeouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..messages import LLMResponse, Message, ToolSpec
+from ._retry import RetryPolicy, call_with_retries
+from .errors import (
+    LLMAuthenticationError,
+    LLMContextLengthError,
+    LLMError,
+    LLMHTTPError,
+    LLMModelNotFoundError,
+    LLMRateLimitError,
+    LLMResponseError,
+    LLMTimeoutError,
+)
+from .openai import parse_response as parse_openai_response
+from .openai import parse_tool_calls, parse_usage, to_openai_messages, to_openai_tool
+
+DEFAULT_WORKERS_AI_MODEL = "@cf/meta/llama-3.3-70b-instruct-fp8-fast"
+
+# Workers AI internal error code → (HTTP status it stands for, error class, what to do).
+# Codes and statuses from the Workers AI error reference.
+_ERRORS: dict[int, tuple[int, type[LLMHTTPError], str | None]] = {
+    5007: (400, LLMModelNotFoundError, "no such Workers AI model; check LLM_MODEL."),
+    3042: (404, LLMModelNotFoundError, "the model name is invalid; check LLM_MODEL."),
+    5018: (403, LLMAuthenticationError, "this account may not use this model."),
+    3041: (403, LLMAuthenticationError, "this account may not use this model."),
+    5016: (403, LLMAuthenticationError, "accept the model's terms for this account first."),
+    3023: (403, LLMAuthenticationError, "Workers AI is unavailable for this account."),
+    3006: (413, LLMContextLengthError, None),
+    3036: (429, LLMRateLimitError, "the account's daily Workers AI allocation is used up."),
+    3040: (429, LLMRateLimitError, "Workers AI is out of capacity; try again shortly."),
+    3007: (408, LLMHTTPError, "Workers AI timed out; try again."),
+    3008: (408, LLMHTTPError, "Workers AI aborted the request; try again."),
+}
+# Retrying these cannot help within one run.
+_NOT_RETRYABLE = {3036}
+_TRANSIENT_WORDS = ("capacity", "timeout", "timed out", "internal", "upstream", "unavailable")
+_CODE = re.compile(r"\b([35]\d{3})\b")
+
+
+class WorkersAILLM:
+    """A Workers AI text model with function calling, called through the `AI` binding.
+
+    `binding` is `env.AI` as the Worker hands it to Python: an object whose
+    `run(model, inputs)` is awaitable. `convert_input`, if given, turns the
+    inputs dict into what `run` accepts (e.g. a JS object); results are
+    converted back with their `to_py()` when they have one. `max_tokens` is
+    sent when given (Workers AI's default is small for some models).
+    `timeout` (seconds, per attempt) and `retry` work as in the HTTP adapters.
+    """
+
+    provider = "workers-ai"
+
+    def __init__(
+        self,
+        binding: Any,
+        model: str = DEFAULT_WORKERS_AI_MODEL,
+        *,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        extra_inputs: Mapping[str, Any] | None = None,
+        convert_input: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
+        if binding is None or not callable(getattr(binding, "run", None)):
+            raise ConfigurationError(
+                'WorkersAILLM needs the Workers AI binding (env.AI): add `[ai] binding = "AI"` '
+                "to wrangler.toml and pass env.AI"
+            )
+        if not model:
+            raise ConfigurationError("WorkersAILLM needs a model name (LLM_MODEL)")
+        self.binding = binding
+        self.model = model
+        self.max_tokens = max_tokens
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self.extra_inputs = dict(extra_inputs or {})
+        self.convert_input = convert_input
+
+    def __repr__(self) -> str:
+        return f"WorkersAILLM(model={self.model!r})"
+
+    def request_inputs(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> dict[str, Any]:
+        """The inputs dict `chat()` passes to `binding.run(model, inputs)`."""
+        inputs: dict[str, Any] = {"messages": _messages(messages)}
+        if tools:
+            inputs["tools"] = [to_openai_tool(spec) for spec in tools]
+        if self.max_tokens is not None:
+            inputs["max_tokens"] = self.max_tokens
+        inputs.update(self.extra_inputs)
+        return inputs
+
+    async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        inputs = self.request_inputs(messages, tools)
+        argument = self.convert_input(inputs) if self.convert_input else inputs
+
+        async def attempt(time_left: float | None) -> Any:
+            limit = self.timeout
+            if limit is not None and time_left is not None:
+                limit = max(0.001, min(limit, time_left))
+            try:
+                async with asyncio.timeout(limit):
+                    return await self.binding.run(self.model, argument)
+            except TimeoutError as exc:
+                raise LLMTimeoutError(
+                    f"Workers AI did not answer within {limit:.3g} s (model {self.model})",
+                    provider=self.provider,
+                ) from exc
+            except LLMError:
+                raise
+            except Exception as exc:  # the binding raises JS errors as plain exceptions
+                raise binding_error(exc) from exc
+
+        result = await call_with_retries(self.retry, attempt)
+        return parse_result(result)
+
+
+def _messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    out = to_openai_messages(messages, empty_content="")
+    names = {m.tool_call_id: m.tool_name for m in messages if m.role == "tool"}
+    for entry in out:
+        # Some Workers AI chat templates identify a tool result by the tool's name.
+        if entry["role"] == "tool" and names.get(entry["tool_call_id"]):
+            entry["name"] = names[entry["tool_call_id"]]
+    return out
+
+
+def binding_error(exc: BaseException) -> LLMError:
+    """The `LLMError` for an exception raised by `env.AI.run`."""
+    text = str(exc) or type(exc).__name__
+    match = _CODE.search(text)
+    code = int(match.group(1)) if match else None
+    if code is not None and code in _ERRORS:
+        status, cls, detail = _ERRORS[code]
+        error: LLMError = cls(status, text, provider="workers-ai", detail=detail)
+        if code in _NOT_RETRYABLE:
+            error.retryable = False
+        return error
+    transient = any(word in text.lower() for word in _TRANSIENT_WORDS)
+    return LLMError(
+        f"the Workers AI binding failed: {text}"
+        + ("" if transient else "; check LLM_MODEL and that the model supports function calling"),
+        provider="workers-ai",
+        retryable=transient,
+    )
+
+
+def parse_result(result: Any) -> LLMResponse:
+    """The neutral reply for whatever shape `env.AI.run` returned."""
+    to_py = getattr(result, "to_py", None)
+    if callable(to_py):
+        result = to_py()
+    if isinstance(result, str):
+        return LLMResponse(text=result)
+    if not isinstance(result, Mapping):
+        raise LLMResponseError(
+            f"Workers AI returned a {type(result).__name__}, not a result object; is the "
+            "model a text-generation model (and is `stream` off)?",
+            provider="workers-ai",
+            body=repr(result),
+        )
+    data = dict(result)
+    if "choices" in data:
+        return parse_openai_response(data)
+    if "response" not in data and "tool_calls" not in data:
+        raise LLMResponseError(
+            "Workers AI returned neither `response` nor `tool_calls` nor `choices`; is the "
+            "model a text-generation model?",
+            provider="workers-ai",
+            body=repr(data),
+        )
+    response = data.get("response")
+    if response is None:
+        text = ""
+    elif isinstance(response, str):
+        text = response
+    else:  # JSON mode answers with the object itself
+        text = json.dumps(response, ensure_ascii=False)
+    return LLMResponse(
+        text=text,
+        tool_calls=parse_tool_calls(data.get("tool_calls")),
+        usage=parse_usage(data.get("usage")),
+    )
