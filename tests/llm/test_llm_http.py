@@ -3,6 +3,7 @@ say what to do."""
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -186,6 +187,7 @@ async def test_401_fails_at_once_naming_the_setting_and_not_the_key(
     assert KEY not in str(error)
     assert KEY not in repr(error)
     assert KEY not in error.body
+    assert json.loads(error.body)["error"]["message"] == "bad [redacted]"
 
 
 @pytest.mark.parametrize(

@@ -248,3 +248,15 @@ def test_ids_round_trip() -> None:
     messages = [Message.user("x"), Message.assistant("", [PARIS, ROME])]
     wire = build_request("m", messages, [])["messages"][1]["tool_calls"]
     assert [c["id"] for c in wire] == ["call_1", "call_2"]
+
+
+def test_a_200_carrying_an_error_object_says_so() -> None:
+    body = {"error": {"message": "upstream model unavailable", "code": 503}}
+    with pytest.raises(LLMResponseError, match="upstream model unavailable"):
+        parse_response(body)
+
+
+@pytest.mark.parametrize("url", ["localhost:11434/v1", "api.openai.com", "ftp://x"])
+def test_a_base_url_without_scheme_is_a_configuration_error(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="LLM_BASE_URL"):
+        OpenAILLM("m", base_url=url)

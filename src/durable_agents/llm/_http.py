@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Self
 
 import httpx
 
+from ..errors import ConfigurationError
 from ._retry import RetryPolicy, call_with_retries, parse_retry_after
 from .errors import (
     LLMAuthenticationError,
@@ -19,6 +20,7 @@ from .errors import (
     LLMRateLimitError,
     LLMResponseError,
     LLMTimeoutError,
+    provider_message,
 )
 
 # Phrases providers use for "the prompt is over the context window" on a 400.
@@ -31,6 +33,13 @@ _CONTEXT_LENGTH_MARKERS = (
     "too many tokens",
     "input is too long",
 )
+
+
+def check_base_url(base_url: str, setting: str = "LLM_BASE_URL") -> str:
+    """`base_url` without a trailing slash; ConfigurationError unless it is http(s)."""
+    if not base_url.startswith(("http://", "https://")):
+        raise ConfigurationError(f"{setting} must be an http:// or https:// URL, got {base_url!r}")
+    return base_url.rstrip("/")
 
 
 def default_client(timeout: float) -> httpx.AsyncClient:
@@ -95,8 +104,6 @@ class HTTPPoster:
         url: str,
         headers: Mapping[str, str],
         body: Mapping[str, Any],
-        *,
-        classify: Callable[[int, str], type[LLMHTTPError] | None] | None = None,
     ) -> Any:
         """POST `body` as JSON; the decoded JSON reply, retried per the policy."""
         payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
@@ -126,7 +133,7 @@ class HTTPPoster:
                 ) from exc
             text = self.scrub(response.text)
             if response.status_code >= 400:
-                raise self.http_error(response, text, classify)
+                raise self.http_error(response, text)
             try:
                 return json.loads(text)
             except ValueError:
@@ -139,23 +146,13 @@ class HTTPPoster:
 
         return await call_with_retries(self.retry, attempt)
 
-    def http_error(
-        self,
-        response: httpx.Response,
-        text: str,
-        classify: Callable[[int, str], type[LLMHTTPError] | None] | None,
-    ) -> LLMHTTPError:
-        status = response.status_code
-        retry_after = _retry_after(response.headers)
-        detail = _error_detail(text)
-        cls = classify(status, detail) if classify is not None else None
-        if cls is None:
-            cls = error_class_for(status, detail)
+    def http_error(self, response: httpx.Response, text: str) -> LLMHTTPError:
+        cls = error_class_for(response.status_code, provider_message(text))
         return cls(
-            status,
-            detail,
+            response.status_code,
+            text,
             provider=self.provider,
-            retry_after=retry_after,
+            retry_after=_retry_after(response.headers),
         )
 
 
@@ -183,27 +180,6 @@ def _retry_after(headers: httpx.Headers) -> float | None:
         except ValueError:
             pass
     return parse_retry_after(headers.get("retry-after"))
-
-
-def _error_detail(text: str) -> str:
-    """The human part of an error body: `error.message` when the body is the usual JSON."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text.strip()
-    if isinstance(data, dict):
-        error = data.get("error", data.get("detail"))
-        if isinstance(error, dict):
-            message = error.get("message")
-            kind = error.get("code") or error.get("type")
-            if isinstance(message, str):
-                return f"{message} ({kind})" if isinstance(kind, str) and kind else message
-        if isinstance(error, str):
-            return error
-        message = data.get("message")
-        if isinstance(message, str):
-            return message
-    return text.strip()
 
 
 class HTTPAdapter:

@@ -25,7 +25,7 @@ import httpx
 
 from ..errors import ConfigurationError
 from ..messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
-from ._http import HTTPAdapter, HTTPPoster
+from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
 from .errors import LLMResponseError
 from .tool_calls import MalformedToolCall, is_error_result
@@ -66,7 +66,7 @@ class AnthropicLLM(HTTPAdapter):
                 "AnthropicLLM needs an API key: set LLM_API_KEY to your Anthropic key"
             )
         self.model = model
-        self.base_url = base_url.rstrip("/")
+        self.base_url = check_base_url(base_url)
         self.max_tokens = max_tokens
         self.extra_body = dict(extra_body or {})
         self._api_key = api_key

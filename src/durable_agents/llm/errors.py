@@ -23,6 +23,7 @@ scrubbed of it before they are kept.
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 from ..errors import DurableAgentsError
@@ -65,10 +66,10 @@ class LLMHTTPError(LLMError):
         self.body = body[:_BODY_LIMIT]
         self.retry_after = retry_after
         retryable = status_code in (408, 409, 429) or status_code >= 500
-        text = detail or self._default_detail()
+        said = provider_message(self.body)[:500]
         super().__init__(
-            f"{provider or 'the LLM provider'} answered HTTP {status_code}: {text}"
-            + (f" Provider said: {self.body}" if self.body else ""),
+            f"{provider or 'the LLM provider'} answered HTTP {status_code}: "
+            f"{detail or self._default_detail()}" + (f" Provider said: {said}" if said else ""),
             provider=provider,
             retryable=retryable,
         )
@@ -151,3 +152,24 @@ class LLMResponseError(LLMError):
     def __init__(self, message: str, *, provider: str = "", body: str = "") -> None:
         self.body = body[:_BODY_LIMIT]
         super().__init__(message, provider=provider, retryable=False)
+
+
+def provider_message(text: str) -> str:
+    """The human part of an error body: `error.message` (and its code) for the usual JSON."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()
+    if isinstance(data, dict):
+        error = data.get("error", data.get("detail"))
+        if isinstance(error, dict):
+            message = error.get("message")
+            kind = error.get("code") or error.get("type")
+            if isinstance(message, str):
+                return f"{message} ({kind})" if isinstance(kind, str) and kind else message
+        if isinstance(error, str):
+            return error
+        message = data.get("message")
+        if isinstance(message, str):
+            return message
+    return text.strip()

@@ -23,9 +23,9 @@ import httpx
 
 from ..errors import ConfigurationError
 from ..messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
-from ._http import HTTPAdapter, HTTPPoster
+from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
-from .errors import LLMResponseError
+from .errors import LLMResponseError, provider_message
 from .tool_calls import make_tool_call
 
 DEFAULT_OPENAI_MODEL = "gpt-4.1-mini"
@@ -60,7 +60,7 @@ class OpenAILLM(HTTPAdapter):
         if not model:
             raise ConfigurationError("OpenAILLM needs a model name (LLM_MODEL)")
         self.model = model
-        self.base_url = base_url.rstrip("/")
+        self.base_url = check_base_url(base_url)
         self.max_tokens = max_tokens
         self.extra_body = dict(extra_body or {})
         self._api_key = api_key or None
@@ -157,6 +157,14 @@ def parse_response(data: Any) -> LLMResponse:
     """The neutral reply for a Chat Completions response body."""
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        error = data.get("error") if isinstance(data, dict) else None
+        if error:  # some gateways answer 200 with an error object
+            raise LLMResponseError(
+                f"the OpenAI-compatible server answered with an error: "
+                f"{provider_message(json.dumps(data))}",
+                provider="openai",
+                body=str(data),
+            )
         raise LLMResponseError(
             "the OpenAI-compatible server answered without `choices`; is LLM_BASE_URL a "
             "Chat Completions endpoint (it usually ends in /v1)?",
