@@ -1,0 +1,265 @@
+// Durable Objects and Worker entrypoints for the local runtime, driven the way workerd drives Python.
+//
+// The workers SDK does not convert handler arguments or results itself; the
+// runtime does. For every event this module does what workerd does for a
+// Python class: the Worker entrypoint gets a NEW instance per request, built
+// with the raw JS ctx and env (the SDK's class wrapper then wraps env in
+// `_EnvWrapper`, and ctx in `DurableObjectContext` for Durable Objects);
+// each argument goes through `workers.python_from_rpc` (a JS `Request`
+// becomes `workers.Request`) and the result through `workers.python_to_rpc`
+// (a `workers.Response` becomes its JS `Response`). That glue lives in
+// `_workers_harness.py`.
+//
+// A Durable Object id maps to ONE live instance for the life of the runtime.
+// Concurrency follows workerd's input gates rather than a strict queue:
+// events start in arrival order, one at a time, and may interleave while a
+// handler awaits I/O (D1, fetch), except while `ctx.blockConcurrencyWhile()`
+// runs. A strict queue would deadlock an object that calls itself, and would
+// hide races that production has (two requests on one object awaiting D1).
+// Local simplifications: no `ctx.storage` (the kit keeps state in D1), no
+// hibernation or eviction, and RPC values are passed by reference instead of
+// being structured-cloned.
+
+import { createHash, randomBytes } from "node:crypto";
+
+/** A Durable Object id: 64 hex chars; `name` is set when made by `idFromName`. */
+export class DurableObjectId {
+  #hex;
+  #name;
+
+  constructor(hex, name) {
+    this.#hex = hex;
+    this.#name = name;
+  }
+
+  get name() {
+    return this.#name;
+  }
+
+  toString() {
+    return this.#hex;
+  }
+
+  equals(other) {
+    return other instanceof DurableObjectId && other.toString() === this.#hex;
+  }
+}
+
+/** Records `waitUntil` promises so a caller (a test, the dev server) can wait for them. */
+export class BackgroundTasks {
+  #pending = new Set();
+  #onError;
+
+  constructor(onError) {
+    this.#onError = onError;
+  }
+
+  add(promise) {
+    const task = Promise.resolve(promise).catch((error) => this.#onError(error));
+    this.#pending.add(task);
+    task.finally(() => this.#pending.delete(task));
+  }
+
+  async drain() {
+    while (this.#pending.size > 0) await Promise.allSettled([...this.#pending]);
+  }
+}
+
+/** The `ctx` of one Worker request; its toString tag is what the SDK's patchWaitUntil checks. */
+export class ExecutionContext {
+  #tasks;
+
+  constructor(tasks) {
+    this.#tasks = tasks;
+    this.props = {};
+  }
+
+  get [Symbol.toStringTag]() {
+    return "ExecutionContext";
+  }
+
+  waitUntil(promise) {
+    this.#tasks.add(promise);
+  }
+
+  passThroughOnException() {}
+}
+
+/** The `ctx` of a Durable Object (`self.ctx` in Python, wrapped in the SDK's DurableObjectContext). */
+export class DurableObjectState {
+  #object;
+
+  constructor(object, id) {
+    this.#object = object;
+    this.id = id;
+  }
+
+  get [Symbol.toStringTag]() {
+    return "DurableObjectState";
+  }
+
+  waitUntil(promise) {
+    this.#object.tasks.add(promise);
+  }
+
+  blockConcurrencyWhile(callback) {
+    return this.#object.blockConcurrencyWhile(callback);
+  }
+
+  abort(reason) {
+    this.#object.abort(reason);
+  }
+}
+
+// One live object: its Python instance, its input gate, its event order.
+class LiveObject {
+  constructor(namespace, id) {
+    this.namespace = namespace;
+    this.id = id;
+    this.tasks = namespace.host.tasks;
+    this.state = new DurableObjectState(this, id);
+    this.instance = null;
+    // Events start in arrival order: each waits for its predecessor to
+    // START (not finish), and for any blockConcurrencyWhile() in progress.
+    this.startChain = Promise.resolve();
+    this.gate = Promise.resolve();
+  }
+
+  blockConcurrencyWhile(callback) {
+    const run = (async () => callback())();
+    this.gate = run.then(
+      () => undefined,
+      () => undefined,
+    );
+    return run;
+  }
+
+  // The SDK calls this from a microtask after raising DurableObjectAbort in
+  // Python; like workerd, the next event gets a fresh instance.
+  abort(reason) {
+    this.instance?.destroy?.();
+    this.instance = null;
+    this.namespace.host.log?.(`Durable Object ${this.id} aborted${reason ? `: ${reason}` : ""}`);
+  }
+
+  deliver(handler) {
+    const started = this.startChain.then(async () => {
+      await this.gate;
+      if (this.instance === null) {
+        this.instance = this.namespace.host.instantiate(this.namespace.pythonClass, this.state, this.namespace.host.env);
+        await this.gate; // the constructor may have called blockConcurrencyWhile()
+      }
+    });
+    this.startChain = started.catch(() => undefined);
+    return started.then(() => handler(this.instance));
+  }
+}
+
+// What crosses an RPC boundary is a serialized error: a plain Error with the
+// message (for a Python exception, its traceback), never the PythonError.
+function asRpcError(error) {
+  if (!(error instanceof Error)) return new Error(String(error));
+  const copy = new Error(error.message);
+  copy.name = error.name === "PythonError" ? "Error" : error.name;
+  return copy;
+}
+
+function stubFor(object) {
+  const base = {
+    id: object.id,
+    name: object.id.name,
+    fetch(input, init) {
+      const request = new Request(input, init);
+      return object.deliver((instance) => object.namespace.host.invoke(instance, "fetch", [request])).catch((error) => {
+        throw asRpcError(error);
+      });
+    },
+  };
+  // Any other property is an RPC method, as on a workerd stub. `then` must
+  // stay undefined or the stub would look like a promise.
+  return new Proxy(base, {
+    get(target, property) {
+      if (property in target || typeof property !== "string" || property === "then") return target[property];
+      return (...args) =>
+        object.deliver((instance) => object.namespace.host.invoke(instance, property, args)).catch((error) => {
+          throw asRpcError(error);
+        });
+    },
+  });
+}
+
+/** `env.MY_DO`: ids by name, stubs by id; one live instance per id. */
+export class DurableObjectNamespace {
+  #objects = new Map();
+  #key;
+
+  /**
+   * @param {object} host what runs Python: {instantiate(cls, ctx, env), invoke(instance, method, args), tasks, env}
+   * @param {object} pythonClass the Durable Object class (a PyProxy)
+   * @param {string} className its name, part of every id so two namespaces never share ids
+   */
+  constructor(host, pythonClass, className) {
+    this.host = host;
+    this.pythonClass = pythonClass;
+    this.#key = `durable-agents-local:${className}:`;
+  }
+
+  idFromName(name) {
+    const hex = createHash("sha256").update(this.#key + String(name)).digest("hex");
+    return new DurableObjectId(hex, String(name));
+  }
+
+  idFromString(hex) {
+    if (!/^[0-9a-f]{64}$/.test(String(hex))) throw new TypeError("Invalid Durable Object ID: must be 64 hex digits");
+    const known = this.#objects.get(String(hex));
+    return known ? known.id : new DurableObjectId(String(hex), undefined);
+  }
+
+  newUniqueId() {
+    return new DurableObjectId(randomBytes(32).toString("hex"), undefined);
+  }
+
+  get(id) {
+    if (!(id instanceof DurableObjectId)) throw new TypeError("get() takes a DurableObjectId");
+    let object = this.#objects.get(id.toString());
+    if (!object) {
+      object = new LiveObject(this, id);
+      this.#objects.set(id.toString(), object);
+    }
+    return stubFor(object);
+  }
+
+  getByName(name) {
+    return this.get(this.idFromName(name));
+  }
+
+  jurisdiction() {
+    return this;
+  }
+
+  /** Harness only: destroy every live instance's Python proxy. */
+  dispose() {
+    for (const object of this.#objects.values()) object.instance?.destroy?.();
+    this.#objects.clear();
+  }
+}
+
+/**
+ * A Python `WorkerEntrypoint` class served the way workerd serves it: a new
+ * instance per request, with a fresh ExecutionContext.
+ */
+export function workerEntrypoint(host, pythonClass) {
+  async function call(method, args) {
+    const ctx = new ExecutionContext(host.tasks);
+    const instance = host.instantiate(pythonClass, ctx, host.env);
+    try {
+      return await host.invoke(instance, method, args);
+    } finally {
+      instance.destroy();
+    }
+  }
+  return {
+    fetch: (request) => call("fetch", [request]),
+    call,
+  };
+}
