@@ -1,0 +1,17 @@
+"""What runs only on Cloudflare Workers: the D1 store and an httpx transport over `fetch`.
+
+- `d1_store(env.DB)`: the durable store of a Worker, over a D1 binding.
+- `FetchTransport`: an httpx transport over the runtime's JS `fetch`, for
+  LLM calls from a Worker (httpx's own transport needs sockets).
+
+Both import on CPython (they touch `js`/`pyodide` only when called), so code
+that builds them type-checks and tests there; `testing.fake_d1` stands in
+for a D1 binding.
+"""
+
+from __future__ import annotations
+
+from .d1 import D1Store, d1_store
+from .fetch_transport import FetchTransport
+
+__all__ = ["D1Store", "FetchTransport", "d1_store"]

@@ -1,0 +1,203 @@
+"""The Cloudflare D1 store: sessions in a D1 database, reached through a Worker's binding.
+
+Use `d1_store(env.DB)` in a Worker (inside a Durable Object or a plain
+Worker); on CPython use `sqlite_store(path)`, which keeps the same contract on
+the same schema. Tables come from `migrations/0001_init.sql` (applied with
+`wrangler d1 migrations apply`), never from a request: `create_tables()`
+exists for tests and one-off scripts.
+
+Why one `batch()` per append: D1 has no interactive transactions (`BEGIN`
+is rejected) but runs a batch as one implicit transaction, all or nothing.
+An append is therefore a batch of the message INSERTs plus the session
+upsert; the schema's UNIQUE (session_id, seq) key and its in-order trigger
+make the batch fail whole when another writer got there first, which is the
+whole concurrency check. No read precedes the write.
+
+The binding is used as the `workers` SDK hands it to Python code:
+`prepare(sql).bind(*args)`, `await stmt.raw()` (rows as lists), `await
+stmt.run()`, `await db.batch([...])`; SQL errors raise
+`pyodide.ffi.JsException` with D1's message. `testing.fake_d1` offers the
+same shape on CPython over sqlite3. This module imports nothing from the
+runtime, so it imports and type-checks on CPython.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from ..errors import SessionConflictError, StoreError
+from ..messages import Message
+from ..stores import _sql
+from ..stores.base import SessionInfo
+
+__all__ = ["D1Binding", "D1PreparedStatement", "D1Store", "d1_store"]
+
+
+class D1PreparedStatement(Protocol):
+    """What the store uses of a D1 prepared statement (as wrapped by the workers SDK)."""
+
+    def bind(self, *values: Any) -> D1PreparedStatement: ...
+
+    def run(self) -> Awaitable[Mapping[str, Any]]: ...
+
+    def raw(self) -> Awaitable[Sequence[Sequence[Any]]]: ...
+
+
+class D1Binding(Protocol):
+    """What the store uses of a D1 database binding (`env.DB` in a Worker)."""
+
+    def prepare(self, sql: str) -> D1PreparedStatement: ...
+
+    def batch(
+        self, statements: list[D1PreparedStatement]
+    ) -> Awaitable[Sequence[Mapping[str, Any]]]: ...
+
+
+class D1Store:
+    """A durable `Store` over a D1 binding. Build it with `d1_store(env.DB)`.
+
+    Cheap to create: it holds the binding and nothing else, so make one per
+    request. Every method is one D1 round trip.
+    """
+
+    def __init__(
+        self,
+        binding: D1Binding,
+        *,
+        clock: Callable[[], float] | None = None,
+        max_row_bytes: int = _sql.MAX_ROW_BYTES,
+    ) -> None:
+        self._db = binding
+        self._clock = clock
+        self._max_row_bytes = max_row_bytes
+
+    @property
+    def durable(self) -> bool:
+        return True
+
+    def _now_ms(self) -> int:
+        # time.time is looked up per call, not bound at import: module top
+        # level must not read the clock on Workers (import-time snapshots).
+        return int((self._clock or time.time)() * 1000)
+
+    async def create_tables(self) -> None:
+        """Create the schema if missing. For tests: deployments use the migration.
+
+        One `prepare().run()` per statement: D1's multi-statement `exec()`
+        splits on newlines and rejects the trigger's BEGIN...END body.
+        """
+        for statement in _sql.SCHEMA:
+            try:
+                await self._db.prepare(statement).run()
+            except Exception as exc:
+                first_line = statement.splitlines()[0]
+                raise StoreError(f"D1 could not create the schema ({first_line}): {exc}") from exc
+
+    async def load_messages(self, session_id: str) -> list[Message]:
+        rows = await self._read(
+            _sql.SELECT_MESSAGES, (session_id,), f"load the messages of session {session_id!r}"
+        )
+        return [_sql.row_message(row) for row in rows]
+
+    async def append_messages_atomic(
+        self,
+        session_id: str,
+        expected_seq: int,
+        messages: Sequence[Message],
+        *,
+        agent_name: str | None = None,
+    ) -> int:
+        if not messages:
+            raise ValueError("append_messages_atomic needs at least one message")
+        if expected_seq < 0:
+            raise SessionConflictError(session_id, expected_seq, "a position cannot be negative")
+        now = self._now_ms()
+        # Every row is built (and size-checked) before anything is sent, so a
+        # message over the limit fails the whole append with nothing written.
+        rows = [
+            _sql.message_row(session_id, expected_seq + i, m, now, self._max_row_bytes)
+            for i, m in enumerate(messages)
+        ]
+        count = expected_seq + len(messages)
+        statements = [self._db.prepare(_sql.INSERT_MESSAGE).bind(*row) for row in rows]
+        statements.append(
+            self._db.prepare(_sql.UPSERT_SESSION).bind(
+                *_sql.session_row(session_id, agent_name, messages, count, now)
+            )
+        )
+        try:
+            await self._db.batch(statements)
+        except Exception as exc:
+            if _sql.is_conflict(str(exc)):
+                raise SessionConflictError(session_id, expected_seq, _d1_message(exc)) from exc
+            raise StoreError(
+                f"D1 failed to append {len(messages)} message(s) to session {session_id!r} at "
+                f"position {expected_seq}; nothing was written: {_d1_message(exc)}",
+                session_id=session_id,
+            ) from exc
+        return count
+
+    async def get_session(self, session_id: str) -> SessionInfo | None:
+        rows = await self._read(_sql.SELECT_SESSION, (session_id,), f"read session {session_id!r}")
+        return _session_info(rows[0]) if rows else None
+
+    async def list_sessions(self, *, limit: int = 100, offset: int = 0) -> list[SessionInfo]:
+        rows = await self._read(_sql.LIST_SESSIONS, (limit, offset), "list sessions")
+        return [_session_info(row) for row in rows]
+
+    async def delete_session(self, session_id: str) -> bool:
+        try:
+            results = await self._db.batch(
+                [
+                    self._db.prepare(_sql.DELETE_MESSAGES).bind(session_id),
+                    self._db.prepare(_sql.DELETE_SESSION).bind(session_id),
+                ]
+            )
+        except Exception as exc:
+            raise StoreError(
+                f"D1 failed to delete session {session_id!r}: {_d1_message(exc)}",
+                session_id=session_id,
+            ) from exc
+        return any(int(result["meta"]["changes"]) > 0 for result in results)
+
+    async def _read(self, sql: str, params: tuple[Any, ...], what: str) -> Sequence[Sequence[Any]]:
+        try:
+            return await self._db.prepare(sql).bind(*params).raw()
+        except Exception as exc:
+            raise StoreError(f"D1 failed to {what}: {_d1_message(exc)}") from exc
+
+
+def d1_store(
+    binding: Any,
+    *,
+    clock: Callable[[], float] | None = None,
+    max_row_bytes: int = _sql.MAX_ROW_BYTES,
+) -> D1Store:
+    """A durable store over a D1 binding: `d1_store(self.env.DB)` inside a Worker.
+
+    `binding` is the D1 binding as the workers SDK exposes it (or
+    `testing.fake_d1.FakeD1Database` on CPython). `clock` returns seconds
+    (default `time.time`); timestamps are stored as Unix milliseconds.
+    `max_row_bytes` bounds one message row, below D1's 2,000,000-byte limit.
+    """
+    return D1Store(binding, clock=clock, max_row_bytes=max_row_bytes)
+
+
+def _session_info(row: Sequence[Any]) -> SessionInfo:
+    session_id, agent_name, state, message_count, created_at, updated_at = row
+    return SessionInfo(
+        id=session_id,
+        agent_name=agent_name,
+        state=state,
+        message_count=int(message_count),
+        created_at=int(created_at),
+        updated_at=int(updated_at),
+    )
+
+
+def _d1_message(exc: BaseException) -> str:
+    # A JsException's str() starts with the JS error name ("Error: D1_ERROR: ...").
+    text = str(exc)
+    return text.removeprefix("Error: ")

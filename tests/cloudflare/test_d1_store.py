@@ -1,0 +1,66 @@
+"""The D1 store on CPython, over the sqlite3-backed fake binding.
+
+The same checks run against miniflare's real D1 in tests/runtime/test_d1_store.py;
+passing both keeps `FakeD1Database` honest.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durable_agents.cloudflare import D1Store, d1_store
+from durable_agents.messages import Message
+from durable_agents.stores import Store
+from durable_agents.testing import conformance, d1_checks
+from durable_agents.testing.fake_d1 import FakeD1Database
+
+
+@pytest.fixture
+def fake_db() -> Iterator[FakeD1Database]:
+    db = FakeD1Database()
+    yield db
+    db.close()
+
+
+@pytest.mark.parametrize("check", conformance.CHECKS, ids=lambda c: c.__name__)
+async def test_store_contract(fake_db: FakeD1Database, check: conformance.Check) -> None:
+    store = d1_store(fake_db, clock=conformance.ticking_clock())
+    await store.create_tables()
+    await check(store)
+
+
+@pytest.mark.parametrize("check", d1_checks.CHECKS, ids=lambda c: c.__name__)
+async def test_d1_binding(fake_db: FakeD1Database, check: d1_checks.Check) -> None:
+    await check(fake_db)
+
+
+def test_is_a_durable_store(fake_db: FakeD1Database) -> None:
+    store = d1_store(fake_db)
+    assert isinstance(store, Store)
+    assert isinstance(store, D1Store)
+    assert store.durable is True
+
+
+def test_imports_without_the_workers_runtime() -> None:
+    code = (
+        "import sys, durable_agents.cloudflare, durable_agents.testing.fake_d1; "
+        "assert not {'js', 'pyodide', 'workers'} & set(sys.modules), sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_file_backed_fake_keeps_data(tmp_path: Path) -> None:
+    path = str(tmp_path / "d1.sqlite")
+    first = FakeD1Database(path)
+    store = d1_store(first)
+    await store.create_tables()
+    await store.append_messages_atomic("s", 0, [Message.user("kept")])
+    first.close()
+    second = FakeD1Database(path)
+    assert await d1_store(second).load_messages("s") == [Message.user("kept")]
+    second.close()
