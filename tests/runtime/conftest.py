@@ -1,0 +1,103 @@
+"""Every test_*.py here runs INSIDE the local Workers runtime (Pyodide + miniflare's D1).
+
+See `durable_agents.testing.pytest_plugin`. The fixtures below run on
+CPython; their values (JSON) become the in-runtime tests' arguments.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from durable_agents.testing import conformance, d1_checks
+from durable_agents.testing.pytest_plugin import (  # noqa: F401 - hooks and fixtures for this dir
+    pytest_pycollect_makemodule,
+    pytest_runtest_makereport,
+    pytest_terminal_summary,
+    workers_runtime,
+)
+
+
+@pytest.fixture(params=[check.__name__ for check in conformance.CHECKS])
+def conformance_check(request: pytest.FixtureRequest) -> str:
+    """The name of one store conformance check (run in the runtime by name)."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture(params=[check.__name__ for check in d1_checks.CHECKS])
+def d1_check(request: pytest.FixtureRequest) -> str:
+    """The name of one D1 binding check (run in the runtime by name)."""
+    name: str = request.param
+    return name
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """A small HTTP API for the fetch transport tests: echo, gzip, stream, redirect."""
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        pass
+
+    def _reply(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path == "/gzip":
+            body = gzip.compress(b'{"compressed": true}')
+            self._reply(200, body, {"content-type": "application/json", "content-encoding": "gzip"})
+        elif self.path == "/redirect":
+            self._reply(302, b"", {"location": "/echo"})
+        elif self.path == "/stream":
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for n in range(3):
+                chunk = f"data: {n}\n\n".encode()
+                self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self._echo()
+
+    def do_POST(self) -> None:
+        self._echo()
+
+    def _echo(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        body = self.rfile.read(length)
+        reply = {
+            "method": self.command,
+            "path": self.path,
+            "headers": {k.lower(): v for k, v in self.headers.items()},
+            "body": body.decode(),
+        }
+        self._reply(
+            201,
+            json.dumps(reply).encode(),
+            {"content-type": "application/json", "set-cookie": "a=1", "x-reply": "yes"},
+        )
+
+
+@pytest.fixture
+def local_http_server() -> Iterator[str]:
+    """The base URL of an HTTP server on 127.0.0.1, up for one test."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
