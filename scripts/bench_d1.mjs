@@ -28,6 +28,7 @@ import json, statistics, time
 from workers import env
 
 started = time.perf_counter()
+import pydantic, httpx, durable_agents
 from durable_agents.cloudflare import d1_store
 from durable_agents.messages import Message, ToolCall, Usage
 import_ms = (time.perf_counter() - started) * 1000
@@ -71,7 +72,7 @@ json.dumps({
 })
 `);
   const r = JSON.parse(report);
-  console.log(`import durable_agents.cloudflare: ${r.import_durable_agents_ms.toFixed(0)} ms`);
+  console.log(`then import pydantic, httpx, durable_agents (+ .cloudflare): ${r.import_durable_agents_ms.toFixed(0)} ms`);
   console.log(
     `atomic append of 5 messages (1 D1 batch): median ${r.median_append_ms.toFixed(2)} ms, p90 ${r.p90_append_ms.toFixed(2)} ms over ${r.appends} appends`,
   );
