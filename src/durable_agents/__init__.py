@@ -18,7 +18,7 @@ from .errors import (
     StoreError,
     ToolDurabilityError,
 )
-from .messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
+from .messages import LLMResponse, MalformedToolCall, Message, ToolCall, ToolSpec, Usage
 from .run import LLM, RunResult, idempotency_key, pending_tool_calls, run
 from .stores.base import SessionInfo, Store
 from .tools import Tool, ToolContext, tool
@@ -29,6 +29,7 @@ __all__ = [
     "ConfigurationError",
     "DurableAgentsError",
     "LLMResponse",
+    "MalformedToolCall",
     "MemoryStoreNotDurableError",
     "Message",
     "MessageTooLargeError",

@@ -43,6 +43,19 @@ class ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
+class MalformedToolCall(ToolCall):
+    """A tool call whose arguments the model wrote as something other than a
+    JSON object (broken JSON, a list, a cut-off block). Its `arguments` are `{}`;
+    `raw_arguments` holds what the model wrote and `arguments_error` a sentence
+    for the model. The run loop answers it with an `invalid-arguments` result and
+    never calls the handler, so a tool is never run on guessed arguments.
+    """
+
+    raw_arguments: str = ""
+    arguments_error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     """Tokens used by LLM calls. Adds up with `+`."""
 

@@ -27,12 +27,12 @@ import inspect
 import json
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from .agent import Agent
 from .errors import ConfigurationError, MemoryStoreNotDurableError, ToolDurabilityError
-from .messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
+from .messages import LLMResponse, MalformedToolCall, Message, ToolCall, ToolSpec, Usage
 from .stores.base import Store
 from .stores.memory import memory_store
 from .tools import Handler, Tool, ToolArgumentsError, ToolContext
@@ -242,7 +242,7 @@ class _Session:
         assigned = []
         for call in calls:
             if not call.id or call.id in self.call_ids:
-                call = ToolCall(f"call_{self.new_id()}", call.name, call.arguments)
+                call = replace(call, id=f"call_{self.new_id()}")
             self.call_ids.add(call.id)
             assigned.append(call)
         return assigned
@@ -262,6 +262,8 @@ class _Session:
                 "unknown-tool",
                 f"There is no tool named {call.name!r}. Available tools: {sorted(self.tools)}.",
             )
+        if isinstance(call, MalformedToolCall):
+            return _error_result("invalid-arguments", call.arguments_error)
         try:
             args = tool.parse_arguments(call.arguments)
         except ToolArgumentsError as exc:

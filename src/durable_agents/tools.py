@@ -20,7 +20,7 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, get_type_hints, overload
+from typing import Any, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -229,7 +229,7 @@ def _input_schema(
 ) -> tuple[type[BaseModel] | None, dict[str, Any]]:
     if isinstance(spec, type) and issubclass(spec, BaseModel):
         return spec, spec.model_json_schema()
-    if spec is dict or spec == {}:
+    if spec is dict or spec is Any or get_origin(spec) is dict or spec == {}:
         return None, {"type": "object", "properties": {}}
     if isinstance(spec, dict):
         if spec.get("type", "object") != "object":

@@ -300,11 +300,6 @@ async def test_malformed_arguments_do_not_crash_and_the_model_is_told(
     assert "error" in json.loads(tool_message["content"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the run loop does not yet consult MalformedToolCall.arguments_error; a tool with "
-    "no required argument runs with {} (see docs/providers.md)",
-)
 async def test_malformed_arguments_never_run_a_tool_without_required_arguments(
     serve: Callable[[list[Reply]], ScriptedServer],
 ) -> None:

@@ -11,6 +11,7 @@ retries transient failures itself (`RetryPolicy`), and raises an `LLMError`
 subclass when a call fails for good.
 """
 
+from ..messages import MalformedToolCall
 from ._http import default_client
 from ._retry import RetryPolicy
 from .anthropic import AnthropicLLM
@@ -27,7 +28,6 @@ from .errors import (
 )
 from .openai import OpenAILLM
 from .settings import DEFAULT_MODELS, PROVIDERS, llm_from_env
-from .tool_calls import MalformedToolCall
 from .workers_ai import WorkersAILLM
 
 __all__ = [

@@ -24,11 +24,11 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigurationError
-from ..messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
+from ..messages import LLMResponse, MalformedToolCall, Message, ToolCall, ToolSpec, Usage
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
 from .errors import LLMResponseError
-from .tool_calls import MalformedToolCall, is_error_result
+from .tool_calls import is_error_result
 
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"

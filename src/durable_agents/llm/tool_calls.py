@@ -3,33 +3,18 @@
 OpenAI-format providers send a call's arguments as a JSON *string* written by
 the model, and models sometimes write broken JSON. That must not crash the
 run, and it must not run a side-effecting tool with guessed arguments. So the
-adapter returns a `MalformedToolCall`: a `ToolCall` with `arguments == {}`
-that also carries `raw_arguments` (what the model wrote) and
-`arguments_error` (a sentence for the model). The run loop should answer it
-with an error result built from `arguments_error` and not call the handler;
-a loop that only knows `ToolCall` still sees `{}`, which the tool's input
-schema rejects whenever the tool has a required argument.
+adapter returns a `MalformedToolCall` (defined with the other message types):
+a `ToolCall` with `arguments == {}` that also carries `raw_arguments` and
+`arguments_error`. The run loop answers it with an error result built from
+`arguments_error` and never calls the handler.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
-from ..messages import ToolCall
-
-
-@dataclass(frozen=True, slots=True)
-class MalformedToolCall(ToolCall):
-    """A tool call whose arguments were not a JSON object. Its `arguments` are `{}`.
-
-    Check for it with `isinstance(call, MalformedToolCall)` or
-    `getattr(call, "arguments_error", None)`; either works on any `ToolCall`.
-    """
-
-    raw_arguments: str = ""
-    arguments_error: str = ""
+from ..messages import MalformedToolCall, ToolCall
 
 
 def decode_arguments(name: str, raw: Any) -> tuple[dict[str, Any], str | None]:
