@@ -34,8 +34,11 @@ def _import_test_module(relative_path: str) -> ModuleType:
     while (base / "__init__.py").exists():
         parts.insert(0, base.name)
         base = base.parent
-    if str(base) not in sys.path:
-        sys.path.insert(0, str(base))
+    # As under pytest: the test's own folder, and tests/ (where the shared
+    # helpers such as history_checks and crash_sweep live, beside conftest.py).
+    for folder in (PROJECT / "tests", base):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
     return importlib.import_module(".".join(parts))
 
 

@@ -16,7 +16,7 @@ import pytest
 from durable_agents.cloudflare import D1Store, d1_store
 from durable_agents.messages import Message
 from durable_agents.stores import Store
-from durable_agents.testing import conformance, d1_checks
+from durable_agents.testing import d1_checks
 from durable_agents.testing.fake_d1 import FakeD1Database
 
 
@@ -25,13 +25,6 @@ def fake_db() -> Iterator[FakeD1Database]:
     db = FakeD1Database()
     yield db
     db.close()
-
-
-@pytest.mark.parametrize("check", conformance.CHECKS, ids=lambda c: c.__name__)
-async def test_store_contract(fake_db: FakeD1Database, check: conformance.Check) -> None:
-    store = d1_store(fake_db, clock=conformance.ticking_clock())
-    await store.create_tables()
-    await check(store)
 
 
 @pytest.mark.parametrize("check", d1_checks.CHECKS, ids=lambda c: c.__name__)

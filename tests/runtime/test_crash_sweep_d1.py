@@ -1,0 +1,12 @@
+"""The crash sweep of the core, inside Pyodide 314 on miniflare's real D1 engine."""
+
+from crash_sweep import sweep
+from durable_agents.cloudflare import d1_store
+
+
+async def test_every_crash_point_keeps_tools_at_most_once_on_d1(env):
+    store = d1_store(env.DB)
+    await store.create_tables()
+    report = await sweep(store, prefix="d1-sweep")
+    print(f"crash sweep on D1 (miniflare): {report}")
+    assert report.scenarios == 2 * (report.baseline_appends + report.baseline_handler_calls)
