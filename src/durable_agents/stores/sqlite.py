@@ -55,8 +55,10 @@ class SQLiteStore:
     # -- the Store protocol -------------------------------------------------
 
     async def load_messages(self, session_id: str) -> list[Message]:
-        rows = await self._call(lambda c: c.execute(_sql.SELECT_MESSAGES, (session_id,)).fetchall())
-        return [_sql.row_message(row) for row in rows]
+        # Decoded in the store's thread too: a long history should not stall the loop.
+        return await self._call(
+            lambda c: [_sql.row_message(r) for r in c.execute(_sql.SELECT_MESSAGES, (session_id,))]
+        )
 
     async def append_messages_atomic(
         self,

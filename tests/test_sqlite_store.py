@@ -1,0 +1,99 @@
+"""What is specific to the SQLite store (the shared contract is in test_store_conformance.py)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from durable_agents import Agent, LLMResponse, Message, SessionConflictError, StoreError, run
+from durable_agents.stores import sqlite_store
+from durable_agents.testing import ScriptedLLM
+
+
+async def test_durability_settings(tmp_path: Path) -> None:
+    store = sqlite_store(tmp_path / "a.db", busy_timeout_ms=1234)
+    await store.append_messages_atomic("s", 0, [Message.user("hi")])
+    conn = store._conn
+    assert conn is not None
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 1234
+    await store.close()
+
+
+async def test_schema_has_the_documented_tables_and_columns(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path / "a.db") as store:
+        await store.load_messages("warm-up")
+    conn = sqlite3.connect(tmp_path / "a.db")
+    columns = {
+        table: [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+        for table in ("agent_sessions", "agent_messages")
+    }
+    conn.close()
+    assert columns["agent_sessions"] == [
+        "id", "agent_name", "state", "message_count", "created_at", "updated_at"
+    ]  # fmt: skip
+    assert columns["agent_messages"] == [
+        "session_id", "seq", "role", "content", "tool_call_id", "tool_name", "tool_calls",
+        "input_tokens", "output_tokens", "created_at",
+    ]  # fmt: skip
+
+
+async def test_history_survives_closing_and_reopening(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path / "a.db") as store:
+        await store.append_messages_atomic("s", 0, [Message.user("a"), Message.assistant("b")])
+    async with sqlite_store(tmp_path / "a.db") as again:
+        assert await again.load_messages("s") == [Message.user("a"), Message.assistant("b")]
+
+
+async def test_two_stores_on_one_file_see_each_other_and_conflict(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path / "a.db") as one, sqlite_store(tmp_path / "a.db") as two:
+        await one.append_messages_atomic("s", 0, [Message.user("from one")])
+        assert await two.load_messages("s") == [Message.user("from one")]
+        with pytest.raises(SessionConflictError, match="another writer got there first"):
+            await two.append_messages_atomic("s", 0, [Message.user("from two")])
+
+
+def test_in_memory_database_is_not_durable() -> None:
+    assert sqlite_store(":memory:").durable is False
+    assert sqlite_store("x.db").durable is True
+
+
+async def test_a_file_that_is_not_a_database_is_a_store_error_and_stays_untouched(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"these are my notes, not a database" * 100)
+    before = path.read_bytes()
+    store = sqlite_store(path)
+    with pytest.raises(StoreError, match=r"notes\.db"):
+        await store.load_messages("s")
+    await store.close()
+    assert path.read_bytes() == before
+
+
+async def test_an_unreachable_store_fails_run_before_the_llm_is_called(tmp_path: Path) -> None:
+    store = sqlite_store(tmp_path / "missing-dir" / "a.db")
+    llm = ScriptedLLM([LLMResponse(text="never")])
+    with pytest.raises(StoreError, match="unable to open"):
+        await run(Agent("a"), llm=llm, message="hi", session_id="s", store=store)
+    assert llm.calls == []
+    await store.close()
+
+
+async def test_a_locked_database_is_a_store_error_after_the_busy_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "a.db"
+    async with sqlite_store(path) as setup:
+        await setup.load_messages("warm-up")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        async with sqlite_store(path, busy_timeout_ms=50) as store:
+            with pytest.raises(StoreError, match="locked"):
+                await store.append_messages_atomic("s", 0, [Message.user("hi")])
+            holder.execute("ROLLBACK")
+            assert await store.load_messages("s") == []
+    finally:
+        holder.close()
