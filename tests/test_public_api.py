@@ -1,0 +1,97 @@
+"""The public surface is the product's interface: changing it must be deliberate."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import durable_agents
+
+PUBLIC = {
+    "durable_agents": {
+        "Agent", "tool", "Tool", "ToolContext", "run", "RunResult", "Message", "ToolCall",
+        "ToolSpec", "LLMResponse", "Usage", "ToolDurabilityError", "MemoryStoreNotDurableError",
+        "SessionConflictError", "LLM", "ConfigurationError", "DurableAgentsError",
+        "MalformedToolCall", "MessageTooLargeError", "SessionInfo", "Store", "StoreError",
+        "idempotency_key", "pending_tool_calls",
+    },
+    "durable_agents.stores": {
+        "memory_store", "sqlite_store", "MemoryStore", "SQLiteStore", "SessionInfo", "Store",
+    },
+    "durable_agents.testing": {
+        "ScriptedLLM", "SimulatedCrash", "crash_on_write", "crash_after_tool_results",
+        "CrashingStore", "LLMCall", "ScriptExhaustedError",
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module_name", sorted(PUBLIC))
+def test_all_is_exactly_the_public_surface(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert set(module.__all__) == PUBLIC[module_name]
+    for name in module.__all__:
+        assert getattr(module, name) is not None
+
+
+def test_every_error_has_a_stable_code_under_one_root() -> None:
+    errors = [
+        durable_agents.ConfigurationError,
+        durable_agents.MemoryStoreNotDurableError,
+        durable_agents.SessionConflictError,
+        durable_agents.StoreError,
+        durable_agents.MessageTooLargeError,
+        durable_agents.ToolDurabilityError,
+    ]
+    codes = [error.code for error in errors]
+    assert len(set(codes)) == len(codes)
+    assert all(issubclass(error, durable_agents.DurableAgentsError) for error in errors)
+    assert issubclass(durable_agents.ConfigurationError, ValueError)
+
+
+def test_crash_and_script_exhaustion_cannot_be_swallowed_by_except_exception() -> None:
+    from durable_agents.testing import ScriptExhaustedError, SimulatedCrash
+
+    assert not issubclass(SimulatedCrash, Exception)
+    assert not issubclass(ScriptExhaustedError, Exception)
+
+
+ALL_MODULES = """
+import importlib, pkgutil, durable_agents
+for info in pkgutil.walk_packages(durable_agents.__path__, "durable_agents."):
+    if not info.name.endswith("pytest_plugin"):
+        importlib.import_module(info.name)
+"""
+
+PATCH_CLOCK_AND_RANDOMNESS = """
+import os, random, secrets, time, uuid
+def boom(*a, **k):
+    raise AssertionError("a clock or random source was read at import time")
+for mod, names in ((time, ["time", "time_ns", "monotonic", "perf_counter"]),
+                   (uuid, ["uuid4", "uuid1"]), (os, ["urandom"]),
+                   (random, ["random", "randint", "getrandbits"]),
+                   (secrets, ["token_hex", "token_bytes"])):
+    for n in names:
+        setattr(mod, n, boom)
+"""
+
+
+def test_importing_the_library_reads_no_clock_and_no_randomness() -> None:
+    """Workers snapshot memory after import: our module top levels must not draw
+    random numbers or read the clock. Third-party and stdlib modules are imported
+    first (their import-time behaviour is theirs), then every durable_agents module
+    is imported with the clock and random sources booby-trapped."""
+    listing = ALL_MODULES + "import sys; print(' '.join(m for m in sys.modules))"
+    names = subprocess.run(
+        [sys.executable, "-c", listing], capture_output=True, text=True, check=True
+    ).stdout.split()
+    others = [n for n in names if not n.startswith("durable_agents") and n != "__main__"]
+    preload = (
+        f"import importlib\nfor n in {others!r}:\n"
+        "    try:\n        importlib.import_module(n)\n    except Exception:\n        pass\n"
+    )
+    code = preload + PATCH_CLOCK_AND_RANDOMNESS + ALL_MODULES + "print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.stdout.strip() == "ok", done.stderr
