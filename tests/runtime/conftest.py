@@ -101,3 +101,63 @@ def local_http_server() -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+class _ChatCompletions(BaseHTTPRequestHandler):
+    """An OpenAI-compatible chat server that plays a weather agent from the conversation:
+    no tool result yet -> call get_weather; a tool result -> a final answer quoting it."""
+
+    requests: list[dict[str, object]]
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        self.requests.append({"path": self.path, "auth": self.headers.get("authorization"),
+                              "body": body})  # fmt: skip
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            message = {"role": "assistant", "content": f"The weather: {last['content']}"}
+        else:
+            function = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+            call = {"id": "call_w1", "type": "function", "function": function}
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        reply = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        }
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def openai_server() -> Iterator[dict[str, object]]:
+    """A fake OpenAI-compatible server on 127.0.0.1: {"url": base URL ending in /v1}.
+    After the test, the requests it got are checked on CPython by the fixture."""
+    requests: list[dict[str, object]] = []
+    handler = type("Handler", (_ChatCompletions,), {"requests": requests})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield {"url": f"http://127.0.0.1:{server.server_address[1]}/v1"}
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    # What crossed the wire from Pyodide: two chat calls, the second carrying the result.
+    assert [r["path"] for r in requests] == ["/v1/chat/completions"] * 2
+    assert all(r["auth"] == "Bearer sk-test" for r in requests)
+    second = requests[1]["body"]
+    assert isinstance(second, dict)
+    assert second["messages"][-1]["role"] == "tool"
+    assert second["messages"][-1]["tool_call_id"] == "call_w1"
