@@ -63,6 +63,7 @@ from typing import Annotated, Any, TypedDict
 
 from durable_agents import Agent, LLMResponse, Message, Store, ToolCall, ToolSpec, run, tool
 from durable_agents.stores import memory_store, sqlite_store
+from durable_agents.testing import count_writes
 
 ARGUMENT_CHARS = 200
 RESULT_CHARS = 300
@@ -144,37 +145,6 @@ class InstantLLM:
         return LLMResponse(tool_calls=[ToolCall(call_id(step), TOOL_NAME, tool_arguments(step))])
 
 
-class CountingStore:
-    """Passes everything to `inner`; counts atomic appends (one commit each)."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.commits = 0
-
-    @property
-    def durable(self) -> bool:
-        return self.inner.durable
-
-    async def load_messages(self, session_id: str) -> list[Message]:
-        return await self.inner.load_messages(session_id)
-
-    async def append_messages_atomic(
-        self,
-        session_id: str,
-        expected_seq: int,
-        messages: Sequence[Message],
-        *,
-        agent_name: str | None = None,
-    ) -> int:
-        self.commits += 1
-        return await self.inner.append_messages_atomic(
-            session_id, expected_seq, messages, agent_name=agent_name
-        )
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 # -- small helpers ----------------------------------------------------------
 
 
@@ -243,7 +213,7 @@ class SessionRun:
 
 
 async def run_session(store: Store, steps: int, session_id: str | None) -> SessionRun:
-    counting = CountingStore(store)
+    counting = count_writes(store)
     llm = InstantLLM(steps)
     gc.collect()
     start = time.perf_counter()
@@ -254,7 +224,7 @@ async def run_session(store: Store, steps: int, session_id: str | None) -> Sessi
     expected = steps * 2 + 3  # system, user, (call, result) per step, final reply
     if result.status != "complete" or len(result.messages) != expected:
         raise RuntimeError(f"unexpected run: {result.status}, {len(result.messages)} messages")
-    return SessionRun(seconds, counting.commits, step_durations(llm.stamps)[:steps])
+    return SessionRun(seconds, counting.appends, step_durations(llm.stamps)[:steps])
 
 
 async def durable_session(path: Path, steps: int) -> SessionRun:
@@ -388,7 +358,7 @@ async def build_resume_sessions(path: Path, config: Config) -> None:
 async def timed_resume(path: Path, session_id: str, llm_calls: int) -> tuple[float, int]:
     """Seconds of one resume from a fresh store, and the commits it made."""
     store = sqlite_store(path)
-    counting = CountingStore(store)
+    counting = count_writes(store)
     llm = InstantLLM(0)
     gc.collect()  # start every timing from the same heap
     try:
@@ -399,7 +369,7 @@ async def timed_resume(path: Path, session_id: str, llm_calls: int) -> tuple[flo
         await store.close()
     if result.status != "complete" or llm.calls != llm_calls:
         raise RuntimeError(f"unexpected resume of {session_id}: {result.status}, {llm.calls} calls")
-    return seconds, counting.commits
+    return seconds, counting.appends
 
 
 async def timed_load(path: Path, session_id: str) -> float:

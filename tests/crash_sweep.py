@@ -37,7 +37,7 @@ from durable_agents import (
     tool,
 )
 from durable_agents.stores import Store
-from durable_agents.testing import SimulatedCrash, crash_on_write
+from durable_agents.testing import SimulatedCrash, count_writes, crash_on_write
 from history_checks import (
     Effect,
     assert_at_most_once,
@@ -155,8 +155,8 @@ async def play(
     effects: list[Effect] = []
     handlers = _Handlers(effects, crash)
     agent = Agent("sweeper", "Follow the plan.", handlers.tools, max_steps=10)
-    crashing = crash_on_write(store, crash.n if crash and crash.at == "write" else 10**9,
-                              when=crash.when if crash else "before")  # fmt: skip
+    crashing = crash_on_write(store, crash.n, when=crash.when) if crash and crash.at == "write" \
+        else count_writes(store)  # fmt: skip
     crashed, resumes = False, 0
     for turn in TURNS:
         while True:

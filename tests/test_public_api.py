@@ -23,7 +23,7 @@ PUBLIC = {
     },
     "durable_agents.testing": {
         "ScriptedLLM", "SimulatedCrash", "crash_on_write", "crash_after_tool_results",
-        "CrashingStore", "LLMCall", "ScriptExhaustedError",
+        "CrashingStore", "LLMCall", "ScriptExhaustedError", "count_writes",
     },
 }  # fmt: skip
 

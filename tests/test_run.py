@@ -28,8 +28,8 @@ from durable_agents.testing import (
     ScriptedLLM,
     ScriptExhaustedError,
     SimulatedCrash,
+    count_writes,
     crash_after_tool_results,
-    crash_on_write,
 )
 
 
@@ -148,7 +148,7 @@ async def test_unseen_session_id_is_created_on_first_write(durable_store: Store)
 
 async def test_each_step_is_two_writes_and_the_final_text_is_stored(durable_store: Store) -> None:
     effects = Counter()
-    counting = crash_on_write(durable_store, 10_000)  # never crashes; counts appends
+    counting = count_writes(durable_store)
     result = await run(
         triage(effects), llm=two_step_script(), message="triage 7", session_id="s", store=counting
     )
@@ -350,7 +350,7 @@ async def test_orphans_are_repaired_in_one_write_before_the_llm_call(durable_sto
     await durable_store.append_messages_atomic(
         "s", 0, [Message.user("go"), Message.assistant("", calls)]
     )
-    counting = crash_on_write(durable_store, 10_000)
+    counting = count_writes(durable_store)
     llm = steps(LLMResponse(text="done"))
     await run(agent, llm=llm, session_id="s", store=counting)
     assert counting.appends == 2  # the repair, then the final text

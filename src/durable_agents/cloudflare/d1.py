@@ -109,17 +109,8 @@ class D1Store:
         *,
         agent_name: str | None = None,
     ) -> int:
-        if not messages:
-            raise ValueError("append_messages_atomic needs at least one message")
-        if expected_seq < 0:
-            raise SessionConflictError(session_id, expected_seq, "a position cannot be negative")
         now = self._now_ms()
-        # Every row is built (and size-checked) before anything is sent, so a
-        # message over the limit fails the whole append with nothing written.
-        rows = [
-            _sql.message_row(session_id, expected_seq + i, m, now, self._max_row_bytes)
-            for i, m in enumerate(messages)
-        ]
+        rows = _sql.append_rows(session_id, expected_seq, messages, now, self._max_row_bytes)
         count = expected_seq + len(messages)
         statements = [self._db.prepare(_sql.INSERT_MESSAGE).bind(*row) for row in rows]
         statements.append(

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import MessageTooLargeError
+from ..errors import MessageTooLargeError, SessionConflictError
 from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls
 
 SCHEMA: tuple[str, ...] = (
@@ -115,6 +115,25 @@ def message_row(
         usage.output_tokens if usage else None,
         now_ms,
     )
+
+
+def append_rows(
+    session_id: str,
+    expected_seq: int,
+    messages: Sequence[Message],
+    now_ms: int,
+    max_row_bytes: int = MAX_ROW_BYTES,
+) -> list[tuple[Any, ...]]:
+    """The rows of one append, all built (and size-checked) before anything is
+    written, so a bad message fails the whole append with nothing landed."""
+    if not messages:
+        raise ValueError("append_messages_atomic needs at least one message")
+    if expected_seq < 0:
+        raise SessionConflictError(session_id, expected_seq, "a position cannot be negative")
+    return [
+        message_row(session_id, expected_seq + i, m, now_ms, max_row_bytes)
+        for i, m in enumerate(messages)
+    ]
 
 
 def session_row(

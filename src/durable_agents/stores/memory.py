@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SessionConflictError
 from ..messages import Message
-from ._sql import MAX_ROW_BYTES, message_row, session_state
+from ._sql import MAX_ROW_BYTES, append_rows, session_state
 from .base import SessionInfo
 
 
@@ -50,11 +50,8 @@ class MemoryStore:
         *,
         agent_name: str | None = None,
     ) -> int:
-        if not messages:
-            raise ValueError("append_messages_atomic needs at least one message")
         now = int(self._clock() * 1000)
-        for offset, message in enumerate(messages):
-            message_row(session_id, expected_seq + offset, message, now, self._max_row_bytes)
+        append_rows(session_id, expected_seq, messages, now, self._max_row_bytes)  # the checks
         session = self._sessions.get(session_id)
         stored = len(session.messages) if session else 0
         if stored != expected_seq:

@@ -68,13 +68,8 @@ class SQLiteStore:
         *,
         agent_name: str | None = None,
     ) -> int:
-        if not messages:
-            raise ValueError("append_messages_atomic needs at least one message")
         now = int(self._clock() * 1000)
-        rows = [
-            _sql.message_row(session_id, expected_seq + i, m, now, self._max_row_bytes)
-            for i, m in enumerate(messages)
-        ]
+        rows = _sql.append_rows(session_id, expected_seq, messages, now, self._max_row_bytes)
         count = expected_seq + len(messages)
         session = _sql.session_row(session_id, agent_name, messages, count, now)
 

@@ -85,14 +85,15 @@ class CrashingStore:
 
     With `when="before"` (the default) nothing of that append lands; with
     `when="after"` it lands and then the crash happens, as when a process dies
-    right after a commit returns. Every other method passes through.
-    `appends` counts the calls made.
+    right after a commit returns. `crash_on=None` never crashes (see
+    `count_writes`). Every other method passes through. `appends` counts the
+    calls made.
     """
 
     def __init__(
-        self, store: Store, crash_on: int, when: Literal["before", "after"] = "before"
+        self, store: Store, crash_on: int | None, when: Literal["before", "after"] = "before"
     ) -> None:
-        if crash_on < 1:
+        if crash_on is not None and crash_on < 1:
             raise ValueError("crash_on counts from 1")
         self.inner = store
         self.crash_on = crash_on
@@ -145,6 +146,11 @@ def crash_on_write(
     return CrashingStore(store, n, when)
 
 
+def count_writes(store: Store) -> CrashingStore:
+    """`store`, counting its atomic appends in `.appends` (one commit each); never crashes."""
+    return CrashingStore(store, None)
+
+
 def crash_after_tool_results(store: Store) -> CrashingStore:
     """Crash on the 2nd append: step 1's write #2, after its handlers ran."""
     return crash_on_write(store, 2)
@@ -156,6 +162,7 @@ __all__ = [
     "ScriptExhaustedError",
     "ScriptedLLM",
     "SimulatedCrash",
+    "count_writes",
     "crash_after_tool_results",
     "crash_on_write",
 ]
