@@ -1,0 +1,409 @@
+"""The Worker's HTTP API as plain Python: auth, routing, validation, running a session, JSON.
+
+`src/entry.py` is a thin shell around the two halves here, so everything an
+HTTP client can get wrong is decided, and unit-tested, on CPython:
+
+    Worker (Default.fetch)                     Durable Object (AgentSession.fetch)
+    handle_request(method, path, headers, body)  ──Command──►  serve_session(command, ...)
+      config, auth, route, method, name,                        one turn at a time per object,
+      size, JSON, fields -> 4xx, nothing written                run() on D1 -> Reply
+
+Endpoints (JSON in and out; `Authorization: Bearer <API_TOKEN>` on every one):
+
+    POST /sessions/{name}/messages  {"message": "..."}  -> {"session_id", "status", "response", ...}
+    POST /sessions/{name}/resume    (no body, or {})    -> the same, finishing an interrupted turn
+    GET  /sessions/{name}                               -> {"session_id", "messages": [...]}
+
+Every error is `{"error": {"code", "message"}}` with a 4xx/5xx status. A
+request that fails validation never reaches the Durable Object, so nothing
+is written for it. Settings are read from the Worker's env (`setting()`):
+`API_TOKEN` (required: without it every request gets a 500, the API never
+runs open), `MAX_BODY_BYTES` (default 64 KiB), `ISSUES_API_URL` and
+`SLACK_WEBHOOK_URL` (the template tools), and the `LLM_*` settings of
+`llm_from_env`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import re
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from ..agent import Agent
+from ..errors import ConfigurationError, SessionConflictError, StoreError
+from ..llm._http import default_client
+from ..llm.settings import llm_from_env, setting
+from ..run import LLM, run
+from ..stores.base import Store
+from ..triage import TriageDeps, triage_agent
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "SESSION_NAME",
+    "ApiSettings",
+    "Command",
+    "Reply",
+    "error_reply",
+    "handle_request",
+    "internal_error",
+    "serve_session",
+    "triage_deps",
+]
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024
+SESSION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_SESSION_PATH = re.compile(r"/sessions/([^/]+)(?:/(messages|resume))?")
+_ALLOWED = {None: "GET", "messages": "POST", "resume": "POST"}
+_JSON = {"content-type": "application/json"}
+HTTP_TIMEOUT_S = 30.0
+
+BodyReader = Callable[[], Awaitable[bytes]]
+Dispatch = Callable[[str, "Command"], Awaitable["Reply"]]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One HTTP answer: a status, a JSON object, and extra headers."""
+
+    status: int
+    body: dict[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def json_text(self) -> str:
+        return json.dumps(self.body, ensure_ascii=False, separators=(",", ":"))
+
+    def all_headers(self) -> dict[str, str]:
+        return {**_JSON, **self.headers}
+
+
+def error_reply(status: int, code: str, message: str, **headers: str) -> Reply:
+    """The one error shape: `{"error": {"code", "message"}}`."""
+    return Reply(status, {"error": {"code": code, "message": message}}, headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """What the Worker asks a session's Durable Object to do, after validation.
+
+    `action` is `"message"` (run a turn with `message`), `"resume"` (finish an
+    interrupted turn) or `"history"` (read the stored messages). It crosses
+    from the Worker to the object as JSON (`to_json` / `from_json`).
+    """
+
+    action: Literal["message", "resume", "history"]
+    message: str | None = None
+
+    @property
+    def writes(self) -> bool:
+        return self.action != "history"
+
+    def to_json(self) -> str:
+        return json.dumps({"action": self.action, "message": self.message}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Command:
+        """Parse the Worker's command; ValueError if it is not one."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("a command is a JSON object")
+        action, message = data.get("action"), data.get("message")
+        if action == "message" and isinstance(message, str) and message.strip():
+            return cls("message", message)
+        if action in ("resume", "history") and message is None:
+            return cls(action)
+        raise ValueError(f"not a command: {text[:200]!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    """The API's own settings, read from the Worker's env by `from_env`."""
+
+    api_token: str | None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    @classmethod
+    def from_env(cls, env: Any) -> ApiSettings:
+        """Raises ConfigurationError for a MAX_BODY_BYTES that is not a positive integer."""
+        token = setting(env, "API_TOKEN")
+        raw_limit = setting(env, "MAX_BODY_BYTES")
+        limit = DEFAULT_MAX_BODY_BYTES
+        if raw_limit is not None:
+            try:
+                limit = int(str(raw_limit))
+            except ValueError:
+                limit = 0
+            if limit < 1:
+                raise ConfigurationError(
+                    f"MAX_BODY_BYTES must be a positive integer (bytes), got {raw_limit!r}"
+                )
+        return cls(None if token is None else str(token), limit)
+
+
+async def handle_request(
+    method: str,
+    path: str,
+    headers: Mapping[str, str],
+    body: bytes | BodyReader,
+    *,
+    env: Any,
+    dispatch: Dispatch,
+) -> Reply:
+    """Answer one HTTP request to the Worker.
+
+    `headers` has lower-case names. `body` is the request body, or an async
+    function that reads it: it is called only once the declared
+    Content-Length is within the limit. `dispatch(name, command)` forwards a
+    valid request to the session's Durable Object (in entry.py) and is
+    called for nothing else.
+    """
+    try:
+        settings = ApiSettings.from_env(env)
+    except ConfigurationError as exc:
+        return error_reply(500, "configuration", str(exc))
+    if settings.api_token is None:
+        return error_reply(
+            500,
+            "configuration",
+            "API_TOKEN is not set, so every request is refused: set it with "
+            "`npx wrangler secret put API_TOKEN` (or in .dev.vars for the dev server)",
+        )
+    denied = check_bearer(headers.get("authorization"), settings.api_token)
+    if denied is not None:
+        return denied
+
+    match = _SESSION_PATH.fullmatch(path)
+    if match is None:
+        return error_reply(
+            404, "not-found", f"no endpoint at {path[:200]!r}; the API serves /sessions/{{name}}"
+        )
+    name, endpoint = match.group(1), match.group(2)
+    allowed = _ALLOWED[endpoint]
+    if method.upper() != allowed:
+        return error_reply(
+            405, "method-not-allowed", f"{path} accepts {allowed} only", Allow=allowed
+        )
+    if SESSION_NAME.fullmatch(name) is None:
+        return error_reply(
+            400,
+            "invalid-session-name",
+            "a session name is 1 to 64 characters from A-Z, a-z, 0-9, '_' and '-'",
+        )
+    if endpoint is None:
+        return await _forward(dispatch, name, Command("history"))
+
+    data = await _read_json(headers, body, settings.max_body_bytes, required=endpoint == "messages")
+    if isinstance(data, Reply):
+        return data
+    if endpoint == "resume":
+        if data:
+            return error_reply(
+                422, "invalid-body", f"resume takes no fields; got {sorted(data)[:10]}"
+            )
+        return await _forward(dispatch, name, Command("resume"))
+    extra = sorted(set(data) - {"message"})
+    if extra:
+        return error_reply(
+            422, "invalid-body", f"unknown field(s) {extra[:10]}; the body is {{'message': str}}"
+        )
+    message = data.get("message")
+    if message is None:
+        return error_reply(422, "invalid-body", "the field 'message' is missing")
+    if not isinstance(message, str):
+        return error_reply(
+            422, "invalid-body", f"'message' must be a string, got {_json_type(message)}"
+        )
+    if not message.strip():
+        return error_reply(422, "invalid-body", "'message' is empty")
+    return await _forward(dispatch, name, Command("message", message))
+
+
+async def _forward(dispatch: Dispatch, name: str, command: Command) -> Reply:
+    try:
+        return await dispatch(name, command)
+    except Exception as exc:
+        return internal_error(exc, f"session {name!r}")
+
+
+def internal_error(exc: BaseException, where: str) -> Reply:
+    """A 500 for an unexpected failure: its type and text; the traceback goes to the log."""
+    traceback.print_exception(exc, file=sys.stderr)
+    detail = f"{type(exc).__name__}: {exc}"[:500]
+    return error_reply(500, "internal", f"{where} failed unexpectedly: {detail}")
+
+
+def check_bearer(authorization: str | None, api_token: str) -> Reply | None:
+    """None if `authorization` is `Bearer <api_token>`, else a 401."""
+    challenge = {"WWW-Authenticate": 'Bearer realm="durable-agents"'}
+    if not authorization:
+        return error_reply(
+            401, "unauthorized", "missing 'Authorization: Bearer <API_TOKEN>'", **challenge
+        )
+    scheme, _, token = authorization.strip().partition(" ")
+    # Compared as bytes in constant time, so the reply time says nothing about the token.
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        token.strip().encode(), api_token.encode()
+    ):
+        return error_reply(401, "unauthorized", "the bearer token is not valid", **challenge)
+    return None
+
+
+async def _read_json(
+    headers: Mapping[str, str], body: bytes | BodyReader, limit: int, *, required: bool
+) -> dict[str, Any] | Reply:
+    declared = headers.get("content-length")
+    if declared is not None:
+        try:
+            declared_size = int(declared)
+        except ValueError:
+            return error_reply(400, "invalid-request", "Content-Length is not a number")
+        if declared_size > limit:
+            return _too_large(limit)
+    raw = body if isinstance(body, bytes) else await body()
+    if len(raw) > limit:
+        return _too_large(limit)
+    if not raw.strip():
+        if required:
+            return error_reply(400, "invalid-json", 'the body is empty; send {"message": "..."}')
+        return {}
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return error_reply(400, "invalid-json", f"the body is not valid JSON: {exc}"[:300])
+    if not isinstance(data, dict):
+        return error_reply(
+            422, "invalid-body", f"the body must be a JSON object, got {_json_type(data)}"
+        )
+    return data
+
+
+def _too_large(limit: int) -> Reply:
+    return error_reply(413, "body-too-large", f"the body is over {limit:,} bytes (MAX_BODY_BYTES)")
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array"}
+    return "null" if value is None else names.get(type(value), "object")
+
+
+def triage_deps(env: Any, client: httpx.AsyncClient) -> TriageDeps:
+    """The template tools' settings from env; ConfigurationError naming what is missing."""
+    urls = {name: setting(env, name) for name in ("ISSUES_API_URL", "SLACK_WEBHOOK_URL")}
+    missing = [name for name, value in urls.items() if value is None]
+    if missing:
+        raise ConfigurationError(
+            f"{' and '.join(missing)} not set: the template tools need them ([vars] in "
+            "wrangler.toml, or .dev.vars)"
+        )
+    return TriageDeps(str(urls["ISSUES_API_URL"]), str(urls["SLACK_WEBHOOK_URL"]), client)
+
+
+async def serve_session(
+    command: Command,
+    *,
+    session_id: str,
+    store: Store,
+    env: Any,
+    lock: asyncio.Lock,
+    agent: Agent | None = None,
+    llm: LLM | None = None,
+    make_deps: Callable[[Any, httpx.AsyncClient], Any] = triage_deps,
+    http_client: httpx.AsyncClient | None = None,
+) -> Reply:
+    """Carry out a command in the session's Durable Object; never raises for expected errors.
+
+    Turns (`message`, `resume`) hold `lock`, the object's one-turn-at-a-time
+    lock: Durable Object input gates do not cover awaits on D1 or the LLM, so
+    without it two requests could run one session at once. A later request
+    waits for the turn in progress. The store's conflict check stays the
+    backstop (409). `llm` defaults to `llm_from_env(env)`, the agent to the
+    triage template, its deps to `make_deps(env, client)`.
+    """
+    try:
+        if not command.writes:
+            history = await store.load_messages(session_id)
+            if not history:
+                return _no_session(session_id)
+            return Reply(
+                200, {"session_id": session_id, "messages": [m.to_dict() for m in history]}
+            )
+        async with lock:
+            return await _run_turn(
+                command, session_id, store, env, agent or triage_agent(), llm, make_deps,
+                http_client,
+            )  # fmt: skip
+    except ConfigurationError as exc:
+        return error_reply(500, "configuration", str(exc))
+    except SessionConflictError as exc:
+        return error_reply(409, exc.code, str(exc))
+    except StoreError as exc:
+        return error_reply(503, "store-unavailable", str(exc))
+    except Exception as exc:
+        return internal_error(exc, f"session {session_id}")
+
+
+async def _run_turn(
+    command: Command,
+    session_id: str,
+    store: Store,
+    env: Any,
+    agent: Agent,
+    llm: LLM | None,
+    make_deps: Callable[[Any, httpx.AsyncClient], Any],
+    http_client: httpx.AsyncClient | None,
+) -> Reply:
+    if command.action == "resume" and await store.get_session(session_id) is None:
+        return _no_session(session_id)
+    if command.message is not None and len(command.message.encode()) > agent.max_result_bytes:
+        return error_reply(
+            413,
+            "message-too-large",
+            f"the message is over {agent.max_result_bytes:,} bytes, the agent's limit",
+        )
+    model = llm if llm is not None else llm_from_env(env)
+    client = http_client or default_client(HTTP_TIMEOUT_S)
+    try:
+        result = await run(
+            agent,
+            llm=model,
+            message=command.message,
+            session_id=session_id,
+            store=store,
+            deps=make_deps(env, client),
+        )
+    finally:
+        if http_client is None:
+            await client.aclose()
+        if llm is None:
+            close = getattr(model, "aclose", None)
+            if close is not None:
+                await close()
+    body: dict[str, Any] = {
+        "session_id": session_id,
+        "status": result.status,
+        "response": result.response,
+        "steps": result.steps,
+        "usage": result.usage.to_dict(),
+    }
+    if result.status == "error":
+        message = (
+            f"the LLM call failed; the session is intact, POST .../resume to retry: {result.error}"
+        )
+        body["error"] = {"code": "llm-error", "message": message}
+        return Reply(502, body)
+    return Reply(200, body)
+
+
+def _no_session(session_id: str) -> Reply:
+    return error_reply(
+        404,
+        "session-not-found",
+        f"session {session_id} has no history; POST /sessions/{{name}}/messages starts it",
+    )

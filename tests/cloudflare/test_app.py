@@ -1,0 +1,537 @@
+"""The Worker's HTTP API (durable_agents.cloudflare.app) on CPython: auth, routing,
+validation, and sessions run on D1 (the fake binding) with a scripted LLM.
+
+The same code runs in the Worker; tests/cloudflare/test_dev_server.py drives it
+over HTTP inside the local runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from durable_agents import LLMResponse, SessionConflictError, StoreError, ToolCall
+from durable_agents.cloudflare import d1_store
+from durable_agents.cloudflare.app import (
+    DEFAULT_MAX_BODY_BYTES,
+    Command,
+    Reply,
+    handle_request,
+    serve_session,
+)
+from durable_agents.cloudflare.d1 import D1Store
+from durable_agents.testing import ScriptedLLM
+from durable_agents.testing.fake_d1 import FakeD1Database
+
+TOKEN = "s3cret-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+ENV = {
+    "API_TOKEN": TOKEN,
+    "ISSUES_API_URL": "http://issues.test/api",
+    "SLACK_WEBHOOK_URL": "http://slack.test/hook",
+}
+SESSION_ID = "ab" * 32
+
+
+class Recorder:
+    """A dispatch that records what reached the 'Durable Object' and answers 200."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, Command]] = []
+
+    async def __call__(self, name: str, command: Command) -> Reply:
+        self.commands.append((name, command))
+        return Reply(200, {"ok": True})
+
+
+async def call(
+    method: str,
+    path: str,
+    body: bytes | Callable[[], Awaitable[bytes]] = b"",
+    *,
+    headers: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    dispatch: Any = None,
+) -> Reply:
+    return await handle_request(
+        method,
+        path,
+        AUTH if headers is None else headers,
+        body,
+        env=ENV if env is None else env,
+        dispatch=dispatch or Recorder(),
+    )
+
+
+def code(reply: Reply) -> str:
+    error = reply.body["error"]
+    assert set(error) == {"code", "message"}
+    assert error["message"]
+    return str(error["code"])
+
+
+# --- auth ---
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"authorization": ""},
+        {"authorization": "Bearer"},
+        {"authorization": "Bearer wrong"},
+        {"authorization": f"Bearer {TOKEN}x"},
+        {"authorization": f"Basic {TOKEN}"},
+        {"authorization": TOKEN},
+    ],
+)
+async def test_requests_without_the_token_get_401_and_reach_no_session(
+    headers: dict[str, str],
+) -> None:
+    recorder = Recorder()
+    reply = await call("POST", "/sessions/a/messages", b'{"message": "hi"}', headers=headers,
+                       dispatch=recorder)  # fmt: skip
+    assert reply.status == 401
+    assert code(reply) == "unauthorized"
+    assert reply.headers["WWW-Authenticate"].startswith("Bearer")
+    assert recorder.commands == []
+
+
+async def test_the_bearer_scheme_is_case_insensitive() -> None:
+    reply = await call("GET", "/sessions/a", headers={"authorization": f"bearer {TOKEN}"})
+    assert reply.status == 200
+
+
+async def test_without_api_token_every_request_is_refused() -> None:
+    recorder = Recorder()
+    for env in ({}, {"API_TOKEN": ""}, {"API_TOKEN": "   "}):
+        reply = await call("GET", "/sessions/a", env=env, dispatch=recorder)
+        assert reply.status == 500
+        assert code(reply) == "configuration"
+        assert "API_TOKEN" in reply.body["error"]["message"]
+    assert recorder.commands == []
+
+
+async def test_auth_comes_before_routing() -> None:
+    reply = await call("GET", "/nowhere", headers={})
+    assert reply.status == 401
+
+
+# --- routing ---
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/", "/sessions", "/sessions/", "/sessions/a/", "/sessions/a/other", "/sessions/a/messages/x",
+     "/session/a", "//sessions/a"],
+)  # fmt: skip
+async def test_unknown_paths_are_404(path: str) -> None:
+    reply = await call("GET", path)
+    assert reply.status == 404
+    assert code(reply) == "not-found"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("POST", "/sessions/a", "GET"),
+        ("DELETE", "/sessions/a", "GET"),
+        ("GET", "/sessions/a/messages", "POST"),
+        ("PUT", "/sessions/a/messages", "POST"),
+        ("GET", "/sessions/a/resume", "POST"),
+        ("HEAD", "/sessions/a/resume", "POST"),
+    ],
+)
+async def test_wrong_methods_are_405_with_allow(method: str, path: str, allowed: str) -> None:
+    recorder = Recorder()
+    reply = await call(method, path, b'{"message": "hi"}', dispatch=recorder)
+    assert reply.status == 405
+    assert code(reply) == "method-not-allowed"
+    assert reply.headers["Allow"] == allowed
+    assert recorder.commands == []
+
+
+@pytest.mark.parametrize(
+    "name", ["a.b", "a%20b", "x" * 65, "caf\u00e9", "a+b", "..", "a:b", "%2e%2e"]
+)
+async def test_bad_session_names_are_400(name: str) -> None:
+    recorder = Recorder()
+    for method, path in (("GET", f"/sessions/{name}"), ("POST", f"/sessions/{name}/resume")):
+        reply = await call(method, path, dispatch=recorder)
+        assert reply.status == 400
+        assert code(reply) == "invalid-session-name"
+    assert recorder.commands == []
+
+
+@pytest.mark.parametrize("name", ["a", "A-z_09", "x" * 64, "-", "_"])
+async def test_good_session_names_reach_their_object(name: str) -> None:
+    recorder = Recorder()
+    reply = await call("GET", f"/sessions/{name}", dispatch=recorder)
+    assert reply.status == 200
+    assert recorder.commands == [(name, Command("history"))]
+
+
+# --- bodies ---
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error_code"),
+    [
+        (b"", 400, "invalid-json"),
+        (b"   ", 400, "invalid-json"),
+        (b"{", 400, "invalid-json"),
+        (b"{'message': 'hi'}", 400, "invalid-json"),
+        (b'{"message": "\xff"}', 400, "invalid-json"),
+        (b"[" * 50_000 + b"]" * 50_000, 413, "body-too-large"),
+        (b"[" * 30_000 + b"]" * 30_000, 400, "invalid-json"),
+        (b'"hi"', 422, "invalid-body"),
+        (b'["hi"]', 422, "invalid-body"),
+        (b"null", 422, "invalid-body"),
+        (b"{}", 422, "invalid-body"),
+        (b'{"message": null}', 422, "invalid-body"),
+        (b'{"message": 42}', 422, "invalid-body"),
+        (b'{"message": ["hi"]}', 422, "invalid-body"),
+        (b'{"message": {"text": "hi"}}', 422, "invalid-body"),
+        (b'{"message": true}', 422, "invalid-body"),
+        (b'{"message": ""}', 422, "invalid-body"),
+        (b'{"message": " \\n\\t "}', 422, "invalid-body"),
+        (b'{"message": "hi", "extra": 1}', 422, "invalid-body"),
+        (b'{"text": "hi"}', 422, "invalid-body"),
+    ],
+)
+async def test_malformed_message_bodies_are_4xx_and_reach_no_session(
+    body: bytes, status: int, error_code: str
+) -> None:
+    recorder = Recorder()
+    reply = await call("POST", "/sessions/a/messages", body, dispatch=recorder)
+    assert (reply.status, code(reply)) == (status, error_code)
+    assert recorder.commands == []
+
+
+async def test_a_valid_message_reaches_its_object_as_sent() -> None:
+    recorder = Recorder()
+    text = "triage issue 42 \u2603"
+    body = json.dumps({"message": text}).encode()
+    reply = await call("POST", "/sessions/team-a/messages", body, dispatch=recorder)
+    assert reply.status == 200
+    assert recorder.commands == [("team-a", Command("message", text))]
+
+
+async def test_oversized_bodies_are_413_by_size_and_by_declared_length() -> None:
+    recorder = Recorder()
+    text = "x" * DEFAULT_MAX_BODY_BYTES
+    reply = await call("POST", "/sessions/a/messages", json.dumps({"message": text}).encode(),
+                       dispatch=recorder)  # fmt: skip
+    assert (reply.status, code(reply)) == (413, "body-too-large")
+
+    read: list[bool] = []
+
+    async def reader() -> bytes:
+        read.append(True)
+        return b'{"message": "hi"}'
+
+    headers = {**AUTH, "content-length": str(DEFAULT_MAX_BODY_BYTES + 1)}
+    reply = await call("POST", "/sessions/a/messages", reader, headers=headers, dispatch=recorder)
+    assert (reply.status, code(reply)) == (413, "body-too-large")
+    assert read == [], "the body was read although its declared length is over the limit"
+    bad_length = {**AUTH, "content-length": "ten"}
+    reply = await call("POST", "/sessions/a/messages", b"{}", headers=bad_length)
+    assert reply.status == 400
+    assert recorder.commands == []
+
+
+async def test_the_body_limit_is_configurable() -> None:
+    env = {**ENV, "MAX_BODY_BYTES": "20"}
+    small = await call("POST", "/sessions/a/messages", b'{"message": "hi"}', env=env)
+    assert small.status == 200
+    big = await call("POST", "/sessions/a/messages", b'{"message": "hello there"}', env=env)
+    assert big.status == 413
+    for bad in ("0", "-5", "lots"):
+        reply = await call("GET", "/sessions/a", env={**ENV, "MAX_BODY_BYTES": bad})
+        assert (reply.status, code(reply)) == (500, "configuration")
+
+
+async def test_a_body_reader_is_read_when_the_length_is_fine() -> None:
+    recorder = Recorder()
+
+    async def reader() -> bytes:
+        return b'{"message": "hi"}'
+
+    reply = await call("POST", "/sessions/a/messages", reader, dispatch=recorder)
+    assert reply.status == 200
+    assert recorder.commands == [("a", Command("message", "hi"))]
+
+
+@pytest.mark.parametrize("body", [b"", b"{}", b" \n"])
+async def test_resume_takes_no_body_or_an_empty_object(body: bytes) -> None:
+    recorder = Recorder()
+    reply = await call("POST", "/sessions/a/resume", body, dispatch=recorder)
+    assert reply.status == 200
+    assert recorder.commands == [("a", Command("resume"))]
+
+
+@pytest.mark.parametrize(
+    ("body", "status"), [(b'{"message": "hi"}', 422), (b"[]", 422), (b"{", 400)]
+)
+async def test_resume_rejects_any_other_body(body: bytes, status: int) -> None:
+    recorder = Recorder()
+    reply = await call("POST", "/sessions/a/resume", body, dispatch=recorder)
+    assert reply.status == status
+    assert recorder.commands == []
+
+
+async def test_a_failing_session_object_is_a_json_500() -> None:
+    async def broken(name: str, command: Command) -> Reply:
+        raise OSError("the object is unreachable")
+
+    reply = await call("GET", "/sessions/a", dispatch=broken)
+    assert (reply.status, code(reply)) == (500, "internal")
+    assert "OSError" in reply.body["error"]["message"]
+
+
+# --- the command between the Worker and the object ---
+
+
+@pytest.mark.parametrize(
+    "command", [Command("message", "hi \u2603"), Command("resume"), Command("history")]
+)
+def test_commands_round_trip(command: Command) -> None:
+    assert Command.from_json(command.to_json()) == command
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{", "[]", '{"action": "message"}', '{"action": "message", "message": ""}',
+     '{"action": "resume", "message": "x"}', '{"action": "delete"}'],
+)  # fmt: skip
+def test_anything_else_is_not_a_command(text: str) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - json errors are ValueErrors too
+        Command.from_json(text)
+
+
+# --- sessions: the Durable Object's half, on the fake D1 binding ---
+
+
+def triage_http(posts: list[httpx.Request]) -> httpx.AsyncClient:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path == "/api/issues/42":
+            return httpx.Response(200, json={"id": "42", "title": "Login fails", "status": "open"})
+        if request.method == "POST" and str(request.url) == ENV["SLACK_WEBHOOK_URL"]:
+            posts.append(request)
+            return httpx.Response(200, json={"ok": True})
+        return httpx.Response(404)
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+
+
+def triage_script() -> list[LLMResponse]:
+    return [
+        LLMResponse("Looking.", [ToolCall("c1", "get_issue", {"id": "42"})]),
+        LLMResponse("Posting.", [ToolCall("c2", "post_slack", {"channel": "#t", "text": "42"})]),
+        LLMResponse("Triaged 42."),
+    ]
+
+
+@pytest.fixture
+async def store() -> D1Store:
+    store = d1_store(FakeD1Database())
+    await store.create_tables()
+    return store
+
+
+async def serve(
+    command: Command, store: Any, llm: Any = None, *, lock: asyncio.Lock | None = None,
+    client: httpx.AsyncClient | None = None, env: dict[str, str] | None = None,
+) -> Reply:  # fmt: skip
+    return await serve_session(
+        command,
+        session_id=SESSION_ID,
+        store=store,
+        env=ENV if env is None else env,
+        lock=lock or asyncio.Lock(),
+        llm=llm,
+        http_client=client or triage_http([]),
+    )
+
+
+async def test_a_turn_runs_the_template_tools_and_returns_the_reply(store: D1Store) -> None:
+    posts: list[httpx.Request] = []
+    llm = ScriptedLLM(triage_script())
+    reply = await serve(Command("message", "triage 42"), store, llm, client=triage_http(posts))
+    assert reply.status == 200
+    assert reply.body == {
+        "session_id": SESSION_ID,
+        "status": "complete",
+        "response": "Triaged 42.",
+        "steps": 3,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+    }
+    assert len(posts) == 1
+    assert posts[0].headers["idempotency-key"].startswith("da-")
+    history = await serve(Command("history"), store)
+    assert history.status == 200
+    assert history.body["session_id"] == SESSION_ID
+    roles = [m["role"] for m in history.body["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    again = await serve(Command("resume"), store, ScriptedLLM([]))
+    assert (again.status, again.body["response"], again.body["steps"]) == (200, "Triaged 42.", 0)
+
+
+async def test_a_session_without_history_is_404_for_reads_and_resumes(store: D1Store) -> None:
+    for command in (Command("history"), Command("resume")):
+        reply = await serve(command, store, ScriptedLLM([]))
+        assert (reply.status, code(reply)) == (404, "session-not-found")
+    assert await store.load_messages(SESSION_ID) == []
+
+
+async def test_an_llm_failure_is_a_502_and_leaves_the_session_resumable(store: D1Store) -> None:
+    llm = ScriptedLLM([RuntimeError("provider down"), LLMResponse("Back.")])
+    reply = await serve(Command("message", "hi"), store, llm)
+    assert reply.status == 502
+    assert reply.body["status"] == "error"
+    assert reply.body["error"]["code"] == "llm-error"
+    assert "provider down" in reply.body["error"]["message"]
+    resumed = await serve(Command("message", "hi again"), store, llm)
+    assert (resumed.status, resumed.body["response"]) == (200, "Back.")
+
+
+async def test_configuration_errors_are_500_before_anything_is_written(store: D1Store) -> None:
+    no_urls = {"API_TOKEN": TOKEN}
+    reply = await serve(Command("message", "hi"), store, ScriptedLLM([]), env=no_urls)
+    assert (reply.status, code(reply)) == (500, "configuration")
+    assert "ISSUES_API_URL and SLACK_WEBHOOK_URL" in reply.body["error"]["message"]
+    bad_llm = {**ENV, "LLM_PROVIDER": "nonsense"}
+    reply = await serve_session(
+        Command("message", "hi"), session_id=SESSION_ID, store=store, env=bad_llm,
+        lock=asyncio.Lock(),
+    )  # fmt: skip
+    assert (reply.status, code(reply)) == (500, "configuration")
+    assert "LLM_PROVIDER" in reply.body["error"]["message"]
+    assert await store.load_messages(SESSION_ID) == []
+
+
+async def test_the_demo_model_runs_when_no_llm_is_configured(store: D1Store) -> None:
+    posts: list[httpx.Request] = []
+    reply = await serve_session(
+        Command("message", "triage issue 42"), session_id=SESSION_ID, store=store, env=ENV,
+        lock=asyncio.Lock(), http_client=triage_http(posts),
+    )  # fmt: skip
+    assert reply.status == 200
+    assert "posted a summary" in reply.body["response"]
+    assert len(posts) == 1
+
+
+async def test_a_message_over_the_agents_limit_is_413(store: D1Store) -> None:
+    from durable_agents import Agent
+
+    agent = Agent("tiny", "", max_result_bytes=10)
+    reply = await serve_session(
+        Command("message", "x" * 11), session_id=SESSION_ID, store=store, env=ENV,
+        lock=asyncio.Lock(), agent=agent, llm=ScriptedLLM([]),
+    )  # fmt: skip
+    assert (reply.status, code(reply)) == (413, "message-too-large")
+
+
+class FailingStore:
+    """A store whose writes fail with `error`; reads see an empty history."""
+
+    durable = True
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def load_messages(self, session_id: str) -> list[Any]:
+        return []
+
+    async def get_session(self, session_id: str) -> None:
+        return None
+
+    async def append_messages_atomic(self, *args: Any, **kwargs: Any) -> int:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "error_code"),
+    [
+        (SessionConflictError(SESSION_ID, 0, "taken"), 409, "session-conflict"),
+        (StoreError("D1 is unreachable"), 503, "store-unavailable"),
+        (KeyError("bug"), 500, "internal"),
+    ],
+)
+async def test_store_failures_map_to_statuses(
+    error: Exception, status: int, error_code: str
+) -> None:
+    reply = await serve(Command("message", "hi"), FailingStore(error),
+                        ScriptedLLM([LLMResponse("Hello.")]))  # fmt: skip
+    assert (reply.status, code(reply)) == (status, error_code)
+
+
+async def test_one_turn_at_a_time_per_session(store: D1Store) -> None:
+    """Two messages sent at once: the second waits for the first turn, then runs
+    on its history; no conflict, no interleaving."""
+    first_started, release_first = asyncio.Event(), asyncio.Event()
+    seen: list[list[str]] = []
+
+    async def slow_first(messages: list[Any], tools: list[Any]) -> LLMResponse:
+        seen.append([m.content for m in messages if m.role == "user"])
+        first_started.set()
+        await release_first.wait()
+        return LLMResponse("first done")
+
+    def second(messages: list[Any], tools: list[Any]) -> LLMResponse:
+        seen.append([m.content for m in messages if m.role == "user"])
+        return LLMResponse("second done")
+
+    llm = ScriptedLLM([slow_first, second])
+    lock = asyncio.Lock()
+    one = asyncio.create_task(serve(Command("message", "one"), store, llm, lock=lock))
+    await first_started.wait()
+    two = asyncio.create_task(serve(Command("message", "two"), store, llm, lock=lock))
+    await asyncio.sleep(0.01)
+    assert not two.done()
+    release_first.set()
+    replies = await asyncio.gather(one, two)
+    assert [r.status for r in replies] == [200, 200]
+    assert seen == [["one"], ["one", "two"]]
+
+
+async def test_reads_do_not_wait_for_a_turn(store: D1Store) -> None:
+    lock = asyncio.Lock()
+    first = await serve(Command("message", "hi"), store, ScriptedLLM([LLMResponse("hey")]))
+    assert first.status == 200
+    async with lock:  # a turn in progress
+        reply = await asyncio.wait_for(serve(Command("history"), store, lock=lock), 1)
+    assert reply.status == 200
+
+
+# --- the whole API on CPython: Worker half + object half ---
+
+
+async def test_end_to_end_on_cpython(store: D1Store) -> None:
+    posts: list[httpx.Request] = []
+    llm = ScriptedLLM(triage_script())
+    locks: dict[str, asyncio.Lock] = {}
+
+    async def to_object(name: str, command: Command) -> Reply:
+        # Stands in for the Durable Object: name -> one id, one lock.
+        session_id = f"{name:0>64}"
+        return await serve_session(
+            Command.from_json(command.to_json()), session_id=session_id, store=store, env=ENV,
+            lock=locks.setdefault(name, asyncio.Lock()), llm=llm, http_client=triage_http(posts),
+        )  # fmt: skip
+
+    sent = await call("POST", "/sessions/s1/messages", b'{"message": "triage 42"}',
+                      dispatch=to_object)  # fmt: skip
+    assert (sent.status, sent.body["status"], sent.body["response"]) == (
+        200, "complete", "Triaged 42.",
+    )  # fmt: skip
+    read = await call("GET", "/sessions/s1", dispatch=to_object)
+    assert len(read.body["messages"]) == 6
+    missing = await call("GET", "/sessions/s2", dispatch=to_object)
+    assert missing.status == 404
+    assert len(posts) == 1
