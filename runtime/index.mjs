@@ -39,6 +39,9 @@ export function wranglerD1PersistDir(projectDir, persistRoot = path.join(project
  * @param {Record<string, string>} [options.d1Databases] binding name -> database_id, for several databases
  * @param {Record<string, string>} [options.vars] plain-text env vars
  * @param {Record<string, boolean>} [options.compatFlags] compat flags to override
+ * @param {() => Promise<void>} [options.beforeD1] awaited before miniflare opens D1, while
+ *   Pyodide loads (the dev server applies migrations with wrangler here: two workerd
+ *   processes must not open one database at once)
  * @param {(line: string) => void} [options.stdout] where Python's stdout lines go
  * @param {(line: string) => void} [options.stderr] where Python's stderr lines go
  * @param {(message: string) => void} [options.log] harness diagnostics (waitUntil failures, aborts)
@@ -50,6 +53,7 @@ export async function startRuntime({
   d1Databases = { DB: d1DatabaseId },
   vars = {},
   compatFlags = {},
+  beforeD1,
   stdout,
   stderr,
   log = (message) => process.stderr.write(`[runtime] ${message}\n`),
@@ -71,6 +75,7 @@ export async function startRuntime({
   if (persist) persistDir = wranglerD1PersistDir(projectDir, persist === true ? undefined : path.resolve(persist));
 
   const timeD1 = (async () => {
+    if (beforeD1) await beforeD1();
     const t = performance.now();
     const bridge = await D1Bridge.start({ databases: d1Databases, persistDir });
     return { bridge, ms: Math.round(performance.now() - t) };

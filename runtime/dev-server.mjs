@@ -1,0 +1,354 @@
+// The offline dev server: the project's Python Worker over HTTP, on the local runtime.
+//
+//   node runtime/dev-server.mjs [--port 8787] [--ip 127.0.0.1] [--persist-to .wrangler/state]
+//                               [--config wrangler.toml] [--dev-vars .dev.vars]
+//   (or scripts/dev / npm run dev, which set the runtime up first)
+//
+// What `wrangler dev` would do for a Python Worker if it could run offline:
+// - reads wrangler.toml: `main`, `[vars]`, the D1 databases and Durable
+//   Object bindings;
+// - settings: `[vars]`, then `.dev.vars`, then process environment
+//   variables of the same names (or of the kit's settings), later wins;
+//   API_TOKEN defaults to "dev-token", and empty ISSUES_API_URL /
+//   SLACK_WEBHOOK_URL point at stubs this server serves under /__dev/;
+// - D1 persists under `<persist-to>/v3/d1`, keyed by `preview_database_id`
+//   or `database_id` as wrangler keys it, so `npx wrangler d1 execute <db>
+//   --local` and `npx wrangler d1 migrations apply <db> --local` (with the
+//   same `--persist-to`) see the same data; on start, wrangler itself applies
+//   the migrations (while Pyodide loads);
+// - one log line per request; survives SIGKILL: everything durable is in D1,
+//   and a workerd left behind by a killed server is stopped on the next start.
+
+import { spawn } from "node:child_process";
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import http from "node:http";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { parse as parseToml } from "smol-toml";
+import { startRuntime } from "./index.mjs";
+
+const PROJECT_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const DEV_TOKEN = "dev-token";
+// Read from the process environment even when neither [vars] nor .dev.vars name them.
+const KIT_SETTINGS = [
+  "API_TOKEN",
+  "MAX_BODY_BYTES",
+  "LLM_PROVIDER",
+  "LLM_MODEL",
+  "LLM_BASE_URL",
+  "LLM_API_KEY",
+  "ISSUES_API_URL",
+  "SLACK_WEBHOOK_URL",
+];
+const MAX_REQUEST_BYTES = 100 * 1024 * 1024; // Cloudflare's request body limit (free plan)
+const HOP_BY_HOP = new Set(["connection", "keep-alive", "transfer-encoding", "upgrade", "expect"]);
+
+function parseArgs(argv) {
+  const options = { port: 8787, ip: "127.0.0.1", persistTo: null, config: "wrangler.toml", devVars: ".dev.vars" };
+  const names = { "--port": "port", "--ip": "ip", "--persist-to": "persistTo", "--config": "config", "--dev-vars": "devVars" };
+  for (let i = 0; i < argv.length; i++) {
+    const [flag, inline] = argv[i].split(/=(.*)/s, 2);
+    if (flag === "--help" || flag === "-h") {
+      console.log(readFileSync(fileURLToPath(import.meta.url), "utf8").split("\n\n")[0].replaceAll(/^\/\/ ?/gm, ""));
+      process.exit(0);
+    }
+    if (!(flag in names)) fail(`unknown option ${flag}; see --help`);
+    const value = inline ?? argv[++i];
+    if (value === undefined) fail(`${flag} needs a value`);
+    options[names[flag]] = value;
+  }
+  options.port = Number(options.port);
+  if (!Number.isInteger(options.port) || options.port < 0 || options.port > 65535) fail(`--port must be 0-65535`);
+  options.config = path.resolve(PROJECT_DIR, options.config);
+  options.persistTo = path.resolve(PROJECT_DIR, options.persistTo ?? path.join(".wrangler", "state"));
+  return options;
+}
+
+function fail(message) {
+  process.stderr.write(`dev: ${message}\n`);
+  process.exit(1);
+}
+
+// .dev.vars is dotenv: KEY=value lines, # comments, optional quotes and `export`.
+function readDevVars(file) {
+  if (!file || !existsSync(file)) return {};
+  const vars = {};
+  for (const line of readFileSync(file, "utf8").split(/\r?\n/)) {
+    const match = line.match(/^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$/);
+    if (!match) continue;
+    let value = match[2];
+    const quoted = value.match(/^(["'])(.*)\1$/s);
+    if (quoted) value = quoted[1] === '"' ? quoted[2].replaceAll("\\n", "\n") : quoted[2];
+    else value = value.replace(/\s+#.*$/, "");
+    vars[match[1]] = value;
+  }
+  return vars;
+}
+
+function readConfig(file) {
+  if (!existsSync(file)) fail(`${file} not found`);
+  const config = parseToml(readFileSync(file, "utf8"));
+  const main = String(config.main ?? "");
+  if (!/^src\/.+\.py$/.test(main)) fail(`${file}: main must be a Python module under src/, got ${JSON.stringify(main)}`);
+  const databases = (config.d1_databases ?? []).map((db) => ({
+    binding: db.binding,
+    name: db.database_name,
+    // The id wrangler's `d1 ... --local` keys local data by.
+    localId: db.preview_database_id ?? db.database_id ?? db.binding,
+    migrations: db.migrations_dir ?? "migrations",
+  }));
+  const durableObjects = Object.fromEntries((config.durable_objects?.bindings ?? []).map((b) => [b.name, b.class_name]));
+  return {
+    module: main.slice("src/".length, -".py".length).replaceAll("/", "."),
+    vars: { ...(config.vars ?? {}) },
+    databases,
+    durableObjects,
+  };
+}
+
+function settingsFor(config, devVars) {
+  const env = { ...config.vars, ...devVars };
+  for (const name of new Set([...Object.keys(env), ...KIT_SETTINGS])) {
+    if (process.env[name] !== undefined) env[name] = process.env[name];
+  }
+  return env;
+}
+
+// --- a workerd left behind by a SIGKILLed server holds the database open: stop it ---
+
+function readProc(pid, file) {
+  try {
+    return readFileSync(`/proc/${pid}/${file}`, "utf8");
+  } catch {
+    return "";
+  }
+}
+
+function isAlive(pid) {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return error.code === "EPERM";
+  }
+}
+
+function childWorkerdPids() {
+  const pids = [];
+  for (const entry of existsSync("/proc") ? readdirSync("/proc") : []) {
+    if (!/^\d+$/.test(entry)) continue;
+    const stat = readProc(entry, "stat");
+    const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+    if (ppid === process.pid && readProc(entry, "cmdline").includes("workerd")) pids.push(Number(entry));
+  }
+  return pids;
+}
+
+async function claimStateDir(lockFile) {
+  if (!existsSync(lockFile)) return;
+  let previous;
+  try {
+    previous = JSON.parse(readFileSync(lockFile, "utf8"));
+  } catch {
+    return;
+  }
+  if (isAlive(previous.pid) && readProc(previous.pid, "cmdline").includes("dev-server.mjs")) {
+    fail(`another dev server (pid ${previous.pid}) is using ${path.dirname(lockFile)}; stop it or pass --persist-to`);
+  }
+  for (const pid of previous.workerd ?? []) {
+    if (isAlive(pid) && readProc(pid, "cmdline").includes("workerd")) {
+      process.kill(pid, "SIGKILL");
+      console.log(`dev: stopped workerd (pid ${pid}) left running by a dev server that was killed`);
+      for (let i = 0; i < 50 && isAlive(pid); i++) await new Promise((r) => setTimeout(r, 20));
+    }
+  }
+}
+
+// --- migrations: wrangler's own command, so its d1_migrations table stays the record ---
+
+function applyMigrations(options, database) {
+  const wrangler = path.join(PROJECT_DIR, "node_modules", ".bin", "wrangler");
+  const args = ["d1", "migrations", "apply", database.name, "--local", "--persist-to", options.persistTo, "--config", options.config];
+  return new Promise((resolve, reject) => {
+    const child = spawn(wrangler, args, {
+      cwd: PROJECT_DIR,
+      env: { ...process.env, CI: "true", WRANGLER_SEND_METRICS: "false", NO_COLOR: "1" },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let output = "";
+    child.stdout.on("data", (chunk) => (output += chunk));
+    child.stderr.on("data", (chunk) => (output += chunk));
+    child.on("error", reject);
+    child.on("close", (code) => {
+      if (code !== 0) return reject(new Error(`wrangler ${args.join(" ")} failed (exit ${code}):\n${output}`));
+      const applied = [...output.matchAll(/│\s*(\S+\.sql)\s*│\s*✅/g)].map((m) => m[1]);
+      resolve(applied);
+    });
+  });
+}
+
+// --- the stand-ins for the template's issue tracker and Slack webhook (dev only) ---
+
+const seenKeys = new Set();
+
+function devStub(request, body) {
+  const url = new URL(request.url, "http://dev");
+  const issue = url.pathname.match(/^\/__dev\/issues\/([^/]+)$/);
+  if (request.method === "GET" && issue) {
+    const id = decodeURIComponent(issue[1]);
+    return [200, { id, title: `Example issue ${id} (dev stub)`, status: "open" }];
+  }
+  if (request.method === "POST" && url.pathname === "/__dev/slack") {
+    let post = {};
+    try {
+      post = JSON.parse(body.toString("utf8"));
+    } catch {
+      return [400, { ok: false, error: "invalid JSON" }];
+    }
+    const key = request.headers["idempotency-key"] ?? "";
+    const duplicate = key !== "" && seenKeys.has(key);
+    seenKeys.add(key);
+    console.log(`dev: slack stub ${duplicate ? "ignored a repeated" : "received a"} post to ${post.channel}: ${JSON.stringify(post.text)} (Idempotency-Key ${key || "none"})`);
+    return [200, { ok: true, duplicate }];
+  }
+  return null;
+}
+
+// --- HTTP ---
+
+async function readBody(request) {
+  const chunks = [];
+  let size = 0;
+  for await (const chunk of request) {
+    size += chunk.length;
+    if (size > MAX_REQUEST_BYTES) return null;
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks);
+}
+
+function sendJson(response, status, body) {
+  response.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(body));
+}
+
+async function serve(worker, request, response, { origin, stubs }) {
+  const body = await readBody(request);
+  if (body === null) return sendJson(response, 413, { error: { code: "body-too-large", message: "over 100 MiB" } });
+  if (stubs && request.url.startsWith("/__dev/")) {
+    const answer = devStub(request, body);
+    if (answer) return sendJson(response, ...answer);
+  }
+  const headers = new Headers();
+  for (let i = 0; i < request.rawHeaders.length; i += 2) {
+    const name = request.rawHeaders[i];
+    if (!HOP_BY_HOP.has(name.toLowerCase())) headers.append(name, request.rawHeaders[i + 1]);
+  }
+  const hasBody = !["GET", "HEAD"].includes(request.method);
+  const jsRequest = new Request(origin + request.url, { method: request.method, headers, body: hasBody ? body : undefined });
+  let jsResponse;
+  try {
+    jsResponse = await worker.fetch(jsRequest);
+  } catch (error) {
+    process.stderr.write(`dev: the Worker threw: ${error?.stack ?? error}\n`);
+    return sendJson(response, 500, { error: { code: "internal", message: String(error?.message ?? error).slice(0, 500) } });
+  }
+  const payload = Buffer.from(await jsResponse.arrayBuffer());
+  const outHeaders = {};
+  for (const [name, value] of jsResponse.headers) if (name !== "content-length") outHeaders[name] = value;
+  outHeaders["content-length"] = String(payload.length);
+  response.writeHead(jsResponse.status, outHeaders).end(request.method === "HEAD" ? undefined : payload);
+}
+
+async function main() {
+  const started = performance.now();
+  const options = parseArgs(process.argv.slice(2));
+  const config = readConfig(options.config);
+  const env = settingsFor(config, readDevVars(options.devVars && path.resolve(PROJECT_DIR, options.devVars)));
+  mkdirSync(options.persistTo, { recursive: true });
+  const lockFile = path.join(options.persistTo, "durable-agents-dev.json");
+  await claimStateDir(lockFile);
+
+  // Listen first: a busy port fails in milliseconds, and --port 0 gets its number before the Worker's env is set.
+  const serverState = { origin: "", stubs: false };
+  let ready;
+  const whenReady = new Promise((resolve) => (ready = resolve));
+  const server = http.createServer(async (request, response) => {
+    const t0 = performance.now();
+    try {
+      await serve(await whenReady, request, response, serverState);
+    } catch (error) {
+      process.stderr.write(`dev: ${error?.stack ?? error}\n`);
+      if (!response.headersSent) sendJson(response, 500, { error: { code: "internal", message: "dev server error" } });
+      else response.destroy();
+    }
+    console.log(`${request.method} ${request.url} ${response.statusCode} ${Math.round(performance.now() - t0)}ms`);
+  });
+  server.keepAliveTimeout = 5000;
+  server.requestTimeout = 0; // a turn may take minutes
+  await new Promise((resolve) => {
+    server.once("error", (error) => fail(error.code === "EADDRINUSE" ? `port ${options.port} is in use; pass --port` : String(error)));
+    server.listen(options.port, options.ip, resolve);
+  });
+  const { port } = server.address();
+  const host = options.ip.includes(":") ? `[${options.ip}]` : options.ip;
+  const origin = `http://${host}:${port}`;
+  serverState.origin = origin;
+
+  const notes = [];
+  if (!env.API_TOKEN) {
+    env.API_TOKEN = DEV_TOKEN;
+    notes.push(`API_TOKEN is not set: using the dev token "${DEV_TOKEN}" (Authorization: Bearer ${DEV_TOKEN})`);
+  }
+  for (const [name, stub] of [["ISSUES_API_URL", "/__dev"], ["SLACK_WEBHOOK_URL", "/__dev/slack"]]) {
+    if (!String(env[name] ?? "").trim()) {
+      env[name] = origin + stub;
+      serverState.stubs = true;
+      notes.push(`${name} is not set: using the dev stub ${env[name]}`);
+    }
+  }
+  const provider = String(env.LLM_PROVIDER ?? "").trim() || (env.LLM_API_KEY ? "(unset)" : "demo");
+  notes.push(`LLM_PROVIDER=${provider}${provider === "demo" ? " (the offline demo model)" : env.LLM_BASE_URL ? ` at ${env.LLM_BASE_URL}` : ""}`);
+
+  let migrationsMs = 0;
+  const applied = [];
+  const runtime = await startRuntime({
+    projectDir: PROJECT_DIR,
+    persist: options.persistTo,
+    d1Databases: Object.fromEntries(config.databases.map((db) => [db.binding, db.localId])),
+    vars: env,
+    beforeD1: async () => {
+      const t = performance.now();
+      for (const db of config.databases) if (db.name) applied.push(...(await applyMigrations(options, db)));
+      migrationsMs = Math.round(performance.now() - t);
+    },
+  });
+  const worker = runtime.loadWorker({ main: config.module, durableObjects: config.durableObjects });
+  writeFileSync(lockFile, JSON.stringify({ pid: process.pid, workerd: childWorkerdPids() }) + "\n");
+
+  let stopping = false;
+  const stop = async () => {
+    if (stopping) return;
+    stopping = true;
+    server.close();
+    server.closeAllConnections();
+    await runtime.close().catch((error) => process.stderr.write(`dev: close failed: ${error}\n`));
+    rmSync(lockFile, { force: true });
+    process.exit(0);
+  };
+  process.on("SIGINT", stop);
+  process.on("SIGTERM", stop);
+
+  const t = runtime.timings;
+  for (const note of notes) console.log(`dev: ${note}`);
+  const stateDir = path.relative(PROJECT_DIR, options.persistTo);
+  const shown = stateDir && !stateDir.startsWith("..") ? stateDir : options.persistTo;
+  console.log(`dev: D1 in ${shown}/v3/d1; migrations ${applied.length ? `applied: ${applied.join(", ")}` : "up to date"}`);
+  console.log(
+    `dev: started in ${Math.round(performance.now() - started)} ms (Pyodide ${t.loadPyodideMs} ms, ` +
+      `workers SDK ${t.importWorkersMs} ms, migrations ${migrationsMs} ms, D1 ${t.miniflareMs} ms)`,
+  );
+  ready(worker);
+  console.log(`ready on ${origin}`);
+}
+
+await main();
