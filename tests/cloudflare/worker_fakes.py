@@ -1,0 +1,297 @@
+"""What the Worker talks to, faked on 127.0.0.1, and a handle on a running dev server.
+
+- `FakeServices`: one HTTP server holding three fakes: an OpenAI-compatible
+  LLM (`/v1/chat/completions`) that answers from the conversation it is sent
+  (get_issue -> post_slack -> final text; after a tool-durability-error, a
+  final text that does not post again), an issue tracker (`/api/issues/{id}`)
+  and a Slack webhook (`/hook`) that records every post and can hold its
+  answer until released.
+- `DevServer`: `scripts/dev` started as a child process on a free port with
+  its own state dir; `crash()` SIGKILLs it, `stop()` ends it with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+PROJECT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 90.0
+# Settings the dev server reads from the environment: cleared for every child,
+# so a developer's shell cannot change what a test runs.
+KIT_SETTINGS = (
+    "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
+    "ISSUES_API_URL", "SLACK_WEBHOOK_URL",
+)  # fmt: skip
+DURABILITY_REPLY = "The post may already have gone out; I will not post again. Check #triage."
+
+
+class FakeServices:
+    def __init__(self) -> None:
+        self.llm_requests: list[dict[str, Any]] = []
+        self.posts: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.hold_posts = False
+        self.post_received = threading.Event()
+        self.release_posts = threading.Event()
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def worker_env(self) -> dict[str, str]:
+        return {
+            "LLM_PROVIDER": "openai",
+            "LLM_BASE_URL": f"{self.url}/v1",
+            "LLM_MODEL": "fake-triage",
+            "ISSUES_API_URL": f"{self.url}/api",
+            "SLACK_WEBHOOK_URL": f"{self.url}/hook",
+        }
+
+    def __enter__(self) -> FakeServices:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release_posts.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self.llm_requests.append(body)
+        return _completion(*_next_move(body["messages"]))
+
+    def post(self, headers: dict[str, str], body: dict[str, Any]) -> None:
+        with self._lock:
+            self.posts.append((headers, body))
+        if self.hold_posts:
+            self.post_received.set()
+            self.release_posts.wait(60)
+
+
+def _next_move(messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
+    """The fake model's move for the current turn: (text, tool call or None)."""
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    turn = messages[last_user:]
+    names = {
+        call["id"]: call["function"]["name"]
+        for m in turn
+        if m["role"] == "assistant"
+        for call in m.get("tool_calls") or []
+    }
+    results = {names.get(m["tool_call_id"]): m["content"] for m in turn if m["role"] == "tool"}
+    issue = re.search(r"\d+", turn[0]["content"])
+    issue_id = issue.group() if issue else "1"
+    if "post_slack" in results:
+        if "tool-durability-error" in results["post_slack"]:
+            return DURABILITY_REPLY, None
+        return f"Triaged issue {issue_id} and posted to #triage.", None
+    if "get_issue" in results:
+        title = json.loads(results["get_issue"]).get("title", "?")
+        post = {"channel": "#triage", "text": title}
+        return "Posting.", {"name": "post_slack", "arguments": post}
+    return "Looking it up.", {"name": "get_issue", "arguments": {"id": issue_id}}
+
+
+def _completion(text: str, call: dict[str, Any] | None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if call is not None:
+        message["tool_calls"] = [
+            {
+                "id": f"call_{time.monotonic_ns()}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
+            }
+        ]
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "model": "fake-triage",
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if call else "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
+
+
+def _handler_for(services: FakeServices) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:  # quiet
+            pass
+
+        def _json(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            # The dev server may be gone by now (the crash test kills it mid-post).
+            with contextlib.suppress(OSError):
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        def _body(self) -> Any:
+            length = int(self.headers.get("content-length") or 0)
+            return json.loads(self.rfile.read(length) or b"null")
+
+        def do_GET(self) -> None:
+            match = re.fullmatch(r"/api/issues/([^/]+)", self.path)
+            if match is None:
+                self._json(404, {"error": "not found"})
+                return
+            issue = match.group(1)
+            self._json(200, {"id": issue, "title": f"Login fails ({issue})", "status": "open"})
+
+        def do_POST(self) -> None:
+            body = self._body()
+            if self.path == "/v1/chat/completions":
+                self._json(200, services.chat(body))
+            elif self.path == "/hook":
+                services.post({k.lower(): v for k, v in self.headers.items()}, body)
+                self._json(200, {"ok": True})
+            else:
+                self._json(404, {"error": "not found"})
+
+    return Handler
+
+
+class DevServer:
+    """`scripts/dev` on a free port, with its own state dir and no .dev.vars."""
+
+    def __init__(self, state_dir: Path, env: dict[str, str]) -> None:
+        self.state_dir = state_dir
+        self.env = env
+        self.url = ""
+        self.lines: list[str] = []
+        self.start_s = 0.0
+        self.process: subprocess.Popen[str] | None = None
+        self._started: list[tuple[subprocess.Popen[str], threading.Thread]] = []
+
+    def start(self) -> DevServer:
+        child_env = {k: v for k, v in os.environ.items() if k not in KIT_SETTINGS}
+        child_env.update(self.env)
+        started = time.perf_counter()
+        self.process = subprocess.Popen(
+            [str(PROJECT / "scripts" / "dev"), "--port", "0", "--persist-to", str(self.state_dir),
+             "--dev-vars", str(self.state_dir / "no.dev.vars")],
+            cwd=PROJECT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        ready = threading.Event()
+        reader = threading.Thread(target=self._read, args=(self.process, ready), daemon=True)
+        reader.start()
+        self._started.append((self.process, reader))
+        if not ready.wait(START_TIMEOUT_S) or not self.url:
+            self.kill_all()
+            raise RuntimeError("the dev server did not start:\n" + "\n".join(self.lines[-40:]))
+        self.start_s = time.perf_counter() - started
+        return self
+
+    def _read(self, process: subprocess.Popen[str], ready: threading.Event) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.lines.append(line.rstrip("\n"))
+            match = re.match(r"ready on (http://\S+)", line)
+            if match:
+                self.url = match.group(1)
+                ready.set()
+        ready.set()
+
+    def wait_for_line(self, pattern: str, timeout: float = 10) -> str:
+        """The first output line matching `pattern` (a regex), waiting for it to be printed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in list(self.lines):
+                if re.search(pattern, line):
+                    return line
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no line matches {pattern!r}:\n" + "\n".join(self.lines))
+            time.sleep(0.02)
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, *,
+        token: str | None = "test-token", headers: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> tuple[int, dict[str, str], dict[str, Any]]:  # fmt: skip
+        """(status, headers, JSON body) of one request."""
+        all_headers = {"authorization": f"Bearer {token}"} if token is not None else {}
+        all_headers.update(headers or {})
+        request = urllib.request.Request(
+            self.url + path, data=body, method=method, headers=all_headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, dict(response.headers), json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            with error:
+                return error.code, dict(error.headers), json.loads(error.read())
+
+    def crash(self) -> None:
+        """SIGKILL the dev server process (a crash: no cleanup runs)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def kill_all(self) -> None:
+        """Kill every process this handle's servers started (workerd included)."""
+        self.stop()
+        for process, reader in self._started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            reader.join(10)
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def wrangler(*args: str, persist_to: Path | None = None) -> str:
+    """Run `npx wrangler ...` in the project, offline; its stdout."""
+    command = ["npx", "--no-install", "wrangler", *args]
+    if persist_to is not None:
+        command += ["--persist-to", str(persist_to)]
+    env = {**os.environ, "CI": "true", "WRANGLER_SEND_METRICS": "false", "NO_COLOR": "1"}
+    done = subprocess.run(
+        command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def d1_query(sql: str, persist_to: Path) -> list[dict[str, Any]]:
+    """Rows of one query on the local D1 database, read by wrangler itself."""
+    out = wrangler(
+        "d1", "execute", "durable-agents", "--local", "--json", "--command", sql,
+        persist_to=persist_to,
+    )  # fmt: skip
+    rows: list[dict[str, Any]] = json.loads(out)[0]["results"]
+    return rows
