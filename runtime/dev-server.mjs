@@ -325,18 +325,12 @@ async function main() {
   const worker = runtime.loadWorker({ main: config.module, durableObjects: config.durableObjects });
   writeFileSync(lockFile, JSON.stringify({ pid: process.pid, workerd: childWorkerdPids() }) + "\n");
 
-  let stopping = false;
-  const stop = async () => {
-    if (stopping) return;
-    stopping = true;
-    server.close();
-    server.closeAllConnections();
-    await runtime.close().catch((error) => process.stderr.write(`dev: close failed: ${error}\n`));
-    rmSync(lockFile, { force: true });
-    process.exit(0);
-  };
-  process.on("SIGINT", stop);
-  process.on("SIGTERM", stop);
+  // Ctrl-C / SIGTERM: miniflare's own exit hook stops workerd and exits (130 / 143);
+  // the lock goes with the process. After a SIGKILL the next start cleans up instead.
+  process.on("exit", () => rmSync(lockFile, { force: true }));
+  for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143]]) {
+    if (process.listenerCount(signal) === 0) process.on(signal, () => process.exit(code));
+  }
 
   const t = runtime.timings;
   for (const note of notes) console.log(`dev: ${note}`);
@@ -351,4 +345,7 @@ async function main() {
   console.log(`ready on ${origin}`);
 }
 
-await main();
+main().catch((error) => {
+  process.stderr.write(`dev: could not start: ${error?.stack ?? error}\n`);
+  process.exit(1);
+});

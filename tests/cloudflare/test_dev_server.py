@@ -58,8 +58,10 @@ def test_crash_after_the_post_then_resume_posts_once(
     services: FakeServices, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
-    first = DevServer(state, {**services.worker_env(), "API_TOKEN": TOKEN}).start()
-    second = DevServer(state, first.env)
+    # Settings: wrangler.toml [vars] (demo), then .dev.vars, then the environment.
+    dev_vars = f'# test settings\nAPI_TOKEN="{TOKEN}"\nexport LLM_PROVIDER=anthropic\n'
+    first = DevServer(state, services.worker_env(), dev_vars).start()
+    second = DevServer(state, first.env, dev_vars)
     try:
         # 1. A whole turn: get_issue, then post_slack, then the reply.
         status, _, reply = first.request("POST", "/sessions/first/messages", message("issue 7"))

@@ -177,11 +177,13 @@ def _handler_for(services: FakeServices) -> type[BaseHTTPRequestHandler]:
 
 
 class DevServer:
-    """`scripts/dev` on a free port, with its own state dir and no .dev.vars."""
+    """`scripts/dev` on a free port, with its own state dir and .dev.vars file
+    (`dev_vars`, its text; none by default)."""
 
-    def __init__(self, state_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, state_dir: Path, env: dict[str, str], dev_vars: str = "") -> None:
         self.state_dir = state_dir
         self.env = env
+        self.dev_vars = dev_vars
         self.url = ""
         self.lines: list[str] = []
         self.start_s = 0.0
@@ -191,10 +193,13 @@ class DevServer:
     def start(self) -> DevServer:
         child_env = {k: v for k, v in os.environ.items() if k not in KIT_SETTINGS}
         child_env.update(self.env)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        dev_vars = self.state_dir / "test.dev.vars"
+        dev_vars.write_text(self.dev_vars)
         started = time.perf_counter()
         self.process = subprocess.Popen(
             [str(PROJECT / "scripts" / "dev"), "--port", "0", "--persist-to", str(self.state_dir),
-             "--dev-vars", str(self.state_dir / "no.dev.vars")],
+             "--dev-vars", str(dev_vars)],
             cwd=PROJECT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,
         )  # fmt: skip
