@@ -1,0 +1,56 @@
+"""src/entry.py stays a thin shell, and the library stays importable on CPython.
+
+Only src/entry.py imports the Workers runtime (`workers`, `js`, `pyodide`) at
+module level; library modules touch it only inside functions. Read with
+`ast`: entry.py itself imports `workers`, which exists only in the runtime.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+RUNTIME_MODULES = {"workers", "js", "pyodide"}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_entry_is_a_thin_shell() -> None:
+    entry = SRC / "entry.py"
+    assert len(entry.read_text().splitlines()) <= 150
+    assert _top_level_imports(entry) & RUNTIME_MODULES == {"workers"}
+
+
+def test_no_library_module_imports_the_runtime_at_module_level() -> None:
+    offenders = {
+        str(path.relative_to(SRC)): sorted(_top_level_imports(path) & RUNTIME_MODULES)
+        for path in (SRC / "durable_agents").rglob("*.py")
+        if _top_level_imports(path) & RUNTIME_MODULES
+    }
+    assert offenders == {}
+
+
+def test_wrangler_toml_points_at_the_entry_and_its_classes() -> None:
+    import tomllib
+
+    config = tomllib.loads((SRC.parent / "wrangler.toml").read_text())
+    assert config["main"] == "src/entry.py"
+    assert set(config["compatibility_flags"]) == {"python_workers", "python_workers_20260610"}
+    entry = ast.parse((SRC / "entry.py").read_text())
+    classes = {node.name for node in entry.body if isinstance(node, ast.ClassDef)}
+    bindings = config["durable_objects"]["bindings"]
+    assert {b["class_name"] for b in bindings} <= classes
+    assert config["migrations"][0]["new_sqlite_classes"] == [b["class_name"] for b in bindings]
+    assert "Default" in classes
+    (database,) = config["d1_databases"]
+    assert (database["binding"], database["migrations_dir"]) == ("DB", "migrations")
+    assert not {"API_TOKEN", "LLM_API_KEY"} & set(config["vars"]), "secrets do not go in [vars]"
