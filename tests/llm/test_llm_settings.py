@@ -125,6 +125,7 @@ def test_misconfiguration_names_the_setting(env: dict[str, str], message: str) -
 
 def test_nothing_set_means_the_offline_demo() -> None:
     from durable_agents.llm import demo
+
     for env in ({}, {"LLM_PROVIDER": "demo", "LLM_API_KEY": ""}, WorkerEnv(), WorkerEnv(AI=None)):
         assert isinstance(llm_from_env(env), demo.DemoLLM)
 
