@@ -13,6 +13,7 @@ from durable_agents import (
     Agent,
     ConfigurationError,
     LLMResponse,
+    MalformedToolCall,
     MemoryStoreNotDurableError,
     Message,
     SessionConflictError,
@@ -706,3 +707,52 @@ async def test_deps_reach_handlers() -> None:
     llm = steps(LLMResponse(tool_calls=[call("use", "u")]), LLMResponse(text="k"))
     await run(Agent("a", tools=[use]), llm=llm, message="go", deps={"api": "x"})
     assert got == [{"api": "x"}]
+
+
+async def test_a_malformed_call_orphaned_by_a_crash_is_never_run_with_empty_arguments(
+    durable_store: Store,
+) -> None:
+    ran: list[Any] = []
+
+    @tool(safe_to_retry=True)
+    async def ping(args: dict[str, Any]) -> str:
+        """Safe, and takes no required argument: `{}` would pass its schema."""
+        ran.append(args)
+        return "pong"
+
+    broken = MalformedToolCall(
+        "m1", "ping", {}, raw_arguments="{not json", arguments_error="The arguments were not JSON."
+    )
+    agent = Agent("a", tools=[ping])
+    llm = steps(LLMResponse(tool_calls=[broken]), LLMResponse(text="ok"))
+    with pytest.raises(SimulatedCrash):
+        await run(
+            agent,
+            llm=llm,
+            message="go",
+            session_id="s",
+            store=crash_after_tool_results(durable_store),
+        )
+    stored_call = (await durable_store.load_messages("s"))[1].tool_calls[0]
+    assert isinstance(stored_call, MalformedToolCall)
+    assert stored_call.raw_arguments == "{not json"
+    result = await run(agent, llm=llm, session_id="s", store=durable_store)
+    assert ran == []
+    assert json.loads(result.messages[3].content) == {
+        "error": "The arguments were not JSON.",
+        "kind": "invalid-arguments",
+    }
+
+
+def test_message_json_codec_round_trips() -> None:
+    call = ToolCall("c1", "post", {"text": "é"})
+    broken = MalformedToolCall(
+        "c2", "post", {}, raw_arguments="[1]", arguments_error="not an object"
+    )
+    messages = [
+        Message.system("sys"),
+        Message.user("hi"),
+        Message.assistant("", [call, broken], Usage(3, 4)),
+        Message.tool_result(call, "ok"),
+    ]
+    assert [Message.from_dict(json.loads(json.dumps(m.to_dict()))) for m in messages] == messages

@@ -39,7 +39,16 @@ class ToolCall:
             raise ValueError(
                 f"tool call arguments must be an object, got {type(arguments).__name__}"
             )
-        return cls(id=str(data.get("id") or ""), name=str(data["name"]), arguments=arguments)
+        call_id, name = str(data.get("id") or ""), str(data["name"])
+        if data.get("arguments_error"):
+            return MalformedToolCall(
+                call_id,
+                name,
+                {},
+                raw_arguments=str(data.get("raw_arguments") or ""),
+                arguments_error=str(data["arguments_error"]),
+            )
+        return cls(id=call_id, name=name, arguments=arguments)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +62,15 @@ class MalformedToolCall(ToolCall):
 
     raw_arguments: str = ""
     arguments_error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        # Stored with the call, so a call resumed after a crash is still known
+        # to be malformed and is never handed to a handler with `{}`.
+        return {
+            **ToolCall.to_dict(self),
+            "raw_arguments": self.raw_arguments,
+            "arguments_error": self.arguments_error,
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -254,6 +254,8 @@ class _Session:
         return [Message.tool_result(c, text) for c, text in zip(calls, contents, strict=True)]
 
     async def result_content(self, call: ToolCall, resuming: bool) -> str:
+        if isinstance(call, MalformedToolCall):  # never run, so never a durability question
+            return _error_result("invalid-arguments", call.arguments_error)
         tool = self.tools.get(call.name)
         if resuming and (tool is None or not tool.safe_to_retry):
             return ToolDurabilityError(call.name, call.id).to_content()
@@ -262,8 +264,6 @@ class _Session:
                 "unknown-tool",
                 f"There is no tool named {call.name!r}. Available tools: {sorted(self.tools)}.",
             )
-        if isinstance(call, MalformedToolCall):
-            return _error_result("invalid-arguments", call.arguments_error)
         try:
             args = tool.parse_arguments(call.arguments)
         except ToolArgumentsError as exc:
