@@ -9,6 +9,7 @@ import pytest
 
 from durable_agents import Agent, LLMResponse, Message, SessionConflictError, StoreError, run
 from durable_agents.stores import sqlite_store
+from durable_agents.stores.sqlite import _transaction
 from durable_agents.testing import ScriptedLLM
 
 
@@ -97,3 +98,37 @@ async def test_a_locked_database_is_a_store_error_after_the_busy_timeout(tmp_pat
             assert await store.load_messages("s") == []
     finally:
         holder.close()
+
+
+async def test_a_failed_commit_leaves_no_transaction_open(tmp_path: Path) -> None:
+    path = tmp_path / "a.db"
+    store = sqlite_store(path, busy_timeout_ms=50)
+    await store.append_messages_atomic("s", 0, [Message.user("hi")])
+    conn = store._conn
+    assert conn is not None
+
+    await store._call(lambda c: c.execute("PRAGMA foreign_keys = ON"))
+
+    def failing_commit() -> None:
+        # A deferred constraint fails at COMMIT, and SQLite keeps the transaction open.
+        conn.execute("CREATE TEMP TABLE parent (id INTEGER PRIMARY KEY)")
+        conn.execute(
+            "CREATE TEMP TABLE child (p INTEGER REFERENCES parent (id)"
+            " DEFERRABLE INITIALLY DEFERRED)"
+        )
+        conn.execute("INSERT INTO child VALUES (1)")
+
+    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        await store._call(lambda c: _transaction(c, failing_commit))
+    assert not conn.in_transaction
+    # The store (and any other writer of the file) can still write.
+    await store.append_messages_atomic("s", 1, [Message.assistant("still writable")])
+    other = sqlite3.connect(path, timeout=0.05)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("ROLLBACK")
+    other.close()
+    await store.close()
+
+
+def test_the_empty_path_is_a_temporary_database_not_a_durable_one() -> None:
+    assert sqlite_store("").durable is False

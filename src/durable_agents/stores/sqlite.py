@@ -50,7 +50,9 @@ class SQLiteStore:
 
     @property
     def durable(self) -> bool:
-        return self.path != ":memory:" and not self.path.startswith("file::memory:")
+        # "" is SQLite's private temporary database, deleted on close.
+        path = self.path.strip()
+        return bool(path) and path != ":memory:" and not path.startswith("file::memory:")
 
     # -- the Store protocol -------------------------------------------------
 
@@ -160,10 +162,13 @@ def _transaction(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
     conn.execute("BEGIN IMMEDIATE")
     try:
         result = body()
+        conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        # SQLite may have rolled back already (some errors end the transaction);
+        # a transaction left open would lock every other writer out of the file.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
     return result
 
 
