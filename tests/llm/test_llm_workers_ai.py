@@ -20,6 +20,7 @@ from durable_agents.llm import (
     LLMResponseError,
     LLMTimeoutError,
     MalformedToolCall,
+    RetryPolicy,
     WorkersAILLM,
 )
 from durable_agents.llm.workers_ai import DEFAULT_WORKERS_AI_MODEL, parse_result
@@ -273,3 +274,14 @@ def test_construction_needs_the_binding() -> None:
         WorkersAILLM(object(), MODEL)
     assert WorkersAILLM(FakeAI()).model == DEFAULT_WORKERS_AI_MODEL
     assert repr(WorkersAILLM(FakeAI(), MODEL)) == f"WorkersAILLM(model={MODEL!r})"
+
+
+async def test_a_binding_that_never_answers_is_bounded_by_the_deadline() -> None:
+    # No per-attempt timeout (the default): the retry deadline still ends the wait,
+    # so a hung call cannot hold a session's turn forever.
+    llm = WorkersAILLM(FakeAI({"response": "late"}, delay=30), MODEL,
+                       retry=RetryPolicy(max_attempts=1, deadline=0.2))  # fmt: skip
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(LLMTimeoutError):
+        await llm.chat([Message.user("hi")], [])
+    assert asyncio.get_running_loop().time() - started < 5

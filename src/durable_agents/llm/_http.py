@@ -10,7 +10,7 @@ from typing import Any, Self
 import httpx
 
 from ..errors import ConfigurationError
-from ._retry import RetryPolicy, call_with_retries, parse_retry_after
+from ._retry import RetryPolicy, attempt_timeout, call_with_retries, parse_retry_after
 from .errors import (
     LLMAuthenticationError,
     LLMConnectionError,
@@ -110,10 +110,8 @@ class HTTPPoster:
         all_headers = {"content-type": "application/json", "accept": "application/json"}
         all_headers.update(headers)
 
-        async def attempt(time_left: float | None) -> Any:
-            timeout = (
-                self.timeout if time_left is None else max(0.001, min(self.timeout, time_left))
-            )
+        async def attempt(time_left: float) -> Any:
+            timeout = attempt_timeout(self.timeout, time_left)
             try:
                 response = await self.client.post(
                     url, content=payload, headers=all_headers, timeout=timeout
@@ -121,7 +119,7 @@ class HTTPPoster:
             except httpx.TimeoutException as exc:
                 raise LLMTimeoutError(
                     f"{self.provider} did not answer within {timeout:.3g} s ({url}); "
-                    "it will be retried, or raise timeout= for long generations",
+                    "raise timeout= for long generations",
                     provider=self.provider,
                 ) from exc
             except httpx.TransportError as exc:

@@ -59,9 +59,16 @@ class RetryPolicy:
         return self.random() * ceiling
 
 
-async def call_with_retries(
-    policy: RetryPolicy, attempt: Callable[[float | None], Awaitable[T]]
-) -> T:
+def attempt_timeout(limit: float | None, time_left: float) -> float:
+    """One attempt's timeout: its own limit (if any) cut to what is left of the deadline.
+
+    Never unbounded: with no per-attempt limit, the deadline still bounds a call
+    that never answers (a hung call would otherwise hold its session forever).
+    """
+    return max(0.001, time_left if limit is None else min(limit, time_left))
+
+
+async def call_with_retries(policy: RetryPolicy, attempt: Callable[[float], Awaitable[T]]) -> T:
     """Call `attempt(time_left)` until it succeeds, fails for good, or the policy runs out.
 
     `attempt` raises `LLMError`; one with `retryable` set (and, for HTTP

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..messages import LLMResponse, Message, ToolSpec
-from ._retry import RetryPolicy, call_with_retries
+from ._retry import RetryPolicy, attempt_timeout, call_with_retries
 from .errors import (
     LLMAuthenticationError,
     LLMContextLengthError,
@@ -126,10 +126,8 @@ class WorkersAILLM:
         inputs = self.request_inputs(messages, tools)
         argument = self.convert_input(inputs) if self.convert_input else inputs
 
-        async def attempt(time_left: float | None) -> Any:
-            limit = self.timeout
-            if limit is not None and time_left is not None:
-                limit = max(0.001, min(limit, time_left))
+        async def attempt(time_left: float) -> Any:
+            limit = attempt_timeout(self.timeout, time_left)
             try:
                 async with asyncio.timeout(limit):
                     return await self.binding.run(self.model, argument)
@@ -138,8 +136,6 @@ class WorkersAILLM:
                     f"Workers AI did not answer within {limit:.3g} s (model {self.model})",
                     provider=self.provider,
                 ) from exc
-            except LLMError:
-                raise
             except Exception as exc:  # the binding raises JS errors as plain exceptions
                 raise binding_error(exc) from exc
 
