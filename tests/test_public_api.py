@@ -15,7 +15,8 @@ PUBLIC = {
         "Agent", "tool", "Tool", "ToolContext", "run", "RunResult", "Message", "ToolCall",
         "ToolSpec", "LLMResponse", "Usage", "ToolDurabilityError", "MemoryStoreNotDurableError",
         "SessionConflictError", "LLM", "ConfigurationError", "DurableAgentsError",
-        "MalformedToolCall", "MessageTooLargeError", "SessionInfo", "Store", "StoreError",
+        "MalformedToolCall", "MessageTooLargeError", "SessionInfo", "SessionNotFoundError",
+        "Store", "StoreError",
         "idempotency_key", "pending_tool_calls",
     },
     "durable_agents.stores": {
@@ -44,6 +45,7 @@ def test_every_error_has_a_stable_code_under_one_root() -> None:
         durable_agents.StoreError,
         durable_agents.MessageTooLargeError,
         durable_agents.ToolDurabilityError,
+        durable_agents.SessionNotFoundError,
     ]
     codes = [error.code for error in errors]
     assert len(set(codes)) == len(codes)

@@ -16,7 +16,9 @@ from durable_agents import (
     MalformedToolCall,
     MemoryStoreNotDurableError,
     Message,
+    MessageTooLargeError,
     SessionConflictError,
+    SessionNotFoundError,
     ToolCall,
     ToolContext,
     ToolDurabilityError,
@@ -388,8 +390,10 @@ async def test_message_none_on_a_finished_turn_returns_the_reply_without_the_llm
 
 
 async def test_message_none_on_an_empty_session_is_a_clear_error(durable_store: Store) -> None:
-    with pytest.raises(ValueError, match="no history"):
+    with pytest.raises(SessionNotFoundError, match="no history") as info:
         await run(triage(Counter()), llm=steps(), session_id="never", store=durable_store)
+    assert isinstance(info.value, ValueError)
+    assert info.value.session_id == "never"
     with pytest.raises(ValueError, match="needs a message"):
         await run(triage(Counter()), llm=steps())
 
@@ -683,16 +687,24 @@ async def test_non_string_message_is_refused() -> None:
 
 async def test_oversized_user_message_is_refused_before_anything(durable_store: Store) -> None:
     llm = steps()
-    with pytest.raises(ConfigurationError, match="max_result_bytes"):
+    with pytest.raises(MessageTooLargeError, match="max_message_bytes") as info:
         await run(
-            triage(Counter(), max_result_bytes=100),
+            triage(Counter(), max_message_bytes=100),
             llm=llm,
             message="x" * 101,
             session_id="s",
             store=durable_store,
         )
+    assert (info.value.size, info.value.limit, info.value.role) == (101, 100, "user")
     assert llm.calls == []
     assert await durable_store.load_messages("s") == []
+
+
+def test_agent_limits_cannot_exceed_the_stores_row_limit() -> None:
+    with pytest.raises(ConfigurationError, match="max_result_bytes"):
+        Agent("a", max_result_bytes=3_000_000)
+    with pytest.raises(ConfigurationError, match="max_message_bytes"):
+        Agent("a", max_message_bytes=0)
 
 
 async def test_deps_reach_handlers() -> None:

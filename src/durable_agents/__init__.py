@@ -15,6 +15,7 @@ from .errors import (
     MemoryStoreNotDurableError,
     MessageTooLargeError,
     SessionConflictError,
+    SessionNotFoundError,
     StoreError,
     ToolDurabilityError,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "RunResult",
     "SessionConflictError",
     "SessionInfo",
+    "SessionNotFoundError",
     "Store",
     "StoreError",
     "Tool",

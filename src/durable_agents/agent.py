@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .errors import ConfigurationError
+from .stores._sql import MAX_ROW_BYTES
 from .tools import Tool
 
 
@@ -18,8 +19,11 @@ class Agent:
     - `max_steps`: LLM calls one `run()` may make before it stops with
       status `"max_steps"` (the session stays resumable).
     - `max_result_bytes`: a tool result larger than this is stored as an
-      error result instead (the default stays well under D1's 2 MB row limit,
-      so a big result never makes the write that follows a side effect fail).
+      error result instead, so a big result never makes the write that
+      follows a side effect fail. At most the stores' row limit (1,900,000
+      bytes, under D1's 2,000,000).
+    - `max_message_bytes`: a user message larger than this is refused with
+      `MessageTooLargeError` before anything is stored or sent.
     """
 
     name: str
@@ -27,6 +31,7 @@ class Agent:
     tools: Sequence[Tool] = field(default=())
     max_steps: int = 20
     max_result_bytes: int = 1_000_000
+    max_message_bytes: int = 1_000_000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
@@ -34,8 +39,13 @@ class Agent:
             raise ConfigurationError("an agent needs a name")
         if self.max_steps < 1:
             raise ConfigurationError(f"max_steps must be at least 1, got {self.max_steps}")
-        if self.max_result_bytes < 1:
-            raise ConfigurationError("max_result_bytes must be positive")
+        for limit in ("max_result_bytes", "max_message_bytes"):
+            value = getattr(self, limit)
+            if not 0 < value <= MAX_ROW_BYTES:
+                raise ConfigurationError(
+                    f"{limit} must be between 1 and {MAX_ROW_BYTES:,} (the stores' row limit), "
+                    f"got {value:,}"
+                )
         seen: set[str] = set()
         for t in self.tools:
             if not isinstance(t, Tool):

@@ -3,12 +3,15 @@
     DurableAgentsError                   code
     ├── ConfigurationError               "configuration"
     │   │   a setup mistake, caught before any LLM call
-    │   └── MemoryStoreNotDurableError   "memory-store-not-durable"
+    │   ├── MemoryStoreNotDurableError   "memory-store-not-durable"
+    │   └── SessionNotFoundError         "session-not-found"
+    │           `message=None` on a session with no history
+    ├── MessageTooLargeError             "message-too-large"
+    │       a message over a size limit; nothing was written
     ├── SessionConflictError             "session-conflict"
     │       another writer got there first; nothing was written
     ├── StoreError                       "store"
-    │   │   the store failed or is unreachable
-    │   └── MessageTooLargeError         "message-too-large"
+    │       the store failed or is unreachable
     ├── ToolDurabilityError              "tool-durability-error"
     │       a tool call whose result was lost in a crash and which was
     │       not re-invoked (not `safe_to_retry`)
@@ -93,19 +96,35 @@ class StoreError(DurableAgentsError):
         super().__init__(message)
 
 
-class MessageTooLargeError(StoreError):
-    """A message is larger than the store accepts in one row. Nothing was written."""
+class SessionNotFoundError(ConfigurationError):
+    """`run(..., message=None)` on a session with no stored history: nothing to
+    resume. Send a message to start the session instead."""
+
+    code = "session-not-found"
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(
+            f"session {session_id!r} has no history to resume; send a message to start it"
+        )
+
+
+class MessageTooLargeError(DurableAgentsError, ValueError):
+    """A message is over a size limit: the store's row limit, or the agent's
+    `max_message_bytes` for a user message. Nothing was written."""
 
     code = "message-too-large"
 
-    def __init__(self, session_id: str, size: int, limit: int, role: str) -> None:
+    def __init__(
+        self, session_id: str, size: int, limit: int, role: str, *, limit_name: str = "row limit"
+    ) -> None:
+        self.session_id = session_id
         self.size = size
         self.limit = limit
         self.role = role
         super().__init__(
-            f"a {role} message of {size:,} bytes exceeds the store's row limit of {limit:,} "
-            "bytes; nothing was written",
-            session_id=session_id,
+            f"a {role} message of {size:,} bytes is over the {limit_name} of {limit:,} bytes; "
+            "nothing was written"
         )
 
 

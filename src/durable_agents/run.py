@@ -31,7 +31,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from .agent import Agent
-from .errors import ConfigurationError, MemoryStoreNotDurableError, ToolDurabilityError
+from .errors import (
+    ConfigurationError,
+    MemoryStoreNotDurableError,
+    MessageTooLargeError,
+    SessionNotFoundError,
+    ToolDurabilityError,
+)
 from .messages import LLMResponse, MalformedToolCall, Message, ToolCall, ToolSpec, Usage
 from .stores.base import Store
 from .stores.memory import memory_store
@@ -92,14 +98,16 @@ async def run(
     handler as `ctx.deps`. `new_id` makes session and tool call ids (default:
     random UUIDs, drawn at call time).
 
-    Raises `ConfigurationError` (bad agent/tools/arguments, before any LLM
-    call), `SessionConflictError` (another run wrote to the session first;
+    Raises, before any LLM call, `ConfigurationError` (bad agent, tools or
+    arguments; `SessionNotFoundError` for `message=None` on an empty session)
+    and `MessageTooLargeError` (a message over `agent.max_message_bytes`);
+    later, `SessionConflictError` (another run wrote to the session first;
     nothing of this write landed) and `StoreError`. LLM failures do not raise:
     they end the run with status `"error"`. Tool failures are results.
     """
     make_id = new_id or _random_id
-    if message is not None and not isinstance(message, str):
-        raise ConfigurationError(f"message must be a string, got {type(message).__name__}")
+    if message is not None:
+        _check_user_message(agent, session_id, message)
     bound = _bind_tools(agent, tools or {})
     if store is None:
         store = memory_store()
@@ -114,13 +122,23 @@ async def run(
             raise MemoryStoreNotDurableError(session_id)
         history = await store.load_messages(session_id)
         if message is None and not history:
-            raise ConfigurationError(
-                f"session {session_id!r} has no history to resume; send a message to start it"
-            )
+            raise SessionNotFoundError(session_id)
         session = _Session(agent, store, session_id, history, bound, deps, make_id)
-    if message is not None:
-        session.check_user_message(message)
     return await session.run(message, llm)
+
+
+def _check_user_message(agent: Agent, session_id: str | None, message: object) -> None:
+    if not isinstance(message, str):
+        raise ConfigurationError(f"message must be a string, got {type(message).__name__}")
+    size = len(message.encode())
+    if size > agent.max_message_bytes:
+        raise MessageTooLargeError(
+            session_id or "(new session)",
+            size,
+            agent.max_message_bytes,
+            "user",
+            limit_name=f"max_message_bytes of agent {agent.name!r}",
+        )
 
 
 def _random_id() -> str:
@@ -195,14 +213,6 @@ class _Session:
         self.system = Message.system(agent.instructions)
         self.specs = [t.spec for t in tools.values()]
         self.call_ids = {c.id for m in history for c in m.tool_calls}
-
-    def check_user_message(self, text: str) -> None:
-        size = len(text.encode())
-        if size > self.agent.max_result_bytes:
-            raise ConfigurationError(
-                f"the message is {size:,} bytes; agent {self.agent.name!r} accepts at most "
-                f"{self.agent.max_result_bytes:,} (max_result_bytes)"
-            )
 
     async def run(self, message: str | None, llm: LLM) -> RunResult:
         orphans = pending_tool_calls(self.history)

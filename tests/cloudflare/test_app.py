@@ -429,7 +429,7 @@ async def test_the_demo_model_runs_when_no_llm_is_configured(store: D1Store) -> 
 async def test_a_message_over_the_agents_limit_is_413(store: D1Store) -> None:
     from durable_agents import Agent
 
-    agent = Agent("tiny", "", max_result_bytes=10)
+    agent = Agent("tiny", "", max_message_bytes=10)
     reply = await serve_session(
         Command("message", "x" * 11), session_id=SESSION_ID, store=store, env=ENV,
         lock=asyncio.Lock(), agent=agent, llm=ScriptedLLM([]),

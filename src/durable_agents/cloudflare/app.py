@@ -38,7 +38,13 @@ from typing import Any, Literal
 import httpx
 
 from ..agent import Agent
-from ..errors import ConfigurationError, SessionConflictError, StoreError
+from ..errors import (
+    ConfigurationError,
+    MessageTooLargeError,
+    SessionConflictError,
+    SessionNotFoundError,
+    StoreError,
+)
 from ..llm._http import default_client
 from ..llm.settings import llm_from_env, setting
 from ..run import LLM, run
@@ -339,6 +345,10 @@ async def serve_session(
                 command, session_id, store, env, agent or triage_agent(), llm, make_deps,
                 http_client,
             )  # fmt: skip
+    except SessionNotFoundError:
+        return _no_session(session_id)
+    except MessageTooLargeError as exc:
+        return error_reply(413, exc.code, str(exc))
     except ConfigurationError as exc:
         return error_reply(500, "configuration", str(exc))
     except SessionConflictError as exc:
@@ -359,14 +369,6 @@ async def _run_turn(
     make_deps: Callable[[Any, httpx.AsyncClient], Any],
     http_client: httpx.AsyncClient | None,
 ) -> Reply:
-    if command.action == "resume" and await store.get_session(session_id) is None:
-        return _no_session(session_id)
-    if command.message is not None and len(command.message.encode()) > agent.max_result_bytes:
-        return error_reply(
-            413,
-            "message-too-large",
-            f"the message is over {agent.max_result_bytes:,} bytes, the agent's limit",
-        )
     model = llm if llm is not None else llm_from_env(env)
     client = http_client or default_client(HTTP_TIMEOUT_S)
     try:
