@@ -49,8 +49,14 @@ class Agent:
         seen: set[str] = set()
         for t in self.tools:
             if not isinstance(t, Tool):
+                hint = (
+                    " (tool(name=..., description=...) without input= is a decorator; "
+                    "declare a tool without arguments with input={})"
+                    if callable(t)
+                    else ""
+                )
                 raise ConfigurationError(
-                    f"agent {self.name!r}: tools must be Tool objects (use @tool), got {t!r}"
+                    f"agent {self.name!r}: tools must be Tool objects (use @tool), got {t!r}{hint}"
                 )
             if t.name in seen:
                 raise ConfigurationError(f"agent {self.name!r} declares tool {t.name!r} twice")

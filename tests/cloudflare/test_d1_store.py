@@ -10,10 +10,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from durable_agents.cloudflare import D1Store, d1_store
+from durable_agents.errors import StoreError
 from durable_agents.messages import Message
 from durable_agents.stores import Store
 from durable_agents.testing import d1_checks
@@ -57,3 +59,29 @@ async def test_file_backed_fake_keeps_data(tmp_path: Path) -> None:
     second = FakeD1Database(path)
     assert await d1_store(second).load_messages("s") == [Message.user("kept")]
     second.close()
+
+
+class _DroppingBatch:
+    """A binding whose batch() dies like a dropped connection: after D1 may have committed."""
+
+    def __init__(self, inner: FakeD1Database) -> None:
+        self.inner = inner
+
+    def prepare(self, sql: str) -> Any:
+        return self.inner.prepare(sql)
+
+    async def batch(self, statements: list[Any]) -> Any:
+        raise ConnectionError("Network connection lost.")
+
+
+async def test_a_failed_statement_says_nothing_was_written(fake_db: FakeD1Database) -> None:
+    store = d1_store(fake_db)  # no tables: every statement fails with a D1_ERROR
+    with pytest.raises(StoreError, match="nothing was written: D1_ERROR: no such table"):
+        await store.append_messages_atomic("s", 0, [Message.user("hi")])
+
+
+async def test_a_lost_connection_says_the_outcome_is_unknown(fake_db: FakeD1Database) -> None:
+    store = d1_store(_DroppingBatch(fake_db))
+    with pytest.raises(StoreError, match="may or may not have landed") as info:
+        await store.append_messages_atomic("s", 0, [Message.user("hi")])
+    assert info.value.session_id == "s"

@@ -123,9 +123,19 @@ class D1Store:
         except Exception as exc:
             if _sql.is_conflict(str(exc)):
                 raise SessionConflictError(session_id, expected_seq, _d1_message(exc)) from exc
+            text = _d1_message(exc)
+            # A D1_ERROR is a statement that failed, and D1 rolled the whole batch
+            # back. Anything else (a dropped connection, a timeout) may have come
+            # after D1 committed: say so rather than promise nothing landed.
+            outcome = (
+                "nothing was written"
+                if "D1_ERROR" in text
+                else "the write may or may not have landed; reload the session (run with "
+                "message=None) before retrying"
+            )
             raise StoreError(
                 f"D1 failed to append {len(messages)} message(s) to session {session_id!r} at "
-                f"position {expected_seq}; nothing was written: {_d1_message(exc)}",
+                f"position {expected_seq}; {outcome}: {text}",
                 session_id=session_id,
             ) from exc
         return count

@@ -47,8 +47,10 @@ class Store(Protocol):
 
         Creates the session on its first write. Returns the new message count.
         Raises `SessionConflictError` if the session does not hold exactly
-        `expected_seq` messages, `MessageTooLargeError` for a row over the
-        limit, `StoreError` if the store fails; in every case nothing landed.
+        `expected_seq` messages and `MessageTooLargeError` for a row over the
+        limit (nothing landed), `StoreError` if the store fails (nothing landed,
+        unless its message says the outcome is unknown, as after a network
+        error to a remote database: reload before writing again).
         """
         ...
 

@@ -177,9 +177,9 @@ _started: list[WorkersRuntime] = []
 def workers_runtime(request: pytest.FixtureRequest) -> Iterator[WorkersRuntime]:
     """The local Workers runtime, started once per session on first use, stopped at its end."""
     runtime = WorkersRuntime(find_project_dir(Path(str(request.config.rootpath))))
-    runtime.start()
     _started.append(runtime)
     try:
+        runtime.start()  # inside the try: a bad start still stops the Node process
         yield runtime
     finally:
         runtime.stop()
