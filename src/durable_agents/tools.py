@@ -157,7 +157,9 @@ def tool(
       output=OutType | None, safe_to_retry=False, handler=None)`: a declaration;
       the handler may come later through `run(..., tools={name: handler})`.
 
-    `timeout` (seconds) turns a handler that runs too long into an error result.
+    `timeout` (seconds) turns an async handler that runs too long into an error
+    result. A sync handler runs to completion on the event loop (keep it quick;
+    Workers have no threads to move it to).
     """
     if fn is not None:
         return _from_function(fn, name, description, safe_to_retry, timeout)

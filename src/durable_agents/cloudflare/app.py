@@ -26,6 +26,7 @@ runs open), `MAX_BODY_BYTES` (default 64 KiB), `ISSUES_API_URL` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import re
@@ -369,9 +370,14 @@ async def _run_turn(
     make_deps: Callable[[Any, httpx.AsyncClient], Any],
     http_client: httpx.AsyncClient | None,
 ) -> Reply:
-    model = llm if llm is not None else llm_from_env(env)
-    client = http_client or default_client(HTTP_TIMEOUT_S)
-    try:
+    async with contextlib.AsyncExitStack() as owned:  # closes what this turn opened, all of it
+        model = llm if llm is not None else llm_from_env(env)
+        if llm is None and hasattr(model, "aclose"):
+            owned.push_async_callback(model.aclose)
+        client = http_client
+        if client is None:
+            client = default_client(HTTP_TIMEOUT_S)
+            owned.push_async_callback(client.aclose)
         result = await run(
             agent,
             llm=model,
@@ -380,13 +386,6 @@ async def _run_turn(
             store=store,
             deps=make_deps(env, client),
         )
-    finally:
-        if http_client is None:
-            await client.aclose()
-        if llm is None:
-            close = getattr(model, "aclose", None)
-            if close is not None:
-                await close()
     body: dict[str, Any] = {
         "session_id": session_id,
         "status": result.status,

@@ -28,9 +28,10 @@ from ..messages import LLMResponse, MalformedToolCall, Message, ToolCall, ToolSp
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
 from .errors import LLMResponseError
-from .tool_calls import is_error_result
+from .tool_calls import is_error_result, token_count
 
 ANTHROPIC_VERSION = "2023-06-01"
+ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
 
 
@@ -51,7 +52,7 @@ class AnthropicLLM(HTTPAdapter):
         model: str,
         api_key: str,
         *,
-        base_url: str = "https://api.anthropic.com",
+        base_url: str = ANTHROPIC_BASE_URL,
         max_tokens: int = 4096,
         client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -194,11 +195,7 @@ def _usage(raw: Any) -> Usage | None:
         return None
     # Cached prompt tokens are reported apart from `input_tokens`; all were read.
     input_tokens = sum(
-        _int(raw.get(key))
+        token_count(raw.get(key))
         for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
-    return Usage(input_tokens=input_tokens, output_tokens=_int(raw.get("output_tokens")))
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return Usage(input_tokens=input_tokens, output_tokens=token_count(raw.get("output_tokens")))

@@ -26,7 +26,7 @@ from ..messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
 from .errors import LLMResponseError, provider_message
-from .tool_calls import make_tool_call
+from .tool_calls import make_tool_call, token_count
 
 DEFAULT_OPENAI_MODEL = "gpt-4.1-mini"
 OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -207,8 +207,8 @@ def parse_usage(raw: Any) -> Usage | None:
     if not isinstance(raw, dict):
         return None
     return Usage(
-        input_tokens=_int(raw.get("prompt_tokens")),
-        output_tokens=_int(raw.get("completion_tokens")),
+        input_tokens=token_count(raw.get("prompt_tokens")),
+        output_tokens=token_count(raw.get("completion_tokens")),
     )
 
 
@@ -222,7 +222,3 @@ def _text(content: Any) -> str:
             if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
     return ""
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
-from .anthropic import DEFAULT_ANTHROPIC_MODEL, AnthropicLLM
+from .anthropic import ANTHROPIC_BASE_URL, DEFAULT_ANTHROPIC_MODEL, AnthropicLLM
 from .openai import DEFAULT_OPENAI_MODEL, OPENAI_BASE_URL, OpenAILLM
 from .workers_ai import DEFAULT_WORKERS_AI_MODEL, WorkersAILLM
 
@@ -90,9 +90,11 @@ def llm_from_env(env: Any) -> LLM:
             raise ConfigurationError(
                 "LLM_PROVIDER=anthropic needs LLM_API_KEY (an Anthropic API key)"
             )
-        if base_url is None:
-            return AnthropicLLM(model or DEFAULT_ANTHROPIC_MODEL, str(api_key))
-        return AnthropicLLM(model or DEFAULT_ANTHROPIC_MODEL, str(api_key), base_url=base_url)
+        return AnthropicLLM(
+            model or DEFAULT_ANTHROPIC_MODEL,
+            str(api_key),
+            base_url=base_url or ANTHROPIC_BASE_URL,
+        )
     if name == "openai":
         # Local OpenAI-compatible servers (Ollama, vLLM, llama.cpp) take no key.
         if api_key is None and base_url is None:

@@ -72,3 +72,8 @@ def is_error_result(content: str) -> bool:
     except ValueError:
         return False
     return isinstance(data, dict) and "error" in data
+
+
+def token_count(value: Any) -> int:
+    """A usage field as an int; 0 when a provider leaves it out or sends something else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

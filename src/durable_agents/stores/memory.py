@@ -51,7 +51,8 @@ class MemoryStore:
         agent_name: str | None = None,
     ) -> int:
         now = int(self._clock() * 1000)
-        append_rows(session_id, expected_seq, messages, now, self._max_row_bytes)  # the checks
+        # Built for their checks only (empty, position, size), as the SQL stores do.
+        append_rows(session_id, expected_seq, messages, now, self._max_row_bytes)
         session = self._sessions.get(session_id)
         stored = len(session.messages) if session else 0
         if stored != expected_seq:
