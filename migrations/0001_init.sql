@@ -17,12 +17,16 @@ CREATE TABLE IF NOT EXISTS agent_messages (
     tool_calls TEXT,
     input_tokens INTEGER,
     output_tokens INTEGER,
+    request_key TEXT,
     created_at INTEGER NOT NULL,
     UNIQUE (session_id, seq)
 );
 
 CREATE UNIQUE INDEX IF NOT EXISTS agent_messages_one_result_per_call
     ON agent_messages (session_id, tool_call_id) WHERE role = 'tool';
+
+CREATE UNIQUE INDEX IF NOT EXISTS agent_messages_one_turn_per_request_key
+    ON agent_messages (session_id, request_key) WHERE request_key IS NOT NULL;
 
 CREATE INDEX IF NOT EXISTS agent_sessions_by_update
     ON agent_sessions (updated_at);

@@ -16,6 +16,7 @@ PUBLIC = {
         "ToolSpec", "LLMResponse", "Usage", "ToolDurabilityError", "MemoryStoreNotDurableError",
         "SessionConflictError", "LLM", "ConfigurationError", "DurableAgentsError",
         "MalformedToolCall", "MessageTooLargeError", "SessionInfo", "SessionNotFoundError",
+        "RequestKeyReusedError",
         "Store", "StoreError",
         "idempotency_key", "pending_tool_calls",
     },
@@ -46,6 +47,7 @@ def test_every_error_has_a_stable_code_under_one_root() -> None:
         durable_agents.MessageTooLargeError,
         durable_agents.ToolDurabilityError,
         durable_agents.SessionNotFoundError,
+        durable_agents.RequestKeyReusedError,
     ]
     codes = [error.code for error in errors]
     assert len(set(codes)) == len(codes)

@@ -17,6 +17,7 @@ from durable_agents import (
     MemoryStoreNotDurableError,
     Message,
     MessageTooLargeError,
+    RequestKeyReusedError,
     SessionConflictError,
     SessionNotFoundError,
     ToolCall,
@@ -768,3 +769,73 @@ def test_message_json_codec_round_trips() -> None:
         Message.tool_result(call, "ok"),
     ]
     assert [Message.from_dict(json.loads(json.dumps(m.to_dict()))) for m in messages] == messages
+
+
+# -- request keys: a retried request does not start another turn ------------------------
+
+
+async def test_a_repeated_request_key_returns_the_stored_reply(durable_store: Store) -> None:
+    effects = Counter()
+    agent = triage(effects)
+    first = await run(agent, llm=two_step_script(), message="go", session_id="s",
+                      store=durable_store, request_key="req-1")  # fmt: skip
+    llm = steps()
+    again = await run(agent, llm=llm, message="go", session_id="s", store=durable_store,
+                      request_key="req-1")  # fmt: skip
+    assert (again.status, again.response, again.steps) == ("complete", first.response, 0)
+    assert llm.calls == []
+    assert len(effects.calls) == 2
+    stored = await durable_store.load_messages("s")
+    assert [m.request_key for m in stored if m.role == "user"] == ["req-1"]
+
+
+async def test_a_repeated_request_key_finishes_its_interrupted_turn(durable_store: Store) -> None:
+    effects = Counter()
+    agent = triage(effects)
+    llm = steps(LLMResponse(tool_calls=[POST]), LLMResponse(text="checked: maybe posted"))
+    with pytest.raises(SimulatedCrash):
+        await run(agent, llm=llm, message="post", session_id="s", request_key="k",
+                  store=crash_after_tool_results(durable_store))  # fmt: skip
+    retried = await run(agent, llm=llm, message="post", session_id="s", request_key="k",
+                        store=durable_store)  # fmt: skip
+    assert retried.response == "checked: maybe posted"
+    assert effects.count("c2") == 1
+    stored = await durable_store.load_messages("s")
+    assert roles(stored) == ["user", "assistant", "tool", "assistant"]
+    assert ToolDurabilityError.from_message(stored[2]) is not None
+
+
+async def test_a_request_key_of_an_earlier_turn_returns_that_turns_reply(
+    durable_store: Store,
+) -> None:
+    agent = triage(Counter())
+    for key, reply in (("a", "first reply"), ("b", "second reply")):
+        await run(agent, llm=steps(LLMResponse(text=reply)), message=f"msg {key}",
+                  session_id="s", store=durable_store, request_key=key)  # fmt: skip
+    late = await run(agent, llm=steps(), message="msg a", session_id="s",
+                     store=durable_store, request_key="a")  # fmt: skip
+    assert (late.response, late.steps) == ("first reply", 0)
+    assert len(await durable_store.load_messages("s")) == 4
+
+
+async def test_a_request_key_reused_for_another_message_is_refused(durable_store: Store) -> None:
+    agent = triage(Counter())
+    await run(agent, llm=steps(LLMResponse(text="ok")), message="one", session_id="s",
+              store=durable_store, request_key="k")  # fmt: skip
+    with pytest.raises(RequestKeyReusedError, match="another message"):
+        await run(agent, llm=steps(), message="two", session_id="s", store=durable_store,
+                  request_key="k")  # fmt: skip
+    with pytest.raises(ConfigurationError, match="pass it with message"):
+        await run(agent, llm=steps(), session_id="s", store=durable_store, request_key="k")
+
+
+async def test_a_request_whose_first_llm_call_failed_can_be_retried_with_its_key(
+    durable_store: Store,
+) -> None:
+    agent = triage(Counter())
+    failed = await run(agent, llm=steps(RuntimeError("down")), message="hi", session_id="s",
+                       store=durable_store, request_key="k")  # fmt: skip
+    assert failed.status == "error"
+    ok = await run(agent, llm=steps(LLMResponse(text="hello")), message="hi", session_id="s",
+                   store=durable_store, request_key="k")  # fmt: skip
+    assert ok.response == "hello"

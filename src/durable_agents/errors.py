@@ -4,8 +4,10 @@
     ├── ConfigurationError               "configuration"
     │   │   a setup mistake, caught before any LLM call
     │   ├── MemoryStoreNotDurableError   "memory-store-not-durable"
-    │   └── SessionNotFoundError         "session-not-found"
-    │           `message=None` on a session with no history
+    │   ├── SessionNotFoundError         "session-not-found"
+    │   │       `message=None` on a session with no history
+    │   └── RequestKeyReusedError        "request-key-reused"
+    │           a request key sent again with another message
     ├── MessageTooLargeError             "message-too-large"
     │       a message over a size limit; nothing was written
     ├── SessionConflictError             "session-conflict"
@@ -106,6 +108,23 @@ class SessionNotFoundError(ConfigurationError):
         self.session_id = session_id
         super().__init__(
             f"session {session_id!r} has no history to resume; send a message to start it"
+        )
+
+
+class RequestKeyReusedError(ConfigurationError):
+    """A `request_key` that already started a turn came back with another message.
+
+    A key names one request; a retry must repeat it exactly. Use a new key
+    for a new message."""
+
+    code = "request-key-reused"
+
+    def __init__(self, session_id: str, request_key: str) -> None:
+        self.session_id = session_id
+        self.request_key = request_key
+        super().__init__(
+            f"request_key {request_key!r} already started a turn with another message in "
+            f"session {session_id!r}; use a new key for a new message"
         )
 
 

@@ -103,6 +103,9 @@ class Message:
       stored with it so token accounting survives a crash.
     - `tool`: the result of one call: `tool_call_id`, `tool_name`, and
       `content` (a string; JSON with an `error` key when the call failed).
+
+    `request_key` (user messages) is the caller's idempotency key for the
+    turn the message started: see `run(..., request_key=...)`.
     """
 
     role: Role
@@ -111,6 +114,7 @@ class Message:
     tool_call_id: str | None = None
     tool_name: str | None = None
     usage: Usage | None = None
+    request_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -153,6 +157,8 @@ class Message:
             data["tool_name"] = self.tool_name
         if self.usage is not None:
             data["usage"] = self.usage.to_dict()
+        if self.request_key is not None:
+            data["request_key"] = self.request_key
         return data
 
     @classmethod
@@ -165,6 +171,7 @@ class Message:
             tool_call_id=data.get("tool_call_id"),
             tool_name=data.get("tool_name"),
             usage=Usage(**usage) if usage else None,
+            request_key=data.get("request_key"),
         )
 
 

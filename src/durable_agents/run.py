@@ -35,6 +35,7 @@ from .errors import (
     ConfigurationError,
     MemoryStoreNotDurableError,
     MessageTooLargeError,
+    RequestKeyReusedError,
     SessionNotFoundError,
     ToolDurabilityError,
 )
@@ -83,6 +84,7 @@ async def run(
     tools: Mapping[str, Handler] | None = None,
     deps: Any = None,
     new_id: Callable[[], str] | None = None,
+    request_key: str | None = None,
 ) -> RunResult:
     """Run one turn of `agent`, durably when given a durable `store` and a `session_id`.
 
@@ -93,6 +95,13 @@ async def run(
     - Finish an interrupted turn: pass `session_id` and `message=None`. Lost
       tool results are repaired, then the loop continues; if the turn had
       already finished, its reply is returned without calling the LLM.
+
+    - Retry a request safely: pass the caller's idempotency key as
+      `request_key` with the message (an HTTP `Idempotency-Key`). It is stored
+      with the user message; a `run()` repeating a key already stored does not
+      start another turn: it finishes that turn (as `message=None` does) or,
+      if later turns followed, returns its reply. A repeated key with another
+      message is a `RequestKeyReusedError`.
 
     `tools` supplies or overrides handlers by tool name. `deps` reaches every
     handler as `ctx.deps`. `new_id` makes session and tool call ids (default:
@@ -108,6 +117,8 @@ async def run(
     make_id = new_id or _random_id
     if message is not None:
         _check_user_message(agent, session_id, message)
+    if request_key is not None and message is None:
+        raise ConfigurationError("request_key identifies a message; pass it with message=")
     bound = _bind_tools(agent, tools or {})
     if store is None:
         store = memory_store()
@@ -124,7 +135,15 @@ async def run(
         if message is None and not history:
             raise SessionNotFoundError(session_id)
         session = _Session(agent, store, session_id, history, bound, deps, make_id)
-    return await session.run(message, llm)
+        start = None if request_key is None or message is None else (
+            session.find_request(request_key, message)
+        )  # fmt: skip
+        if start is not None:
+            earlier = session.earlier_turn_result(start)
+            if earlier is not None:
+                return earlier
+            message = None  # a retry of the last turn: finish it, as message=None does
+    return await session.run(message, llm, request_key)
 
 
 def _check_user_message(agent: Agent, session_id: str | None, message: object) -> None:
@@ -214,14 +233,33 @@ class _Session:
         self.specs = [t.spec for t in tools.values()]
         self.call_ids = {c.id for m in history for c in m.tool_calls}
 
-    async def run(self, message: str | None, llm: LLM) -> RunResult:
+    def find_request(self, request_key: str, message: str) -> int | None:
+        """The position of the user message stored with `request_key`, if any."""
+        for index, stored in enumerate(self.history):
+            if stored.role == "user" and stored.request_key == request_key:
+                if stored.content != message:
+                    raise RequestKeyReusedError(self.session_id, request_key)
+                return index
+        return None
+
+    def earlier_turn_result(self, start: int) -> RunResult | None:
+        """The result of the turn begun at `start`, if later turns followed it (else None)."""
+        end = next((i for i, m in enumerate(self.history) if i > start and m.role == "user"), None)
+        if end is None:
+            return None
+        reply = next((m.content for m in reversed(self.history[start:end]) if m.is_final_reply), "")
+        return self.result("complete", reply, 0, Usage())
+
+    async def run(self, message: str | None, llm: LLM, request_key: str | None = None) -> RunResult:
         orphans = pending_tool_calls(self.history)
         if orphans:
             await self.append(await self.dispatch(orphans, resuming=True))
         if message is None and self.history[-1].is_final_reply:
             return self.result("complete", self.history[-1].content, 0, Usage())
 
-        unstored = [Message.user(message)] if message is not None else []
+        unstored = (
+            [Message("user", message, request_key=request_key)] if message is not None else []
+        )
         steps, usage = 0, Usage()
         while steps < self.agent.max_steps:
             try:

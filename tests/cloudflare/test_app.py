@@ -222,6 +222,33 @@ async def test_a_valid_message_reaches_its_object_as_sent() -> None:
     assert recorder.commands == [("team-a", Command("message", text))]
 
 
+async def test_an_idempotency_key_travels_with_the_message() -> None:
+    recorder = Recorder()
+    body = json.dumps({"message": "hi"}).encode()
+    reply = await call("POST", "/sessions/a/messages", body, dispatch=recorder,
+                       headers={**AUTH, "idempotency-key": "req-42"})  # fmt: skip
+    assert reply.status == 200
+    assert recorder.commands == [("a", Command("message", "hi", "req-42"))]
+    for bad in ("", "x" * 256, "has space", "caf\u00e9"):
+        bad_reply = await call("POST", "/sessions/a/messages", body, dispatch=recorder,
+                               headers={**AUTH, "idempotency-key": bad})  # fmt: skip
+        assert (bad_reply.status, code(bad_reply)) == (400, "invalid-request")
+    assert len(recorder.commands) == 1
+
+
+async def test_a_retried_request_with_its_key_runs_no_second_turn(store: D1Store) -> None:
+    posts: list[httpx.Request] = []
+    command = Command("message", "triage 42", "req-1")
+    first = await serve(command, store, ScriptedLLM(triage_script()), client=triage_http(posts))
+    retry = await serve(command, store, ScriptedLLM([]), client=triage_http(posts))
+    assert retry.status == 200
+    assert retry.body["response"] == first.body["response"]
+    assert retry.body["steps"] == 0
+    assert len(posts) == 1
+    reused = await serve(Command("message", "other text", "req-1"), store, ScriptedLLM([]))
+    assert (reused.status, code(reused)) == (422, "request-key-reused")
+
+
 async def test_oversized_bodies_are_413_by_size_and_by_declared_length() -> None:
     recorder = Recorder()
     text = "x" * DEFAULT_MAX_BODY_BYTES
@@ -298,8 +325,10 @@ async def test_a_failing_session_object_is_a_json_500() -> None:
 
 
 @pytest.mark.parametrize(
-    "command", [Command("message", "hi \u2603"), Command("resume"), Command("history")]
-)
+    "command",
+    [Command("message", "hi \u2603"), Command("message", "hi", "key-1"), Command("resume"),
+     Command("history")],
+)  # fmt: skip
 def test_commands_round_trip(command: Command) -> None:
     assert Command.from_json(command.to_json()) == command
 
@@ -307,7 +336,9 @@ def test_commands_round_trip(command: Command) -> None:
 @pytest.mark.parametrize(
     "text",
     ["{", "[]", '{"action": "message"}', '{"action": "message", "message": ""}',
-     '{"action": "resume", "message": "x"}', '{"action": "delete"}'],
+     '{"action": "resume", "message": "x"}', '{"action": "delete"}',
+     '{"action": "message", "message": "m", "request_key": ""}',
+     '{"action": "resume", "request_key": "k"}'],
 )  # fmt: skip
 def test_anything_else_is_not_a_command(text: str) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - json errors are ValueErrors too

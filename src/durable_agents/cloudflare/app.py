@@ -11,6 +11,7 @@ HTTP client can get wrong is decided, and unit-tested, on CPython:
 Endpoints (JSON in and out; `Authorization: Bearer <API_TOKEN>` on every one):
 
     POST /sessions/{name}/messages  {"message": "..."}  -> {"session_id", "status", "response", ...}
+                                    (Idempotency-Key: K makes a retry return or finish K's turn)
     POST /sessions/{name}/resume    (no body, or {})    -> the same, finishing an interrupted turn
     GET  /sessions/{name}                               -> {"session_id", "messages": [...]}
 
@@ -42,6 +43,7 @@ from ..agent import Agent
 from ..errors import (
     ConfigurationError,
     MessageTooLargeError,
+    RequestKeyReusedError,
     SessionConflictError,
     SessionNotFoundError,
     StoreError,
@@ -54,6 +56,7 @@ from ..triage import TriageDeps, triage_agent
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "REQUEST_KEY",
     "SESSION_NAME",
     "ApiSettings",
     "Command",
@@ -67,6 +70,7 @@ __all__ = [
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 SESSION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+REQUEST_KEY = re.compile(r"[!-~]{1,255}")  # printable ASCII, as Stripe-style keys are
 _SESSION_PATH = re.compile(r"/sessions/([^/]+)(?:/(messages|resume))?")
 _ALLOWED = {None: "GET", "messages": "POST", "resume": "POST"}
 _JSON = {"content-type": "application/json"}
@@ -107,13 +111,15 @@ class Command:
 
     action: Literal["message", "resume", "history"]
     message: str | None = None
+    request_key: str | None = None  # the client's Idempotency-Key, with a message
 
     @property
     def writes(self) -> bool:
         return self.action != "history"
 
     def to_json(self) -> str:
-        return json.dumps({"action": self.action, "message": self.message}, ensure_ascii=False)
+        data = {"action": self.action, "message": self.message, "request_key": self.request_key}
+        return json.dumps(data, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> Command:
@@ -121,10 +127,11 @@ class Command:
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError("a command is a JSON object")
-        action, message = data.get("action"), data.get("message")
-        if action == "message" and isinstance(message, str) and message.strip():
-            return cls("message", message)
-        if action in ("resume", "history") and message is None:
+        action, message, key = data.get("action"), data.get("message"), data.get("request_key")
+        key_ok = key is None or (isinstance(key, str) and REQUEST_KEY.fullmatch(key) is not None)
+        if action == "message" and isinstance(message, str) and message.strip() and key_ok:
+            return cls("message", message, key)
+        if action in ("resume", "history") and message is None and key is None:
             return cls(action)
         raise ValueError(f"not a command: {text[:200]!r}")
 
@@ -229,7 +236,12 @@ async def handle_request(
         )
     if not message.strip():
         return error_reply(422, "invalid-body", "'message' is empty")
-    return await _forward(dispatch, name, Command("message", message))
+    request_key = headers.get("idempotency-key")
+    if request_key is not None and not REQUEST_KEY.fullmatch(request_key):
+        return error_reply(
+            400, "invalid-request", "Idempotency-Key must be 1 to 255 printable ASCII characters"
+        )
+    return await _forward(dispatch, name, Command("message", message, request_key))
 
 
 async def _forward(dispatch: Dispatch, name: str, command: Command) -> Reply:
@@ -348,6 +360,8 @@ async def serve_session(
             )  # fmt: skip
     except SessionNotFoundError:
         return _no_session(session_id)
+    except RequestKeyReusedError as exc:
+        return error_reply(422, exc.code, str(exc))
     except MessageTooLargeError as exc:
         return error_reply(413, exc.code, str(exc))
     except ConfigurationError as exc:
@@ -385,6 +399,7 @@ async def _run_turn(
             session_id=session_id,
             store=store,
             deps=make_deps(env, client),
+            request_key=command.request_key,
         )
     body: dict[str, Any] = {
         "session_id": session_id,

@@ -10,8 +10,8 @@ trigger makes a writer whose view is stale the other way (the session was
 deleted or shortened under it) fail too, so an append at `expected_seq` lands
 only if exactly `expected_seq` rows precede it: a compare-and-swap made of
 constraints, which is all a D1 batch (no BEGIN, no reads inside) can offer.
-The partial unique index is the last line of defence for "one result per
-tool call".
+The partial unique indexes are the last line of defence for "one result per
+tool call" and "one turn per request key".
 """
 
 from __future__ import annotations
@@ -41,11 +41,14 @@ SCHEMA: tuple[str, ...] = (
     tool_calls TEXT,
     input_tokens INTEGER,
     output_tokens INTEGER,
+    request_key TEXT,
     created_at INTEGER NOT NULL,
     UNIQUE (session_id, seq)
 )""",
     """CREATE UNIQUE INDEX IF NOT EXISTS agent_messages_one_result_per_call
     ON agent_messages (session_id, tool_call_id) WHERE role = 'tool'""",
+    """CREATE UNIQUE INDEX IF NOT EXISTS agent_messages_one_turn_per_request_key
+    ON agent_messages (session_id, request_key) WHERE request_key IS NOT NULL""",
     """CREATE INDEX IF NOT EXISTS agent_sessions_by_update
     ON agent_sessions (updated_at)""",
     """CREATE TRIGGER IF NOT EXISTS agent_messages_append_only_in_order
@@ -60,7 +63,8 @@ END""",
 
 INSERT_MESSAGE = (
     "INSERT INTO agent_messages (session_id, seq, role, content, tool_call_id, tool_name, "
-    "tool_calls, input_tokens, output_tokens, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "tool_calls, input_tokens, output_tokens, request_key, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 # Created on first write; later writes refresh it. Upsert, not read-modify-write.
@@ -72,7 +76,9 @@ UPSERT_SESSION = (
     "updated_at = excluded.updated_at"
 )
 
-MESSAGE_COLUMNS = "role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens"
+MESSAGE_COLUMNS = (
+    "role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens, request_key"
+)
 SELECT_MESSAGES = f"SELECT {MESSAGE_COLUMNS} FROM agent_messages WHERE session_id = ? ORDER BY seq"
 SESSION_COLUMNS = "id, agent_name, state, message_count, created_at, updated_at"
 SELECT_SESSION = f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE id = ?"
@@ -113,6 +119,7 @@ def message_row(
         tool_calls,
         usage.input_tokens if usage else None,
         usage.output_tokens if usage else None,
+        message.request_key,
         now_ms,
     )
 
@@ -144,7 +151,7 @@ def session_row(
 
 def row_message(row: Sequence[Any]) -> Message:
     """A Message from a SELECT_MESSAGES row (tuple, list, or D1's positional row)."""
-    role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens = row
+    role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens, key = row
     usage = None
     if input_tokens is not None or output_tokens is not None:
         usage = Usage(int(input_tokens or 0), int(output_tokens or 0))
@@ -155,6 +162,7 @@ def row_message(row: Sequence[Any]) -> Message:
         tool_call_id=tool_call_id,
         tool_name=tool_name,
         usage=usage,
+        request_key=key,
     )
 
 

@@ -19,6 +19,7 @@ class _Session:
     updated_at: int
     messages: list[Message] = field(default_factory=list)
     answered: set[str] = field(default_factory=set)  # tool_call_ids with a stored result
+    request_keys: set[str] = field(default_factory=set)
 
 
 class MemoryStore:
@@ -57,13 +58,21 @@ class MemoryStore:
         stored = len(session.messages) if session else 0
         if stored != expected_seq:
             raise SessionConflictError(session_id, expected_seq, f"{stored} messages are stored")
-        answers = [m.tool_call_id for m in messages if m.role == "tool"]
-        answered = session.answered if session else set()
-        if not answered.isdisjoint(answers) or len(set(answers)) < len(answers):
-            raise SessionConflictError(session_id, expected_seq, "a tool call already has a result")
+        # The same two uniqueness rules the SQL schema enforces with indexes.
+        for taken, new, what in (
+            (session.answered if session else set(),
+             [m.tool_call_id for m in messages if m.role == "tool"],
+             "a tool call already has a result"),
+            (session.request_keys if session else set(),
+             [m.request_key for m in messages if m.request_key is not None],
+             "a request key already started a turn"),
+        ):  # fmt: skip
+            if not taken.isdisjoint(new) or len(set(new)) < len(new):
+                raise SessionConflictError(session_id, expected_seq, what)
         if session is None:
             session = self._sessions[session_id] = _Session(agent_name, now, now)
-        session.answered.update(a for a in answers if a)
+        session.answered.update(m.tool_call_id for m in messages if m.tool_call_id)
+        session.request_keys.update(m.request_key for m in messages if m.request_key)
         session.messages.extend(messages)
         session.updated_at = now
         session.agent_name = agent_name or session.agent_name

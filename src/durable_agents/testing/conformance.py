@@ -61,7 +61,7 @@ async def unknown_session_is_empty(store: Store) -> None:
 async def round_trip_keeps_every_field(store: Store) -> None:
     call = ToolCall("toolu_01", "post", {"nested": {"list": [1, 2.5, None, True]}, "txt": "é€😀"})
     messages = [
-        Message.user("héllo 😀\nline two"),
+        Message("user", "héllo 😀\nline two", request_key="req-1"),
         Message.assistant("", [call], Usage(123, 45)),
         Message.tool_result(call, '{"error": "boom", "kind": "tool-failed"}'),
         Message.assistant("done ✓", usage=Usage(0, 7)),
@@ -136,6 +136,16 @@ async def failing_batch_writes_nothing(store: Store) -> None:
     else:
         raise AssertionError("a second result for one tool call was accepted")
     assert await store.load_messages("s") == [Message.user("go")]
+
+
+async def a_request_key_starts_one_turn_only(store: Store) -> None:
+    first = [Message("user", "go", request_key="k1"), Message.assistant("done")]
+    await store.append_messages_atomic("s", 0, first)
+    await _expect_conflict(
+        store.append_messages_atomic("s", 2, [Message("user", "go", request_key="k1")])
+    )
+    await store.append_messages_atomic("other", 0, [Message("user", "go", request_key="k1")])
+    assert await store.load_messages("s") == first
 
 
 async def oversized_row_writes_nothing(store: Store) -> None:
@@ -221,6 +231,7 @@ CHECKS: tuple[Check, ...] = (
     racing_writers_one_wins_whole,
     racing_creators_one_wins,
     failing_batch_writes_nothing,
+    a_request_key_starts_one_turn_only,
     oversized_row_writes_nothing,
     large_rows_near_the_limit_round_trip,
     sessions_are_isolated,
