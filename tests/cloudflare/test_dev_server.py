@@ -188,6 +188,32 @@ def test_quickstart_runs_offline_with_the_demo_model_and_stubs(quickstart: DevSe
     assert re.fullmatch(r"POST /sessions/demo/messages 200 \d+ms", logged)
 
 
+def test_a_retry_with_its_idempotency_key_runs_no_second_turn(quickstart: DevServer) -> None:
+    key = {"idempotency-key": "retry-test-1"}
+    replies = [
+        quickstart.request(
+            "POST",
+            "/sessions/retried/messages",
+            message("triage issue 7"),
+            token="dev-token",
+            headers=key,
+        )
+        for _ in range(2)
+    ]
+    assert [status for status, _, _ in replies] == [200, 200]
+    (_, _, first), (_, _, second) = replies
+    assert second["response"] == first["response"]
+    assert (first["steps"], second["steps"]) == (3, 0)
+    _, _, history = quickstart.request("GET", "/sessions/retried", token="dev-token")
+    users = [m for m in history["messages"] if m["role"] == "user"]
+    assert users == [{"role": "user", "content": "triage issue 7", "request_key": "retry-test-1"}]
+    status, _, reused = quickstart.request(
+        "POST", "/sessions/retried/messages", message("triage issue 8"), token="dev-token",
+        headers=key,
+    )  # fmt: skip
+    assert (status, reused["error"]["code"]) == (422, "request-key-reused")
+
+
 BAD_REQUESTS: list[tuple[str, str, bytes | None, dict[str, str], int]] = [
     # method, path, body, extra headers, expected status
     ("POST", "/sessions/bad-1/messages", b"{nope", {}, 400),
@@ -242,16 +268,20 @@ def test_requests_without_the_token_are_401_and_write_nothing(
 
 
 def _assert_only_session(server: DevServer, name: str) -> None:
-    """D1 (read by wrangler) holds rows of one session only. Run while the server is up:
-    wrangler opens the same SQLite files beside the server's workerd."""
+    """D1 (read by wrangler) holds rows of session `name` and of no session other than
+    those the module's passing tests write. Run while the server is up: wrangler opens
+    the same SQLite files beside the server's workerd."""
     session_id = durable_object_id(name)
+    allowed = {session_id, durable_object_id("retried")}
     rows = d1_query(
         "SELECT session_id, COUNT(*) AS n FROM agent_messages GROUP BY session_id",
         server.state_dir,
     )
-    assert [row["session_id"] for row in rows] == [session_id]
-    sessions = d1_query("SELECT id FROM agent_sessions", server.state_dir)
-    assert sessions == [{"id": session_id}]
+    stored = {row["session_id"] for row in rows}
+    assert session_id in stored
+    assert stored <= allowed, stored - allowed
+    sessions = {row["id"] for row in d1_query("SELECT id FROM agent_sessions", server.state_dir)}
+    assert sessions == stored
 
 
 # --- deploy tooling, offline -----------------------------------------------------
