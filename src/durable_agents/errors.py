@@ -31,10 +31,9 @@ Each error keeps its structured fields as attributes and has a stable `code`.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar
 
-if TYPE_CHECKING:
-    from .messages import Message
+from .messages import Message, tool_error
 
 
 class DurableAgentsError(Exception):
@@ -188,12 +187,7 @@ class ToolDurabilityError(DurableAgentsError):
     @classmethod
     def from_message(cls, message: Message) -> ToolDurabilityError | None:
         """The error a stored tool message carries, or None if it is not one."""
-        if message.role != "tool" or not message.content.startswith("{"):
-            return None
-        try:
-            data: Any = json.loads(message.content)
-        except ValueError:
-            return None
-        if not isinstance(data, dict) or data.get("kind") != cls.kind:
+        data = tool_error(message.content) if message.role == "tool" else None
+        if data is None or data.get("kind") != cls.kind:
             return None
         return cls(str(data.get("toolName")), str(data.get("toolCallId")), str(data.get("error")))

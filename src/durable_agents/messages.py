@@ -193,6 +193,22 @@ class LLMResponse:
     usage: Usage | None = None
 
 
+def tool_error(content: str) -> dict[str, Any] | None:
+    """The error object a tool result carries (JSON with an `error` key), or None.
+
+    Every failed call's result has this shape: the run loop's own errors
+    (`kind` says which) and the `tool-durability-error` of a lost result.
+    """
+    text = content.lstrip()
+    if not text.startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and "error" in data else None
+
+
 def encode_tool_calls(calls: Sequence[ToolCall]) -> str | None:
     """The JSON stored in the `tool_calls` column; None when there are none."""
     if not calls:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..messages import MalformedToolCall, ToolCall
+from ..messages import MalformedToolCall, ToolCall, tool_error
 
 
 def decode_arguments(name: str, raw: Any) -> tuple[dict[str, Any], str | None]:
@@ -62,16 +62,8 @@ def make_tool_call(call_id: str, name: str, raw_arguments: Any) -> ToolCall:
 
 
 def is_error_result(content: str) -> bool:
-    """True when a tool message's content is the JSON object with an `error` key
-    that the run loop writes for a failed call."""
-    text = content.lstrip()
-    if not text.startswith("{"):
-        return False
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(data, dict) and "error" in data
+    """True when a tool message's content is the `{"error": ...}` JSON of a failed call."""
+    return tool_error(content) is not None
 
 
 def token_count(value: Any) -> int:
