@@ -132,3 +132,17 @@ async def test_a_failed_commit_leaves_no_transaction_open(tmp_path: Path) -> Non
 
 def test_the_empty_path_is_a_temporary_database_not_a_durable_one() -> None:
     assert sqlite_store("").durable is False
+
+
+async def test_a_row_changed_outside_the_kit_is_a_clear_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "a.db"
+    async with sqlite_store(path) as store:
+        await store.append_messages_atomic("s", 0, [Message.assistant("x")])
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE agent_messages SET tool_calls = '{not json' WHERE session_id = 's'")
+    conn.commit()
+    conn.close()
+    async with sqlite_store(path) as store:
+        with pytest.raises(StoreError, match="message 0 of session 's'") as info:
+            await store.load_messages("s")
+    assert info.value.session_id == "s"

@@ -99,7 +99,7 @@ class D1Store:
         rows = await self._read(
             _sql.SELECT_MESSAGES, (session_id,), f"load the messages of session {session_id!r}"
         )
-        return [_sql.row_message(row) for row in rows]
+        return _sql.row_messages(session_id, rows)
 
     async def append_messages_atomic(
         self,

@@ -16,10 +16,10 @@ tool call" and "one turn per request key".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..errors import MessageTooLargeError, SessionConflictError
+from ..errors import MessageTooLargeError, SessionConflictError, StoreError
 from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls
 
 SCHEMA: tuple[str, ...] = (
@@ -164,6 +164,21 @@ def row_message(row: Sequence[Any]) -> Message:
         usage=usage,
         request_key=key,
     )
+
+
+def row_messages(session_id: str, rows: Iterable[Sequence[Any]]) -> list[Message]:
+    """The messages of SELECT_MESSAGES rows; a row that does not decode is a StoreError."""
+    messages = []
+    for seq, row in enumerate(rows):
+        try:
+            messages.append(row_message(row))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StoreError(
+                f"message {seq} of session {session_id!r} is not a valid stored message "
+                f"({type(exc).__name__}: {exc}); the database was changed outside the kit",
+                session_id=session_id,
+            ) from exc
+    return messages
 
 
 def schema_script() -> str:

@@ -59,7 +59,8 @@ class SQLiteStore:
     async def load_messages(self, session_id: str) -> list[Message]:
         # Decoded in the store's thread too: a long history should not stall the loop.
         return await self._call(
-            lambda c: [_sql.row_message(r) for r in c.execute(_sql.SELECT_MESSAGES, (session_id,))]
+            lambda c: _sql.row_messages(session_id, c.execute(_sql.SELECT_MESSAGES, (session_id,))),
+            session_id,
         )
 
     async def append_messages_atomic(
@@ -80,15 +81,19 @@ class SQLiteStore:
             conn.execute(_sql.UPSERT_SESSION, session)
 
         try:
-            await self._call(lambda conn: _transaction(conn, lambda: write(conn)))
+            await self._call(lambda conn: _transaction(conn, lambda: write(conn)), session_id)
         except sqlite3.IntegrityError as exc:
             if _sql.is_conflict(str(exc)):
                 raise SessionConflictError(session_id, expected_seq, str(exc)) from None
-            raise StoreError(f"append to session {session_id!r} failed: {exc}") from exc
+            raise StoreError(
+                f"append to session {session_id!r} failed: {exc}", session_id=session_id
+            ) from exc
         return count
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
-        row = await self._call(lambda c: c.execute(_sql.SELECT_SESSION, (session_id,)).fetchone())
+        row = await self._call(
+            lambda c: c.execute(_sql.SELECT_SESSION, (session_id,)).fetchone(), session_id
+        )
         return SessionInfo(*row) if row else None
 
     async def list_sessions(self, *, limit: int = 100, offset: int = 0) -> list[SessionInfo]:
@@ -99,7 +104,7 @@ class SQLiteStore:
         def delete(conn: sqlite3.Connection) -> bool:
             return _transaction(conn, lambda: _delete(conn, session_id))
 
-        return await self._call(delete)
+        return await self._call(delete, session_id)
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -119,7 +124,9 @@ class SQLiteStore:
 
     # -- internals ----------------------------------------------------------
 
-    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _call(
+        self, fn: Callable[[sqlite3.Connection], T], session_id: str | None = None
+    ) -> T:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="durable-agents-sqlite")
         loop = asyncio.get_running_loop()
@@ -128,7 +135,9 @@ class SQLiteStore:
         except sqlite3.IntegrityError:
             raise
         except sqlite3.Error as exc:
-            raise StoreError(f"SQLite store at {self.path!r} failed: {exc}") from exc
+            raise StoreError(
+                f"SQLite store at {self.path!r} failed: {exc}", session_id=session_id
+            ) from exc
 
     def _with_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._conn is None:
