@@ -217,6 +217,7 @@ def encode_tool_calls(calls: Sequence[ToolCall]) -> str | None:
 
 
 def decode_tool_calls(raw: str | None) -> tuple[ToolCall, ...]:
+    """The calls stored by `encode_tool_calls` (malformed ones come back as such)."""
     if not raw:
         return ()
     return tuple(ToolCall.from_dict(c) for c in json.loads(raw))

@@ -48,7 +48,14 @@ RunStatus = Literal["complete", "max_steps", "error"]
 
 
 class LLM(Protocol):
-    """Anything that can take the conversation and answer with text and tool calls."""
+    """Anything that can take the conversation and answer with text and tool calls.
+
+    Use `durable_agents.llm` (`AnthropicLLM`, `OpenAILLM` for any
+    OpenAI-compatible server, `WorkersAILLM` inside a Worker, or
+    `llm_from_env`); `testing.ScriptedLLM` in tests. `chat()` may retry inside
+    (an LLM call is safe to repeat); whatever it raises ends the run with
+    status "error".
+    """
 
     async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse: ...
 

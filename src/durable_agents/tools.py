@@ -69,9 +69,11 @@ class Tool:
 
     @property
     def spec(self) -> ToolSpec:
+        """What the LLM is told about this tool."""
         return ToolSpec(self.name, self.description, self.input_schema)
 
     def with_handler(self, handler: Handler) -> Tool:
+        """This declaration with `handler` (what `run(..., tools={name: handler})` does)."""
         return replace(self, handler=handler)
 
     def parse_arguments(self, arguments: Any) -> Any:

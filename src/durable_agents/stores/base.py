@@ -54,7 +54,9 @@ class Store(Protocol):
         """
         ...
 
-    async def get_session(self, session_id: str) -> SessionInfo | None: ...
+    async def get_session(self, session_id: str) -> SessionInfo | None:
+        """The session's summary row (no messages), or None if it was never written."""
+        ...
 
     async def list_sessions(self, *, limit: int = 100, offset: int = 0) -> list[SessionInfo]:
         """Sessions, most recently updated first."""

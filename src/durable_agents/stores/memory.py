@@ -102,6 +102,8 @@ class MemoryStore:
         )
 
 
-def memory_store(*, clock: Callable[[], float] = time.time) -> MemoryStore:
-    """An in-process, non-durable store. See `MemoryStore`."""
-    return MemoryStore(clock=clock)
+def memory_store(
+    *, clock: Callable[[], float] = time.time, max_row_bytes: int = MAX_ROW_BYTES
+) -> MemoryStore:
+    """An in-process, non-durable store (tests, stateless runs). See `MemoryStore`."""
+    return MemoryStore(clock=clock, max_row_bytes=max_row_bytes)
