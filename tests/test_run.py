@@ -97,6 +97,15 @@ def two_step_script() -> ScriptedLLM:
     )
 
 
+async def crash_after_step_one(
+    store: Store, agent: Agent, llm: ScriptedLLM, message: str, **options: Any
+) -> None:
+    """Run session "s" until the process 'dies' on write #2 of its first step."""
+    with pytest.raises(SimulatedCrash):
+        await run(agent, llm=llm, message=message, session_id="s",
+                  store=crash_after_tool_results(store), **options)  # fmt: skip
+
+
 def roles(messages: list[Message]) -> list[str]:
     return [m.role for m in messages]
 
@@ -237,14 +246,7 @@ async def test_idempotency_key_is_stable_per_call_and_distinct_across_calls(
         LLMResponse(tool_calls=[call("lookup", "x1"), call("lookup", "x2")]),
         LLMResponse(text="done"),
     )
-    with pytest.raises(SimulatedCrash):
-        await run(
-            agent,
-            llm=llm,
-            message="go",
-            session_id="s",
-            store=crash_after_tool_results(durable_store),
-        )
+    await crash_after_step_one(durable_store, agent, llm, "go")
     await run(agent, llm=llm, session_id="s", store=durable_store)
     (c1, k1, r1), (c2, k2, r2), (c3, k3, r3), (c4, k4, r4) = keys
     assert (c1, c2, c3, c4) == ("x1", "x2", "x1", "x2")
@@ -268,14 +270,7 @@ async def test_crash_after_handlers_gives_unsafe_tool_a_durability_error(
         # After resume the LLM must see the durability error and decide.
         lambda messages, tools: LLMResponse(text=f"saw: {messages[-1].content}"),
     )
-    with pytest.raises(SimulatedCrash):
-        await run(
-            agent,
-            llm=llm,
-            message="post it",
-            session_id="s",
-            store=crash_after_tool_results(durable_store),
-        )
+    await crash_after_step_one(durable_store, agent, llm, "post it")
     assert effects.count("c2") == 1
     result = await run(agent, llm=llm, session_id="s", store=durable_store)
     assert effects.count("c2") == 1  # never re-run
@@ -305,14 +300,7 @@ async def test_crash_after_handlers_reinvokes_a_safe_tool(durable_store: Store) 
     effects = Counter()
     agent = triage(effects)
     llm = steps(LLMResponse(tool_calls=[GET]), LLMResponse(text="done"))
-    with pytest.raises(SimulatedCrash):
-        await run(
-            agent,
-            llm=llm,
-            message="look",
-            session_id="s",
-            store=crash_after_tool_results(durable_store),
-        )
+    await crash_after_step_one(durable_store, agent, llm, "look")
     result = await run(agent, llm=llm, session_id="s", store=durable_store)
     assert effects.count("c1") == 2
     stored = await durable_store.load_messages("s")
@@ -330,14 +318,7 @@ async def test_orphan_of_a_tool_no_longer_declared_gets_a_durability_error(
 
     first = Agent("a", tools=[old_tool])
     llm = steps(LLMResponse(tool_calls=[call("old_tool", "o1")]))
-    with pytest.raises(SimulatedCrash):
-        await run(
-            first,
-            llm=llm,
-            message="go",
-            session_id="s",
-            store=crash_after_tool_results(durable_store),
-        )
+    await crash_after_step_one(durable_store, first, llm, "go")
     second = Agent("a")
     result = await run(
         second, llm=steps(LLMResponse(text="ok")), session_id="s", store=durable_store
@@ -738,14 +719,7 @@ async def test_a_malformed_call_orphaned_by_a_crash_is_never_run_with_empty_argu
     )
     agent = Agent("a", tools=[ping])
     llm = steps(LLMResponse(tool_calls=[broken]), LLMResponse(text="ok"))
-    with pytest.raises(SimulatedCrash):
-        await run(
-            agent,
-            llm=llm,
-            message="go",
-            session_id="s",
-            store=crash_after_tool_results(durable_store),
-        )
+    await crash_after_step_one(durable_store, agent, llm, "go")
     stored_call = (await durable_store.load_messages("s"))[1].tool_calls[0]
     assert isinstance(stored_call, MalformedToolCall)
     assert stored_call.raw_arguments == "{not json"
@@ -793,9 +767,7 @@ async def test_a_repeated_request_key_finishes_its_interrupted_turn(durable_stor
     effects = Counter()
     agent = triage(effects)
     llm = steps(LLMResponse(tool_calls=[POST]), LLMResponse(text="checked: maybe posted"))
-    with pytest.raises(SimulatedCrash):
-        await run(agent, llm=llm, message="post", session_id="s", request_key="k",
-                  store=crash_after_tool_results(durable_store))  # fmt: skip
+    await crash_after_step_one(durable_store, agent, llm, "post", request_key="k")
     retried = await run(agent, llm=llm, message="post", session_id="s", request_key="k",
                         store=durable_store)  # fmt: skip
     assert retried.response == "checked: maybe posted"
