@@ -102,9 +102,40 @@ async def test_requests_without_the_token_get_401_and_reach_no_session(
     assert recorder.commands == []
 
 
-async def test_the_bearer_scheme_is_case_insensitive() -> None:
-    reply = await call("GET", "/sessions/a", headers={"authorization": f"bearer {TOKEN}"})
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+async def test_the_bearer_scheme_is_case_insensitive(scheme: str) -> None:
+    reply = await call("GET", "/sessions/a", headers={"authorization": f"{scheme} {TOKEN}"})
     assert reply.status == 200
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        f"Bearer {TOKEN}\xa0",  # str.strip() would drop the no-break space
+        f"Bearer \xa0{TOKEN}",
+        f"Bearer {TOKEN}\u2003",
+        f"\u3000Bearer {TOKEN}",
+        f"Bearer {TOKEN} ",
+        f" Bearer {TOKEN}",
+        f"Bearer  {TOKEN}",
+        f"Bearer\t{TOKEN}",
+        f"Bearer {TOKEN}\t",
+        f"Bearer {TOKEN}\n",
+        f"Bearer\xa0{TOKEN}",
+        f"Bearer {TOKEN[:-1]}\u0275",  # a non-ASCII token of the same length
+        "Bearer t\u00f6k\u00e9n",
+        "Bearer \ud800",  # a lone surrogate: not encodable as UTF-8
+        "B\u00e9arer " + TOKEN,
+    ],
+)
+async def test_only_bearer_one_space_and_the_exact_token_is_accepted(authorization: str) -> None:
+    recorder = Recorder()
+    reply = await call("GET", "/sessions/a", headers={"authorization": authorization},
+                       dispatch=recorder)  # fmt: skip
+    assert reply.status == 401, repr(authorization)
+    assert code(reply) == "unauthorized"
+    assert reply.headers["WWW-Authenticate"].startswith("Bearer")
+    assert recorder.commands == []
 
 
 async def test_without_api_token_every_request_is_refused() -> None:

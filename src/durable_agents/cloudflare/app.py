@@ -265,10 +265,15 @@ def check_bearer(authorization: str | None, api_token: str) -> Reply | None:
         return error_reply(
             401, "unauthorized", "missing 'Authorization: Bearer <API_TOKEN>'", **challenge
         )
-    scheme, _, token = authorization.strip().partition(" ")
-    # Compared as bytes in constant time, so the reply time says nothing about the token.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        token.strip().encode(), api_token.encode()
+    # Exactly `Bearer <token>` (RFC 6750): the scheme in any case, one ASCII space, the
+    # token as sent. Nothing is stripped, so `Bearer <token>\xa0` or `Bearer  <token>` is
+    # not the token; a non-ASCII value is simply not it. Compared as bytes in constant
+    # time, so the reply time says nothing about the token.
+    scheme, _, token = authorization.partition(" ")
+    if (
+        not authorization.isascii()
+        or scheme.lower() != "bearer"
+        or not hmac.compare_digest(token.encode(), api_token.encode())
     ):
         return error_reply(401, "unauthorized", "the bearer token is not valid", **challenge)
     return None
