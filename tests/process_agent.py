@@ -211,6 +211,7 @@ async def main(args: argparse.Namespace) -> int:
                     session_id=args.session,
                     store=store,
                     tools=handlers,
+                    lease_seconds=None if args.no_lease else 30.0,
                 )
         except SessionConflictError as exc:
             outcome.update(outcome="conflict", llm_calls=llm.calls, error=str(exc))
@@ -322,6 +323,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gate-count", type=int, default=1)
     parser.add_argument("--think-ms", type=float, default=5.0)
     parser.add_argument("--handler-ms", type=float, default=4.0)
+    parser.add_argument(
+        "--no-lease", action="store_true", help="run(lease_seconds=None): race unguarded"
+    )
     args = parser.parse_args(argv)
     if (args.mode == "send") != (args.message is not None):
         parser.error("--message goes with --mode send, and only with it")

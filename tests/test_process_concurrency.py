@@ -1,6 +1,10 @@
 """Several runs of ONE session at once, on one SQLite file: real processes, then in-process.
 
-Every append is conditional on the history length its run loaded, so of
+With leases (the default) runs of one session take turns: a second run waits
+for the first instead of repairing its live calls, so every racer completes.
+Without them (`run(lease_seconds=None)`, the `--no-lease` option) the schema
+is the only guard, and the racing tests below show it is enough for safety:
+every append is conditional on the history length its run loaded, so of
 concurrent runs only one stores each write; the others get
 `SessionConflictError` with nothing of theirs stored, and only a run that
 stored a call dispatches it. What must hold, whoever wins:
@@ -218,7 +222,8 @@ def test_processes_sending_to_one_idle_session_store_one_turn(tmp_path: Path) ->
     messages = [f"turn 1 from racer {n}" for n in range(RACERS)]
     gate, count = tmp_path / "gate", str(RACERS)
     options = [
-        ["--mode", "send", "--message", text, *("--gate-dir", str(gate), "--gate-count", count)]
+        ["--mode", "send", "--message", text, "--no-lease"]
+        + ["--gate-dir", str(gate), "--gate-count", count]
         for text in messages
     ]
     with started_together(tmp_path, db, effects, options) as ends:
@@ -235,13 +240,34 @@ def test_processes_sending_to_one_idle_session_store_one_turn(tmp_path: Path) ->
     assert user.content == winners[0]["message"], "the stored turn is not the winner's"
 
 
+def test_processes_sending_to_one_session_with_leases_take_turns(tmp_path: Path) -> None:
+    db, effects = tmp_path / "agent.db", tmp_path / "effects.log"
+    before = asyncio.run(make_idle_session(db, effects, SESSION))
+    messages = [f"turn 1 from racer {n}" for n in range(RACERS)]
+    options = [["--mode", "send", "--message", text] for text in messages]
+    with started_together(tmp_path, db, effects, options) as ends:
+        outcomes = outcomes_of(ends)
+    assert [o["outcome"] for o in outcomes] == ["complete"] * RACERS, outcomes
+    history = load_history(db, SESSION)
+    log = read_effects(effects)
+    assert not durability_errors(history), format_history(history)
+    assert_at_most_once(log, UNSAFE_TOOLS)
+    assert_effects_match_history(
+        history, log, session_id=SESSION, safe_tools=SAFE_TOOLS, unsafe_tools=UNSAFE_TOOLS
+    )
+    new_turns = history[len(before) :]
+    assert sorted(m.content for m in new_turns if m.role == "user") == sorted(messages)
+    assert_well_formed(new_turns, turns=RACERS)
+
+
 # -- in one process, one store ----------------------------------------------------
 
 
 async def race(
     db: Path, effects: Path, messages: Sequence[str | None], *, gated: bool = False
 ) -> list[RunResult | BaseException]:
-    """`run()` once per message, all at once, on one session of one sqlite store."""
+    """`run()` once per message, all at once, on one session of one sqlite store,
+    without leases: the schema's conditional appends are the only guard."""
     barrier = asyncio.Barrier(len(messages))
     async with sqlite_store(db) as store:
         return await asyncio.gather(
@@ -253,6 +279,7 @@ async def race(
                     session_id=SESSION,
                     store=store,
                     tools=make_handlers(effects, HANDLER_S),
+                    lease_seconds=None,
                 )
                 for message in messages
             ),
@@ -296,11 +323,12 @@ async def test_in_process_sends_to_one_idle_session_store_one_turn(tmp_path: Pat
 
 
 async def send_during_live_step(
-    db: Path, effects: Path
+    db: Path, effects: Path, *, leases: bool
 ) -> tuple[BaseException | RunResult, RunResult, list[Message]]:
     """Run A plays turn 0; while its step-2 `post` is in flight (side effect done,
-    result not yet stored), run B sends a new message to the session. Returns
-    (A's outcome, B's result, the stored history)."""
+    result not yet stored), run B sends a new message to the session; A's post
+    answers 0.3 s later. Returns (A's outcome, B's result, the stored history)."""
+    lease_seconds = 30.0 if leases else None
     in_flight, release = asyncio.Event(), asyncio.Event()
     handlers = make_handlers(effects, 0)
 
@@ -320,9 +348,11 @@ async def send_during_live_step(
                 session_id=SESSION,
                 store=store_a,
                 tools={**handlers, "post": held_post},
+                lease_seconds=lease_seconds,
             )
         )
         await asyncio.wait_for(in_flight.wait(), 10)
+        asyncio.get_running_loop().call_later(0.3, release.set)
         b = await run(
             AGENT,
             llm=DeterministicLLM(),
@@ -330,23 +360,41 @@ async def send_during_live_step(
             session_id=SESSION,
             store=store_b,
             tools=handlers,
+            lease_seconds=lease_seconds,
         )
-        release.set()
         (a_outcome,) = await asyncio.gather(a, return_exceptions=True)
         return a_outcome, b, await store_b.load_messages(SESSION)
 
 
-async def test_send_during_a_live_step_keeps_side_effects_at_most_once(tmp_path: Path) -> None:
-    """B cannot tell A's in-flight call from a crashed one: it stores a durability
-    error for it and takes the session over; A's result write then conflicts.
-    No side effect is repeated or lost track of.
+async def test_send_during_a_live_step_waits_for_the_lease(tmp_path: Path) -> None:
+    """With leases B waits for A's turn to end, then runs its own: no conflict,
+    no durability error, both turns whole."""
+    db, effects = tmp_path / "agent.db", tmp_path / "effects.log"
+    a, b, history = await send_during_live_step(db, effects, leases=True)
+    assert isinstance(a, RunResult) and a.status == "complete", a
+    assert b.status == "complete"
+    assert not durability_errors(history), format_history(history)
+    log = read_effects(effects)
+    assert_at_most_once(log, UNSAFE_TOOLS)
+    assert_effects_match_history(
+        history, log, session_id=SESSION, safe_tools=SAFE_TOOLS, unsafe_tools=UNSAFE_TOOLS
+    )
+    assert_plays_script(assert_well_formed(history, turns=2))
+
+
+async def test_send_during_a_live_step_without_a_lease_keeps_side_effects_at_most_once(
+    tmp_path: Path,
+) -> None:
+    """Without leases, B cannot tell A's in-flight call from a crashed one: it
+    stores a durability error for it and takes the session over; A's result
+    write then conflicts. No side effect is repeated or lost track of.
 
     By design, a new message on a session whose last turn is unfinished closes
     that turn (its orphans are repaired) and starts the next one on top: the
     LLM sees the interrupted turn and the new message. Use `message=None` to
     finish a turn instead; the Durable Object serialises runs per session."""
     db, effects = tmp_path / "agent.db", tmp_path / "effects.log"
-    a, b, history = await send_during_live_step(db, effects)
+    a, b, history = await send_during_live_step(db, effects, leases=False)
     assert isinstance(a, SessionConflictError), a
     assert b.status == "complete"
     held = history[7].tool_calls[0]

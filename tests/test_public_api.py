@@ -14,14 +14,15 @@ PUBLIC = {
     "durable_agents": {
         "Agent", "tool", "Tool", "ToolContext", "run", "RunResult", "Message", "ToolCall",
         "ToolSpec", "LLMResponse", "Usage", "ToolDurabilityError", "MemoryStoreNotDurableError",
-        "SessionConflictError", "LLM", "ConfigurationError", "DurableAgentsError",
-        "MalformedToolCall", "MessageTooLargeError", "SessionInfo", "SessionNotFoundError",
+        "SessionConflictError", "SessionBusyError", "LLM", "ConfigurationError",
+        "DurableAgentsError", "MalformedToolCall", "MessageTooLargeError", "SessionInfo", "SessionNotFoundError",
         "RequestKeyReusedError",
         "Store", "StoreError",
         "idempotency_key", "pending_tool_calls",
     },
     "durable_agents.stores": {
         "memory_store", "sqlite_store", "MemoryStore", "SQLiteStore", "SessionInfo", "Store",
+        "Lease", "LeaseHolder",
     },
     "durable_agents.testing": {
         "ScriptedLLM", "SimulatedCrash", "crash_on_write", "crash_after_tool_results",
@@ -43,6 +44,7 @@ def test_every_error_has_a_stable_code_under_one_root() -> None:
         durable_agents.ConfigurationError,
         durable_agents.MemoryStoreNotDurableError,
         durable_agents.SessionConflictError,
+        durable_agents.SessionBusyError,
         durable_agents.StoreError,
         durable_agents.MessageTooLargeError,
         durable_agents.ToolDurabilityError,

@@ -6,6 +6,7 @@ import asyncio
 import json
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import BaseModel
 
@@ -478,13 +479,44 @@ async def test_handler_raising_is_a_result() -> None:
     @tool
     async def flaky(args: dict[str, Any]) -> str:
         """Fails."""
-        raise ConnectionError("upstream refused")
+        raise ValueError("upstream said no")
 
     out = await run_one_call(Agent("a", tools=[flaky]), call("flaky", "f1"))
     assert out == {
-        "error": "Tool 'flaky' failed: ConnectionError: upstream refused",
+        "error": "Tool 'flaky' failed: ValueError: upstream said no",
         "kind": "tool-failed",
     }
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ConnectionError("reset by peer"), httpx.ReadTimeout("read"), httpx.RemoteProtocolError("eof")],
+    ids=["ConnectionError", "httpx.ReadTimeout", "httpx.RemoteProtocolError"],
+)
+async def test_an_unsafe_tool_lost_in_transport_is_an_unknown_outcome(error: Exception) -> None:
+    # The request may have landed: a model told "failed" would make a new call
+    # (with a new idempotency key) and post twice. It is told what a crash tells.
+    @tool
+    async def post(args: dict[str, Any]) -> str:
+        """Posts."""
+        raise error
+
+    out = await run_one_call(Agent("a", tools=[post]), call("post", "p1"))
+    assert out["kind"] == "tool-durability-error"
+    assert (out["toolName"], out["toolCallId"]) == ("post", "p1")
+    assert "may or may not have taken effect" in out["error"]
+    assert "Do not repeat it blindly" in out["error"]
+    assert type(error).__name__ in out["error"]
+
+
+async def test_a_safe_tool_lost_in_transport_is_a_plain_failure() -> None:
+    @tool(safe_to_retry=True)
+    async def read(args: dict[str, Any]) -> str:
+        """Reads."""
+        raise httpx.ConnectError("refused")
+
+    out = await run_one_call(Agent("a", tools=[read]), call("read", "r1"))
+    assert out["kind"] == "tool-failed"
 
 
 async def test_output_failing_validation_is_a_result() -> None:
@@ -512,8 +544,8 @@ async def test_oversized_result_is_a_result_not_a_failed_write(durable_store: St
     assert "5,000 bytes" in out["error"]
 
 
-async def test_tool_timeout_is_a_result() -> None:
-    @tool(timeout=0.01)
+async def test_a_safe_tool_timing_out_is_a_timeout_result() -> None:
+    @tool(timeout=0.01, safe_to_retry=True)
     async def slow(args: dict[str, Any]) -> str:
         """Never finishes."""
         await asyncio.sleep(10)
@@ -521,10 +553,26 @@ async def test_tool_timeout_is_a_result() -> None:
 
     out = await run_one_call(Agent("a", tools=[slow]), call("slow", "s1"))
     assert out["kind"] == "tool-timeout"
+    assert "safe to retry" in out["error"]
+
+
+async def test_an_unsafe_tool_timing_out_is_an_unknown_outcome() -> None:
+    @tool(timeout=0.01)
+    async def post(args: dict[str, Any]) -> str:
+        """Hangs after sending."""
+        await asyncio.sleep(10)
+        return "late"
+
+    out = await run_one_call(Agent("a", tools=[post]), call("post", "s1"))
+    assert out["kind"] == "tool-durability-error"
+    assert "did not finish within 0.01 s" in out["error"]
+    assert ToolDurabilityError.from_message(
+        Message.tool_result(call("post", "s1"), json.dumps(out))
+    )
 
 
 async def test_a_handler_raising_timeouterror_itself_is_a_failure_not_a_timeout() -> None:
-    @tool(timeout=5)
+    @tool(timeout=5, safe_to_retry=True)
     async def own_timeout(args: dict[str, Any]) -> str:
         """Raises its own TimeoutError."""
         raise TimeoutError("socket")
@@ -588,17 +636,40 @@ async def test_sync_handlers_are_accepted() -> None:
 # -- 8. LLM failures and max_steps ------------------------------------------------------
 
 
-async def test_first_llm_call_failing_stores_nothing(durable_store: Store) -> None:
+async def test_first_llm_call_failing_keeps_the_message_for_resume(durable_store: Store) -> None:
+    writes = count_writes(durable_store)
     result = await run(
         triage(Counter()),
         llm=steps(RuntimeError("rate limited")),
         message="go",
         session_id="s",
-        store=durable_store,
+        store=writes,
+        request_key="k1",
     )
     assert result.status == "error"
     assert result.error == "RuntimeError: rate limited"
-    assert await durable_store.load_messages("s") == []
+    assert writes.appends == 1  # the message alone, on this error path only
+    assert await durable_store.load_messages("s") == [Message("user", "go", request_key="k1")]
+    # message=None finishes that turn with that message; the LLM sees it once.
+    llm = steps(LLMResponse(text="done"))
+    resumed = await run(triage(Counter()), llm=llm, session_id="s", store=durable_store)
+    assert (resumed.status, resumed.response) == ("complete", "done")
+    assert [m.content for m in llm.calls[0].messages if m.role == "user"] == ["go"]
+    # So does a retry of the request (same key): it returns that turn's reply.
+    again = await run(
+        triage(Counter()), llm=steps(), message="go", session_id="s", store=durable_store,
+        request_key="k1",
+    )  # fmt: skip
+    assert again.response == "done"
+
+
+async def test_a_later_llm_call_failing_writes_nothing_more(durable_store: Store) -> None:
+    effects: Counter = Counter()
+    writes = count_writes(durable_store)
+    llm = steps(LLMResponse(tool_calls=[call("get_issue", "g1", id="7")]), RuntimeError("down"))
+    result = await run(triage(effects), llm=llm, message="go", session_id="s", store=writes)
+    assert result.status == "error"
+    assert writes.appends == 2  # write #1 and write #2 of the step, nothing else
 
 
 async def test_llm_returning_the_wrong_type_is_an_error_status() -> None:

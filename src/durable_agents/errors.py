@@ -12,6 +12,8 @@
     │       a message over a size limit; nothing was written
     ├── SessionConflictError             "session-conflict"
     │       another writer got there first; nothing was written
+    ├── SessionBusyError                 "session-busy"
+    │       another live run holds the session's lease; nothing was written
     ├── StoreError                       "store"
     │       the store failed or is unreachable
     ├── ToolDurabilityError              "tool-durability-error"
@@ -84,6 +86,28 @@ class SessionConflictError(DurableAgentsError):
             f"session {session_id!r} changed while this run held it: expected to append at "
             f"position {expected_seq}, but another writer got there first; nothing was written. "
             f"Run again with message=None to continue from the stored history{suffix}"
+        )
+
+
+class SessionBusyError(DurableAgentsError):
+    """Another run holds the session's lease and did not let go in time.
+
+    Nothing was written and no LLM was called. The other run is alive (its
+    lease is fresh, or its process is running on this host); wait for it to
+    finish, or raise `wait_seconds`. A lease left by a dead run expires after
+    `lease_seconds` (at once when that process ran on this host).
+    """
+
+    code = "session-busy"
+
+    def __init__(self, session_id: str, owner: str, expires_at_ms: int, waited: float) -> None:
+        self.session_id = session_id
+        self.owner = owner
+        self.expires_at_ms = expires_at_ms
+        self.waited = waited
+        super().__init__(
+            f"session {session_id!r} is busy: another run ({owner}) holds its lease; waited "
+            f"{waited:.1f} s. Nothing was written; try again when that run has finished"
         )
 
 

@@ -10,6 +10,16 @@ One turn, as stored (every arrow is one atomic, conditional append):
       │                write #2: every result of the step, in call order
       └─ text only ──► final write: [user message, if not yet stored] + assistant(text)
 
+Leases. Two runs of one session at once cannot both store a step (every
+append is conditional), but the second would see the first's in-flight call
+as an orphan and repair it. So a durable run first takes the session's lease
+(one conditional write, the turn's only extra one): a second run waits for it
+(up to `wait_seconds`, then `SessionBusyError`) instead of repairing live
+calls. Every append renews the lease in its own transaction and the turn's
+last write releases it, so holding it costs no write per step. A lease left
+by a run that died expires after `lease_seconds`, at once if that process
+ran on this host, and the next run repairs as usual.
+
 Why write #1 comes before any handler: once the call is stored, a crash at any
 later point leaves an *orphan* (a stored call without a result) that the next
 run sees. An orphan of a `safe_to_retry` tool is re-invoked; any other gets a
@@ -22,13 +32,20 @@ that stored it dispatches its calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import inspect
 import json
+import os
+import socket
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal, Protocol
+
+import httpx
 
 from .agent import Agent
 from .errors import (
@@ -36,11 +53,12 @@ from .errors import (
     MemoryStoreNotDurableError,
     MessageTooLargeError,
     RequestKeyReusedError,
+    SessionBusyError,
     SessionNotFoundError,
     ToolDurabilityError,
 )
 from .messages import LLMResponse, MalformedToolCall, Message, ToolCall, ToolSpec, Usage
-from .stores.base import Store
+from .stores.base import Lease, LeaseHolder, Store
 from .stores.memory import memory_store
 from .tools import Handler, Tool, ToolArgumentsError, ToolContext
 
@@ -92,6 +110,8 @@ async def run(
     deps: Any = None,
     new_id: Callable[[], str] | None = None,
     request_key: str | None = None,
+    lease_seconds: float | None = 30.0,
+    wait_seconds: float = 30.0,
 ) -> RunResult:
     """Run one turn of `agent`, durably when given a durable `store` and a `session_id`.
 
@@ -110,6 +130,16 @@ async def run(
       if later turns followed, returns its reply. A repeated key with another
       message is a `RequestKeyReusedError`.
 
+    - Run one session from several places (processes, tasks): a durable run
+      takes the session's lease first and holds it for the turn, renewed by
+      each write; another run waits up to `wait_seconds`, then raises
+      `SessionBusyError`. A lease left by a dead run expires after
+      `lease_seconds` (at once if its process ran on this host); a step's
+      write #1 extends it by the longest `timeout` of the step's tools, so
+      give slow side-effecting tools a `timeout`. `lease_seconds=None` takes
+      no lease, for a caller that already runs one turn at a time per session
+      (the Worker's Durable Object does).
+
     `tools` supplies or overrides handlers by tool name. `deps` reaches every
     handler as `ctx.deps`. `new_id` makes session and tool call ids (default:
     random UUIDs, drawn at call time).
@@ -117,8 +147,8 @@ async def run(
     Raises, before any LLM call, `ConfigurationError` (bad agent, tools or
     arguments; `SessionNotFoundError` for `message=None` on an empty session)
     and `MessageTooLargeError` (a message over `agent.max_message_bytes`);
-    later, `SessionConflictError` (another run wrote to the session first;
-    nothing of this write landed) and `StoreError`. LLM failures do not raise:
+    later, `SessionBusyError`, `SessionConflictError` (another run wrote to
+    the session first; nothing of this write landed) and `StoreError`. LLM failures do not raise:
     they end the run with status `"error"`. Tool failures are results.
     """
     make_id = new_id or _random_id
@@ -135,13 +165,25 @@ async def run(
                 "a new session needs a message (or pass an existing session_id)"
             )
         session = _Session(agent, store, make_id(), [], bound, deps, make_id)
-    else:
-        if not store.durable:
-            raise MemoryStoreNotDurableError(session_id)
+        return await session.run(message, llm, request_key)
+    if not store.durable:
+        raise MemoryStoreNotDurableError(session_id)
+    if message is None:  # reading a finished turn back needs no lease
+        history = await store.load_messages(session_id)
+        if not history:
+            raise SessionNotFoundError(session_id)
+        if history[-1].is_final_reply:
+            session = _Session(agent, store, session_id, history, bound, deps, make_id)
+            return session.result("complete", history[-1].content, 0, Usage())
+    lease = None
+    if lease_seconds is not None:
+        lease = await _take_lease(store, session_id, _random_id(), lease_seconds, wait_seconds)
+    try:
+        # Loaded under the lease: whatever the previous holder stored is in it.
         history = await store.load_messages(session_id)
         if message is None and not history:
             raise SessionNotFoundError(session_id)
-        session = _Session(agent, store, session_id, history, bound, deps, make_id)
+        session = _Session(agent, store, session_id, history, bound, deps, make_id, lease)
         start = None if request_key is None or message is None else (
             session.find_request(request_key, message)
         )  # fmt: skip
@@ -150,7 +192,69 @@ async def run(
             if earlier is not None:
                 return earlier
             message = None  # a retry of the last turn: finish it, as message=None does
-    return await session.run(message, llm, request_key)
+        return await session.run(message, llm, request_key)
+    finally:
+        if lease is not None and not lease.released:
+            # Off the happy path (an error, a crash in this process, a lost
+            # race): the turn's last write did not release it. Best effort: a
+            # lease that stays behind expires.
+            with contextlib.suppress(Exception):
+                await store.release_lease(session_id, lease.owner)
+
+
+@dataclass(slots=True)
+class _RunLease:
+    owner: str
+    ttl_ms: int
+    released: bool = False
+
+
+async def _take_lease(
+    store: Store, session_id: str, run_id: str, lease_seconds: float, wait_seconds: float
+) -> _RunLease:
+    """Take the session's lease, waiting (bounded) while another live run holds it."""
+    if lease_seconds <= 0 or wait_seconds < 0:
+        raise ConfigurationError("lease_seconds must be > 0 and wait_seconds >= 0")
+    lease = _RunLease(f"{socket.gethostname()}/{os.getpid()}/{run_id}", int(lease_seconds * 1000))
+    started = time.monotonic()
+    delay = 0.005
+    take_from: str | None = None
+    while True:
+        holder = await store.acquire_lease(
+            session_id, lease.owner, lease.ttl_ms, take_from=take_from
+        )
+        if holder is None:
+            return lease
+        take_from = holder.owner if _died_on_this_host(holder) else None
+        if take_from is not None:
+            continue  # its process is gone: take the lease over now, not at expiry
+        waited = time.monotonic() - started
+        if waited >= wait_seconds:
+            raise SessionBusyError(session_id, holder.owner, holder.expires_at, waited)
+        await asyncio.sleep(min(delay, wait_seconds - waited))
+        delay = min(delay * 2, 0.25)
+
+
+def _died_on_this_host(holder: LeaseHolder) -> bool:
+    """Whether the lease's owner was a process on this host that no longer runs."""
+    host, _, rest = holder.owner.partition("/")
+    pid_text = rest.partition("/")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, AttributeError):  # not ours to signal, or no signals here
+        return False
+    try:  # a killed child its parent has not reaped yet is a zombie: dead
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].startswith("Z")
 
 
 def _check_user_message(agent: Agent, session_id: str | None, message: object) -> None:
@@ -228,8 +332,10 @@ class _Session:
         tools: dict[str, Tool],
         deps: Any,
         new_id: Callable[[], str],
+        lease: _RunLease | None = None,
     ) -> None:
         self.agent = agent
+        self.lease = lease
         self.store = store
         self.session_id = session_id
         self.history = history
@@ -274,23 +380,43 @@ class _Session:
                 if not isinstance(response, LLMResponse):
                     raise TypeError(f"chat() returned {type(response).__name__}, not LLMResponse")
             except Exception as exc:  # an LLM failure ends the run; the history stays consistent
+                if unstored:
+                    # The turn's first call failed for good: keep its message (one
+                    # write, on this path only), so message=None can finish the turn.
+                    await self.append(unstored, release=True)
                 return self.result("error", "", steps, usage, f"{type(exc).__name__}: {exc}")
             steps += 1
             usage += response.usage or Usage()
             calls = self.assign_ids(response.tool_calls)
             assistant = Message.assistant(response.text, calls, response.usage)
-            await self.append([*unstored, assistant])  # write #1, or the final write
+            # write #1 (the lease held through the handlers' timeouts), or the final write
+            hold = self.step_seconds(calls)
+            await self.append([*unstored, assistant], hold=hold, release=not calls)
             unstored = []
             if not calls:
                 return self.result("complete", response.text, steps, usage)
-            await self.append(await self.dispatch(calls))  # write #2
+            last = steps >= self.agent.max_steps
+            await self.append(await self.dispatch(calls), release=last)  # write #2
         return self.result("max_steps", "", steps, usage)
 
-    async def append(self, messages: list[Message]) -> None:
+    def step_seconds(self, calls: Sequence[ToolCall]) -> float:
+        """How long a step's handlers may run, as far as their tools declare it."""
+        timeouts = [t.timeout for c in calls if (t := self.tools.get(c.name)) and t.timeout]
+        return max(timeouts, default=0.0)
+
+    async def append(
+        self, messages: list[Message], *, hold: float = 0.0, release: bool = False
+    ) -> None:
+        """One atomic append, renewing the run's lease (or releasing it) in the same write."""
+        lease = None
+        if self.lease is not None:
+            lease = Lease(self.lease.owner, self.lease.ttl_ms + int(hold * 1000), release)
         await self.store.append_messages_atomic(
-            self.session_id, len(self.history), messages, agent_name=self.agent.name
+            self.session_id, len(self.history), messages, agent_name=self.agent.name, lease=lease
         )
         self.history.extend(messages)
+        if self.lease is not None and release:
+            self.lease.released = True
 
     def assign_ids(self, calls: Sequence[ToolCall]) -> list[ToolCall]:
         """Give every call an id unique in the session, so it can be matched to one result."""
@@ -342,11 +468,28 @@ class _Session:
                 async with timer:
                     value = await value
         except Exception as exc:
-            if isinstance(exc, TimeoutError) and timer.expired():
+            timed_out = isinstance(exc, TimeoutError) and timer.expired()
+            if not tool.safe_to_retry and (timed_out or _outcome_unknown(exc)):
+                # It may have acted: answer as for a call lost in a crash, so the
+                # model checks before acting again instead of making a new call.
+                what = (
+                    f"did not finish within {tool.timeout} s and was stopped"
+                    if timed_out
+                    else f"lost its connection before an answer came back ({_describe(exc)})"
+                )
+                return ToolDurabilityError(
+                    call.name,
+                    call.id,
+                    f"Tool '{call.name}' (call {call.id}) {what}, so it may or may not have "
+                    "taken effect. It was not retried because it is not declared safe_to_retry. "
+                    "Do not repeat it blindly: check whether the effect happened first, or ask "
+                    "the user.",
+                ).to_content()
+            if timed_out:
                 return _error_result(
                     "tool-timeout",
                     f"Tool {call.name!r} did not finish within {tool.timeout} s and was "
-                    "stopped; its effect may or may not have happened.",
+                    "stopped. It is safe to retry.",
                 )
             return _error_result("tool-failed", f"Tool {call.name!r} failed: {_describe(exc)}")
         try:
@@ -378,6 +521,12 @@ class _Session:
             usage=usage,
             error=error,
         )
+
+
+def _outcome_unknown(exc: BaseException) -> bool:
+    """Whether a handler's error leaves its effect unknown: a timeout or a
+    transport failure, where the request may have been received and acted on."""
+    return isinstance(exc, TimeoutError | ConnectionError | httpx.TransportError)
 
 
 def _describe(exc: Exception) -> str:

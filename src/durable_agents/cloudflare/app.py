@@ -405,6 +405,9 @@ async def _run_turn(
             store=store,
             deps=make_deps(env, client),
             request_key=command.request_key,
+            # The Durable Object runs one turn at a time per session (its lock)
+            # and is the only runner of its session: no lease, no extra D1 write.
+            lease_seconds=None,
         )
     body: dict[str, Any] = {
         "session_id": session_id,

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from ..errors import SessionConflictError, StoreError
 from ..messages import Message
 from ..stores import _sql
-from ..stores.base import SessionInfo
+from ..stores.base import Lease, LeaseHolder, SessionInfo
 
 __all__ = ["D1Binding", "D1PreparedStatement", "D1Store", "d1_store"]
 
@@ -108,6 +108,7 @@ class D1Store:
         messages: Sequence[Message],
         *,
         agent_name: str | None = None,
+        lease: Lease | None = None,
     ) -> int:
         now = self._now_ms()
         rows = _sql.append_rows(session_id, expected_seq, messages, now, self._max_row_bytes)
@@ -118,6 +119,10 @@ class D1Store:
                 *_sql.session_row(session_id, agent_name, messages, count, now)
             )
         )
+        lease_statement = _sql.lease_statement(session_id, lease, now)
+        if lease_statement is not None:
+            sql, params = lease_statement
+            statements.append(self._db.prepare(sql).bind(*params))
         try:
             await self._db.batch(statements)
         except Exception as exc:
@@ -140,6 +145,33 @@ class D1Store:
             ) from exc
         return count
 
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None
+    ) -> LeaseHolder | None:
+        params = _sql.acquire_lease_params(session_id, owner, self._now_ms(), ttl_ms, take_from)
+        try:
+            result = await self._db.prepare(_sql.ACQUIRE_LEASE).bind(*params).run()
+        except Exception as exc:
+            raise StoreError(
+                f"D1 failed to take the lease of session {session_id!r}: {_d1_message(exc)}",
+                session_id=session_id,
+            ) from exc
+        if int(result["meta"]["changes"]) == 1:
+            return None
+        rows = await self._read(_sql.SELECT_LEASE, (session_id,), "read a lease")
+        # Released between the two statements: report it as about to expire.
+        owner_now, expires_at = rows[0] if rows else ("(released)", params[3])
+        return LeaseHolder(str(owner_now), int(expires_at))
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        try:
+            await self._db.prepare(_sql.RELEASE_LEASE).bind(session_id, owner).run()
+        except Exception as exc:
+            raise StoreError(
+                f"D1 failed to release the lease of session {session_id!r}: {_d1_message(exc)}",
+                session_id=session_id,
+            ) from exc
+
     async def get_session(self, session_id: str) -> SessionInfo | None:
         rows = await self._read(_sql.SELECT_SESSION, (session_id,), f"read session {session_id!r}")
         return _session_info(rows[0]) if rows else None
@@ -153,6 +185,7 @@ class D1Store:
             results = await self._db.batch(
                 [
                     self._db.prepare(_sql.DELETE_MESSAGES).bind(session_id),
+                    self._db.prepare(_sql.DELETE_LEASE).bind(session_id),
                     self._db.prepare(_sql.DELETE_SESSION).bind(session_id),
                 ]
             )
@@ -161,7 +194,8 @@ class D1Store:
                 f"D1 failed to delete session {session_id!r}: {_d1_message(exc)}",
                 session_id=session_id,
             ) from exc
-        return any(int(result["meta"]["changes"]) > 0 for result in results)
+        deleted_messages, _, deleted_session = results
+        return any(int(r["meta"]["changes"]) > 0 for r in (deleted_messages, deleted_session))
 
     async def _read(self, sql: str, params: tuple[Any, ...], what: str) -> Sequence[Sequence[Any]]:
         try:

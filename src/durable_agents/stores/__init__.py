@@ -17,11 +17,13 @@ one session safe.
 
 from __future__ import annotations
 
-from .base import SessionInfo, Store
+from .base import Lease, LeaseHolder, SessionInfo, Store
 from .memory import MemoryStore, memory_store
 from .sqlite import SQLiteStore, sqlite_store
 
 __all__ = [
+    "Lease",
+    "LeaseHolder",
     "MemoryStore",
     "SQLiteStore",
     "SessionInfo",

@@ -1,8 +1,10 @@
 """The one SQL source shared by the SQLite store and the D1 store.
 
-`migrations/0001_init.sql` is this module's `SCHEMA` written out (a test keeps
-the two equal). Every statement uses `?` placeholders, which both sqlite3 and
-D1 accept, and binds at most 11 parameters (D1 allows 100).
+`migrations/` is this module's `MIGRATIONS` written out, one file each (a test
+keeps them equal); `SCHEMA` is all of them in order, every statement
+idempotent, which is what the SQLite store runs on open. Every statement
+uses `?` placeholders, which both sqlite3 and D1 accept, and binds at most 11
+parameters (D1 allows 100).
 
 Why the schema itself guards the history: rows are insert-only and keyed by
 (session_id, seq). The UNIQUE key makes a writer that lost a race collide; the
@@ -21,8 +23,9 @@ from typing import Any
 
 from ..errors import MessageTooLargeError, SessionConflictError, StoreError
 from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls
+from .base import Lease
 
-SCHEMA: tuple[str, ...] = (
+_INIT: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS agent_sessions (
     id TEXT PRIMARY KEY NOT NULL,
     agent_name TEXT,
@@ -61,6 +64,23 @@ BEGIN
 END""",
 )
 
+# One row per session while a run holds it (see run.py, "Leases"). A table of
+# its own: a lease is not history, and taking one must not create a session.
+_LEASES: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS agent_leases (
+    session_id TEXT PRIMARY KEY NOT NULL,
+    owner TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+)""",
+)
+
+# (file name in migrations/, statements). Append; never edit one that shipped.
+MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("0001_init.sql", _INIT),
+    ("0002_session_leases.sql", _LEASES),
+)
+SCHEMA: tuple[str, ...] = tuple(s for _, statements in MIGRATIONS for s in statements)
+
 INSERT_MESSAGE = (
     "INSERT INTO agent_messages (session_id, seq, role, content, tool_call_id, tool_name, "
     "tool_calls, input_tokens, output_tokens, request_key, created_at) "
@@ -86,6 +106,19 @@ LIST_SESSIONS = (
     f"SELECT {SESSION_COLUMNS} FROM agent_sessions ORDER BY updated_at DESC, id LIMIT ? OFFSET ?"
 )
 DELETE_MESSAGES = "DELETE FROM agent_messages WHERE session_id = ?"
+DELETE_LEASE = "DELETE FROM agent_leases WHERE session_id = ?"
+
+# Take the lease if it is free, expired, already ours, or held by `?` (an owner
+# known to be dead). One statement: changes() is 1 if taken, 0 if not.
+ACQUIRE_LEASE = (
+    "INSERT INTO agent_leases (session_id, owner, expires_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, "
+    "expires_at = excluded.expires_at WHERE agent_leases.owner = excluded.owner "
+    "OR agent_leases.expires_at <= ? OR agent_leases.owner = ?"
+)
+SELECT_LEASE = "SELECT owner, expires_at FROM agent_leases WHERE session_id = ?"
+RENEW_LEASE = "UPDATE agent_leases SET expires_at = ? WHERE session_id = ? AND owner = ?"
+RELEASE_LEASE = "DELETE FROM agent_leases WHERE session_id = ? AND owner = ?"
 DELETE_SESSION = "DELETE FROM agent_sessions WHERE id = ?"
 
 # D1 rejects rows over 2,000,000 bytes; the same bound everywhere keeps the
@@ -181,9 +214,26 @@ def row_messages(session_id: str, rows: Iterable[Sequence[Any]]) -> list[Message
     return messages
 
 
-def schema_script() -> str:
-    """SCHEMA as one SQL script, as written to migrations/0001_init.sql."""
-    return "".join(f"{statement};\n\n" for statement in SCHEMA).rstrip() + "\n"
+def schema_script(statements: Sequence[str] = SCHEMA) -> str:
+    """Statements as one SQL script, as written to a file in migrations/."""
+    return "".join(f"{statement};\n\n" for statement in statements).rstrip() + "\n"
+
+
+def acquire_lease_params(
+    session_id: str, owner: str, now_ms: int, ttl_ms: int, take_from: str | None
+) -> tuple[Any, ...]:
+    return (session_id, owner, now_ms + ttl_ms, now_ms, take_from)
+
+
+def lease_statement(
+    session_id: str, lease: Lease | None, now_ms: int
+) -> tuple[str, tuple[Any, ...]] | None:
+    """The statement an append runs for its lease: renew it, or release it."""
+    if lease is None:
+        return None
+    if lease.release:
+        return RELEASE_LEASE, (session_id, lease.owner)
+    return RENEW_LEASE, (now_ms + lease.ttl_ms, session_id, lease.owner)
 
 
 def is_conflict(error_text: str) -> bool:

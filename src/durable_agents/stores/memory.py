@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..errors import SessionConflictError
 from ..messages import Message
 from ._sql import MAX_ROW_BYTES, append_rows, session_state
-from .base import SessionInfo
+from .base import Lease, LeaseHolder, SessionInfo
 
 
 @dataclass
@@ -36,6 +36,7 @@ class MemoryStore:
         self, *, clock: Callable[[], float] = time.time, max_row_bytes: int = MAX_ROW_BYTES
     ) -> None:
         self._sessions: dict[str, _Session] = {}
+        self._leases: dict[str, LeaseHolder] = {}
         self._clock = clock
         self._max_row_bytes = max_row_bytes
 
@@ -50,6 +51,7 @@ class MemoryStore:
         messages: Sequence[Message],
         *,
         agent_name: str | None = None,
+        lease: Lease | None = None,
     ) -> int:
         now = int(self._clock() * 1000)
         # Built for their checks only (empty, position, size), as the SQL stores do.
@@ -76,7 +78,28 @@ class MemoryStore:
         session.messages.extend(messages)
         session.updated_at = now
         session.agent_name = agent_name or session.agent_name
+        held = self._leases.get(session_id)
+        if lease is not None and held is not None and held.owner == lease.owner:
+            if lease.release:
+                del self._leases[session_id]
+            else:
+                self._leases[session_id] = LeaseHolder(lease.owner, now + lease.ttl_ms)
         return len(session.messages)
+
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None
+    ) -> LeaseHolder | None:
+        now = int(self._clock() * 1000)
+        held = self._leases.get(session_id)
+        if held is None or held.owner in (owner, take_from) or held.expires_at <= now:
+            self._leases[session_id] = LeaseHolder(owner, now + ttl_ms)
+            return None
+        return held
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        held = self._leases.get(session_id)
+        if held is not None and held.owner == owner:
+            del self._leases[session_id]
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         session = self._sessions.get(session_id)
@@ -88,6 +111,7 @@ class MemoryStore:
         return infos[offset : offset + limit]
 
     async def delete_session(self, session_id: str) -> bool:
+        self._leases.pop(session_id, None)
         return self._sessions.pop(session_id, None) is not None
 
     @staticmethod

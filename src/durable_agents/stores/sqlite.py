@@ -20,7 +20,7 @@ from typing import TypeVar
 from ..errors import SessionConflictError, StoreError
 from ..messages import Message
 from . import _sql
-from .base import SessionInfo
+from .base import Lease, LeaseHolder, SessionInfo
 
 T = TypeVar("T")
 
@@ -70,15 +70,19 @@ class SQLiteStore:
         messages: Sequence[Message],
         *,
         agent_name: str | None = None,
+        lease: Lease | None = None,
     ) -> int:
         now = int(self._clock() * 1000)
         rows = _sql.append_rows(session_id, expected_seq, messages, now, self._max_row_bytes)
         count = expected_seq + len(messages)
         session = _sql.session_row(session_id, agent_name, messages, count, now)
+        lease_statement = _sql.lease_statement(session_id, lease, now)
 
         def write(conn: sqlite3.Connection) -> None:
             conn.executemany(_sql.INSERT_MESSAGE, rows)
             conn.execute(_sql.UPSERT_SESSION, session)
+            if lease_statement is not None:
+                conn.execute(*lease_statement)
 
         try:
             await self._call(lambda conn: _transaction(conn, lambda: write(conn)), session_id)
@@ -89,6 +93,25 @@ class SQLiteStore:
                 f"append to session {session_id!r} failed: {exc}", session_id=session_id
             ) from exc
         return count
+
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None
+    ) -> LeaseHolder | None:
+        params = _sql.acquire_lease_params(
+            session_id, owner, int(self._clock() * 1000), ttl_ms, take_from
+        )
+
+        def acquire(conn: sqlite3.Connection) -> LeaseHolder | None:
+            if conn.execute(_sql.ACQUIRE_LEASE, params).rowcount == 1:
+                return None
+            row = conn.execute(_sql.SELECT_LEASE, (session_id,)).fetchone()
+            # Released between the two statements: report it as expiring now.
+            return LeaseHolder(*row) if row else LeaseHolder("(released)", params[3])
+
+        return await self._call(acquire, session_id)
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        await self._call(lambda c: c.execute(_sql.RELEASE_LEASE, (session_id, owner)), session_id)
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         row = await self._call(
@@ -183,6 +206,7 @@ def _transaction(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
 
 def _delete(conn: sqlite3.Connection, session_id: str) -> bool:
     conn.execute(_sql.DELETE_MESSAGES, (session_id,))
+    conn.execute(_sql.DELETE_LEASE, (session_id,))
     return conn.execute(_sql.DELETE_SESSION, (session_id,)).rowcount > 0
 
 

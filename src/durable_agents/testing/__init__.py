@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..messages import LLMResponse, Message, ToolSpec
-from ..stores.base import SessionInfo, Store
+from ..stores.base import Lease, LeaseHolder, SessionInfo, Store
 
 Step = (
     LLMResponse
@@ -86,7 +86,8 @@ class CrashingStore:
     With `when="before"` (the default) nothing of that append lands; with
     `when="after"` it lands and then the crash happens, as when a process dies
     right after a commit returns. `crash_on=None` never crashes (see
-    `count_writes`). Every other method passes through. `appends` counts the
+    `count_writes`). Every other method passes through (taking and releasing
+    a run's lease are not appends: they are not counted). `appends` counts the
     calls made.
     """
 
@@ -114,17 +115,26 @@ class CrashingStore:
         messages: Sequence[Message],
         *,
         agent_name: str | None = None,
+        lease: Lease | None = None,
     ) -> int:
         self.appends += 1
         crash = self.appends == self.crash_on
         if crash and self.when == "before":
             raise SimulatedCrash(f"simulated crash before atomic append #{self.appends}")
         count = await self.inner.append_messages_atomic(
-            session_id, expected_seq, messages, agent_name=agent_name
+            session_id, expected_seq, messages, agent_name=agent_name, lease=lease
         )
         if crash:
             raise SimulatedCrash(f"simulated crash after atomic append #{self.appends}")
         return count
+
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None
+    ) -> LeaseHolder | None:
+        return await self.inner.acquire_lease(session_id, owner, ttl_ms, take_from=take_from)
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        await self.inner.release_lease(session_id, owner)
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         return await self.inner.get_session(session_id)

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from ..errors import MessageTooLargeError, SessionConflictError
 from ..messages import Message, ToolCall, Usage
-from ..stores.base import Store
+from ..stores.base import Lease, Store
 
 Check = Callable[[Store], Awaitable[None]]
 
@@ -222,6 +222,67 @@ async def empty_append_is_refused(store: Store) -> None:
     raise AssertionError("an empty append was accepted")
 
 
+HOUR_MS = 3_600_000
+
+
+async def a_lease_has_one_holder_until_released_expired_or_taken(store: Store) -> None:
+    assert await store.acquire_lease("s", "a", HOUR_MS) is None
+    held = await store.acquire_lease("s", "b", HOUR_MS)
+    assert held is not None and held.owner == "a", held
+    assert await store.acquire_lease("s", "a", HOUR_MS) is None  # its holder renews it
+    await store.release_lease("s", "b")  # not b's: nothing happens
+    assert (await store.acquire_lease("s", "b", HOUR_MS)) is not None
+    # A holder known to be dead is replaced at once, and only that holder.
+    assert (await store.acquire_lease("s", "b", HOUR_MS, take_from="zz")) is not None
+    assert await store.acquire_lease("s", "b", HOUR_MS, take_from="a") is None
+    await store.release_lease("s", "b")
+    assert await store.acquire_lease("s", "c", HOUR_MS) is None
+    # The store's clock moves on at every read: a 1 ms lease is over at the next call.
+    assert await store.acquire_lease("t", "a", 1) is None
+    assert await store.acquire_lease("t", "b", HOUR_MS) is None
+    # A lease is not a session.
+    assert await store.get_session("s") is None
+    assert await store.load_messages("s") == []
+    assert [i.id for i in await store.list_sessions()] == []
+
+
+async def racing_lease_takers_one_wins(store: Store) -> None:
+    results = await asyncio.gather(
+        *(store.acquire_lease("s", f"owner{i}", HOUR_MS) for i in range(6))
+    )
+    assert sum(r is None for r in results) == 1, results
+
+
+async def appends_renew_and_release_the_lease(store: Store) -> None:
+    assert await store.acquire_lease("s", "a", 5_000) is None
+    await store.append_messages_atomic("s", 0, [Message.user("go")], lease=Lease("a", HOUR_MS))
+    held = await store.acquire_lease("s", "b", HOUR_MS)
+    assert held is not None and held.owner == "a", "the append did not renew the lease"
+    # Another owner's lease in an append changes nothing.
+    await store.append_messages_atomic(
+        "s", 1, [Message.assistant("x")], lease=Lease("b", 1, release=True)
+    )
+    assert (await store.acquire_lease("s", "b", HOUR_MS)) is not None
+    await store.append_messages_atomic(
+        "s", 2, [Message.user("y")], lease=Lease("a", HOUR_MS, release=True)
+    )
+    assert await store.acquire_lease("s", "b", HOUR_MS) is None
+    # A conflicting append changes no lease either.
+    await _expect_conflict(
+        store.append_messages_atomic(
+            "s", 0, [Message.user("stale")], lease=Lease("b", HOUR_MS, release=True)
+        )
+    )
+    assert (await store.acquire_lease("s", "c", HOUR_MS)) is not None
+
+
+async def delete_removes_the_lease(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("a")])
+    assert await store.acquire_lease("s", "a", HOUR_MS) is None
+    assert await store.delete_session("s") is True
+    assert await store.acquire_lease("s", "b", HOUR_MS) is None
+
+
 CHECKS: tuple[Check, ...] = (
     unknown_session_is_empty,
     round_trip_keeps_every_field,
@@ -239,4 +300,8 @@ CHECKS: tuple[Check, ...] = (
     list_sessions_newest_first,
     delete_removes_everything,
     empty_append_is_refused,
+    a_lease_has_one_holder_until_released_expired_or_taken,
+    racing_lease_takers_one_wins,
+    appends_renew_and_release_the_lease,
+    delete_removes_the_lease,
 )

@@ -54,6 +54,7 @@ async def schema_applies_statement_by_statement(db: Any) -> None:
         ["index", "agent_messages_one_result_per_call"],
         ["index", "agent_messages_one_turn_per_request_key"],
         ["index", "agent_sessions_by_update"],
+        ["table", "agent_leases"],
         ["table", "agent_messages"],
         ["table", "agent_sessions"],
         ["trigger", "agent_messages_append_only_in_order"],
