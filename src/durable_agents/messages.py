@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import _json
+
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 
@@ -186,11 +188,33 @@ class ToolSpec:
 
 @dataclass(frozen=True, slots=True)
 class LLMResponse:
-    """One LLM reply: text, the tool calls it requests (maybe none), and usage."""
+    """One LLM reply: text, the tool calls it requests (maybe none), and usage.
+
+    A call whose arguments nest deeper than `_json.MAX_DEPTH` (128) levels
+    becomes a `MalformedToolCall`: it is answered `invalid-arguments` and
+    never stored or run as it is (encoding it could overflow the stack).
+    """
 
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage | None = None
+
+    def __post_init__(self) -> None:
+        calls, refused = list(self.tool_calls), False
+        for index, call in enumerate(calls):
+            if isinstance(call, MalformedToolCall):
+                continue
+            try:
+                _json.check_depth(call.arguments)
+            except ValueError as exc:
+                error = (
+                    f"The arguments for tool {call.name!r} were refused ({exc}), so the tool "
+                    "was not run. Call it again with flatter arguments."
+                )
+                calls[index] = MalformedToolCall(call.id, call.name, {}, arguments_error=error)
+                refused = True
+        if refused:  # (never compare the calls: == on a too-deep value recurses)
+            object.__setattr__(self, "tool_calls", calls)
 
 
 def tool_error(content: str) -> dict[str, Any] | None:
@@ -203,8 +227,8 @@ def tool_error(content: str) -> dict[str, Any] | None:
     if not text.startswith("{"):
         return None
     try:
-        data = json.loads(text)
-    except ValueError:
+        data = _json.loads(text)
+    except ValueError:  # not JSON, or nested too deep to parse
         return None
     return data if isinstance(data, dict) and "error" in data else None
 
@@ -217,7 +241,11 @@ def encode_tool_calls(calls: Sequence[ToolCall]) -> str | None:
 
 
 def decode_tool_calls(raw: str | None) -> tuple[ToolCall, ...]:
-    """The calls stored by `encode_tool_calls` (malformed ones come back as such)."""
+    """The calls stored by `encode_tool_calls` (malformed ones come back as such).
+
+    ValueError for a column that is not such JSON, or nests deeper than the kit
+    ever stores (`_json.STORED_MAX_DEPTH`).
+    """
     if not raw:
         return ()
-    return tuple(ToolCall.from_dict(c) for c in json.loads(raw))
+    return tuple(ToolCall.from_dict(c) for c in _json.loads(raw, max_depth=_json.STORED_MAX_DEPTH))

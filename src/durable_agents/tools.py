@@ -24,6 +24,7 @@ from typing import Any, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from . import _json
 from .errors import ConfigurationError
 from .messages import ToolSpec
 
@@ -93,21 +94,29 @@ class Tool:
         return arguments
 
     def encode_result(self, value: Any) -> str:
-        """The stored result text. Raises ValueError if the value breaks the output schema."""
+        """The stored result text. Raises ValueError if the value breaks the output schema,
+        is not JSON, or nests deeper than `_json.MAX_DEPTH` (128) levels (JSON text
+        included): such a result could not be read back, and on Pyodide even
+        encoding it overflows the stack."""
+        _json.check_depth(value)
         if self.output is not None:
             try:
                 checked = self.output.validate_python(value)
             except ValidationError as exc:
                 raise ValueError(_summarise(exc)) from None
-            return self.output.dump_json(checked).decode()
-        if isinstance(value, str):
-            return value
-        if isinstance(value, BaseModel):
-            return value.model_dump_json()
-        try:
-            return json.dumps(value, ensure_ascii=False)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"the handler returned a value that is not JSON: {exc}") from None
+            content = self.output.dump_json(checked).decode()
+        elif isinstance(value, str):
+            content = value
+        elif isinstance(value, BaseModel):
+            content = value.model_dump_json()
+        else:
+            try:
+                content = json.dumps(value, ensure_ascii=False)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"the handler returned a value that is not JSON: {exc}") from None
+        if content.lstrip().startswith(("[", "{")):
+            _json.check_text_depth(content)  # a model's fields, or a str of JSON
+        return content
 
 
 @overload

@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 import httpx
 
+from .. import _json
 from ..agent import Agent
 from ..errors import (
     ConfigurationError,
@@ -124,7 +125,7 @@ class Command:
     @classmethod
     def from_json(cls, text: str) -> Command:
         """Parse the Worker's command; ValueError if it is not one."""
-        data = json.loads(text)
+        data = _json.loads(text)
         if not isinstance(data, dict):
             raise ValueError("a command is a JSON object")
         action, message, key = data.get("action"), data.get("message"), data.get("request_key")
@@ -298,7 +299,14 @@ async def _read_json(
             return error_reply(400, "invalid-json", 'the body is empty; send {"message": "..."}')
         return {}
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = _json.loads(raw.decode("utf-8"))
+    except _json.JSONTooDeepError:
+        return error_reply(
+            400,
+            "invalid-json",
+            f"the body nests arrays and objects deeper than {_json.MAX_DEPTH} levels; "
+            'send {"message": "..."}',
+        )
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return error_reply(400, "invalid-json", f"the body is not valid JSON: {exc}"[:300])
     if not isinstance(data, dict):

@@ -9,6 +9,8 @@ from typing import Any, Self
 
 import httpx
 
+from .. import _json
+from .._http_json import refuse_deep_json
 from ..errors import ConfigurationError
 from ._retry import RetryPolicy, attempt_timeout, call_with_retries, parse_retry_after
 from .errors import (
@@ -47,12 +49,17 @@ def default_client(timeout: float) -> httpx.AsyncClient:
 
     Under Pyodide (Cloudflare Python Workers) httpx's own transports cannot
     open sockets, so requests go through the Workers `fetch` API instead.
+    The Worker hands the same kind of client to the tools. Its responses
+    whose JSON nests deeper than 128 levels raise `httpx.DecodingError` when
+    read, before anything parses them (on Pyodide, parsing them would crash
+    the runtime; see `durable_agents._http_json`).
     """
+    hooks = {"response": [refuse_deep_json]}
     if sys.platform == "emscripten":
         from ..cloudflare.fetch_transport import FetchTransport
 
-        return httpx.AsyncClient(timeout=timeout, transport=FetchTransport())
-    return httpx.AsyncClient(timeout=timeout)
+        return httpx.AsyncClient(timeout=timeout, transport=FetchTransport(), event_hooks=hooks)
+    return httpx.AsyncClient(timeout=timeout, event_hooks=hooks)
 
 
 class HTTPPoster:
@@ -122,6 +129,12 @@ class HTTPPoster:
                     "raise timeout= for long generations",
                     provider=self.provider,
                 ) from exc
+            except httpx.DecodingError as exc:  # e.g. JSON nested too deep (the client's hook)
+                raise LLMResponseError(
+                    f"{self.provider} answered with a body that cannot be read from {url}: "
+                    f"{self.scrub(str(exc))}",
+                    provider=self.provider,
+                ) from exc
             except httpx.TransportError as exc:
                 raise LLMConnectionError(
                     f"could not reach {self.provider} at {url}: "
@@ -133,7 +146,14 @@ class HTTPPoster:
             if response.status_code >= 400:
                 raise self.http_error(response, text)
             try:
-                return json.loads(text)
+                return _json.loads(text)
+            except _json.JSONTooDeepError as exc:
+                raise LLMResponseError(
+                    f"{self.provider} answered HTTP {response.status_code} with {exc} from "
+                    f"{url}; refused before parsing",
+                    provider=self.provider,
+                    body=text,
+                ) from None
             except ValueError:
                 raise LLMResponseError(
                     f"{self.provider} answered HTTP {response.status_code} with something that "

@@ -14,6 +14,7 @@ import json
 import re
 from typing import Any
 
+from .. import _json
 from ..messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
 
 # "#ABC-1", "issue 42", or else the first number in the message.
@@ -89,8 +90,8 @@ def _issue_id(text: str) -> str | None:
 
 def _parse(content: str) -> dict[str, Any]:
     try:
-        data = json.loads(content)
-    except ValueError:
+        data = _json.loads(content)
+    except ValueError:  # not JSON, or nested too deep to parse
         return {"text": content}
     return data if isinstance(data, dict) else {"value": data}
 

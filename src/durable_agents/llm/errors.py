@@ -23,9 +23,9 @@ scrubbed of it before they are kept.
 
 from __future__ import annotations
 
-import json
 from typing import ClassVar
 
+from .. import _json
 from ..errors import DurableAgentsError
 
 _BODY_LIMIT = 2000
@@ -157,8 +157,8 @@ class LLMResponseError(LLMError):
 def provider_message(text: str) -> str:
     """The human part of an error body: `error.message` (and its code) for the usual JSON."""
     try:
-        data = json.loads(text)
-    except ValueError:
+        data = _json.loads(text)
+    except ValueError:  # not JSON, or nested too deep to parse
         return text.strip()
     if isinstance(data, dict):
         error = data.get("error", data.get("detail"))

@@ -6,7 +6,8 @@ run, and it must not run a side-effecting tool with guessed arguments. So the
 adapter returns a `MalformedToolCall` (defined with the other message types):
 a `ToolCall` with `arguments == {}` that also carries `raw_arguments` and
 `arguments_error`. The run loop answers it with an error result built from
-`arguments_error` and never calls the handler.
+`arguments_error` and never calls the handler. Arguments nested deeper than
+`_json.MAX_DEPTH` (128) levels are refused the same way, before parsing.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .. import _json
 from ..messages import MalformedToolCall, ToolCall, tool_error
 
 
@@ -26,12 +28,18 @@ def decode_arguments(name: str, raw: Any) -> tuple[dict[str, Any], str | None]:
     if raw is None:
         return {}, None
     if isinstance(raw, dict):
+        try:
+            _json.check_depth(raw)
+        except ValueError as exc:
+            return {}, _too_deep(name, exc)
         return raw, None
     if isinstance(raw, str):
         if not raw.strip():
             return {}, None
         try:
-            value = json.loads(raw)
+            value = _json.loads(raw)
+        except _json.JSONTooDeepError as exc:
+            return {}, _too_deep(name, exc)
         except ValueError as exc:
             return {}, (
                 f"The arguments for tool {name!r} were not valid JSON ({exc}), so the tool was "
@@ -50,14 +58,26 @@ def decode_arguments(name: str, raw: Any) -> tuple[dict[str, Any], str | None]:
     )
 
 
+def _too_deep(name: str, exc: ValueError) -> str:
+    return (
+        f"The arguments for tool {name!r} were refused ({exc}), so the tool was not run. "
+        "Call it again with flatter arguments."
+    )
+
+
 def make_tool_call(call_id: str, name: str, raw_arguments: Any) -> ToolCall:
     """A `ToolCall`, or a `MalformedToolCall` when `raw_arguments` is not an object."""
     arguments, error = decode_arguments(name, raw_arguments)
     if error is None:
         return ToolCall(call_id, name, arguments)
-    raw = (
-        raw_arguments if isinstance(raw_arguments, str) else json.dumps(raw_arguments, default=str)
-    )
+    if isinstance(raw_arguments, str):
+        raw = raw_arguments
+    else:
+        try:
+            _json.check_depth(raw_arguments)
+            raw = json.dumps(raw_arguments, default=str)
+        except ValueError:  # too deep to encode (or a cycle): keep no copy
+            raw = ""
     return MalformedToolCall(call_id, name, {}, raw_arguments=raw, arguments_error=error)
 
 

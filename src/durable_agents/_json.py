@@ -1,0 +1,217 @@
+"""JSON from outside, with a nesting limit checked before it is parsed.
+
+Pyodide (Cloudflare Python Workers) runs CPython's C JSON parser and encoder
+on a JS stack that a few thousand levels of `[[[[...` overflow. That is not a
+`RecursionError`: it is a JS `RangeError` that leaves the interpreter dead
+(`Pyodide already fatally failed`), and with it every session of the Worker.
+On CPython the same input raises `RecursionError`, which is not a
+`ValueError`, so a `except ValueError` meant for bad JSON lets it through.
+
+So every parse of JSON the kit did not write itself goes through `loads`,
+which refuses text nested deeper than `max_depth` (arrays and objects; 128
+by default) before `json.loads` sees it, with `JSONTooDeepError`: a
+`json.JSONDecodeError`, so code that already treats bad JSON as bad JSON
+needs no change. `check_depth` does the same for Python values about to be
+encoded (what a tool handler returns).
+
+Speed: text with at most `max_depth` brackets in all cannot be too deep, and
+two `str.count` calls say so at C speed. Only other text is scanned, once,
+iteratively, skipping string literals; nothing here recurses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+__all__ = [
+    "MAX_DEPTH",
+    "STORED_MAX_DEPTH",
+    "DepthScanner",
+    "JSONTooDeepError",
+    "check_depth",
+    "check_text_depth",
+    "loads",
+]
+
+MAX_DEPTH = 128
+"""How deep JSON from outside may nest: request bodies, LLM replies and tool
+arguments, tool results, upstream responses. Real payloads stay far below."""
+
+STORED_MAX_DEPTH = MAX_DEPTH + 8
+"""The limit for the kit's own stored rows: a stored `tool_calls` column wraps
+arguments (up to MAX_DEPTH deep) in a list of objects, so anything accepted
+can always be read back."""
+
+_STRING_BODY = r'[^"\\]*(?:\\.[^"\\]*)*'  # the inside of a string literal, escapes included
+_TOKEN = rf'(?P<string>"{_STRING_BODY}")|(?P<open>[\[{{])|(?P<close>[\]}}])|(?P<quote>")'
+
+
+class _Syntax:
+    """The patterns for one text type (str or bytes)."""
+
+    def __init__(self, kind: type) -> None:
+        def compile_(pattern: str) -> Any:
+            return re.compile(pattern if kind is str else pattern.encode(), re.S)
+
+        self.tokens = compile_(_TOKEN)
+        self.string_rest = compile_(_STRING_BODY)
+        self.strings = compile_(f'"{_STRING_BODY}"')
+        self.not_brackets = compile_(r"[^\[\]{}]+")
+        self.quote: Any = '"' if kind is str else b'"'
+        self.backslash: Any = "\\" if kind is str else b"\\"
+        self.opens: frozenset[Any] = frozenset("[{" if kind is str else b"[{")
+
+
+_SYNTAX = {str: _Syntax(str), bytes: _Syntax(bytes)}
+
+
+class JSONTooDeepError(json.JSONDecodeError):
+    """JSON nested deeper than the limit; refused before parsing. A `ValueError`."""
+
+    def __init__(self, max_depth: int, doc: str = "", pos: int = 0) -> None:
+        self.max_depth = max_depth
+        super().__init__(f"JSON nested deeper than {max_depth} levels", doc, pos)
+
+
+class DepthScanner:
+    """Tracks the nesting depth of JSON text fed to it in pieces (str or bytes).
+
+    `feed` raises `JSONTooDeepError` as soon as an array or object opens
+    deeper than `max_depth`. A piece may end anywhere, inside a string or
+    just after a backslash. Closing brackets never take the depth below 0, so
+    text that closes more than it opened cannot hide a deep part after it.
+    The scan only tracks brackets and string literals: it does not validate.
+    """
+
+    def __init__(self, max_depth: int = MAX_DEPTH) -> None:
+        self.max_depth = max_depth
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False  # in a string, right after a backslash
+        self.offset = 0  # characters (or bytes) fed before this piece
+
+    def feed(self, piece: str | bytes) -> None:
+        syntax = _SYNTAX[type(piece)]
+        before = (self.depth, self.in_string, self.escaped)
+        if not self._walk(piece, syntax):
+            # Too deep. Scan again, token by token, to say where.
+            self.depth, self.in_string, self.escaped = before
+            self._scan(piece, syntax)
+            raise JSONTooDeepError(self.max_depth, "", self.offset)  # (_scan raised already)
+        self.offset += len(piece)
+
+    def _walk(self, piece: Any, syntax: _Syntax) -> bool:
+        """Feed `piece`; False if it goes too deep. Regexes do the work, at C speed:
+        string literals are cut out, then only the brackets are walked."""
+        pos = self._finish_string(piece, 0, syntax)
+        if pos >= len(piece):
+            return True
+        rest = syntax.strings.sub(piece[:0], piece[pos:])
+        quote = rest.find(syntax.quote)
+        if quote >= 0:
+            # A string left open at the end of the piece (no quote after it
+            # can close anything, so nothing past this one was cut out).
+            tail = rest[quote + 1 :]
+            self.in_string = True
+            self.escaped = (len(tail) - len(tail.rstrip(syntax.backslash))) % 2 == 1
+            rest = rest[:quote]
+        depth, limit, opens = self.depth, self.max_depth, syntax.opens
+        for char in syntax.not_brackets.sub(piece[:0], rest):
+            if char in opens:
+                depth += 1
+                if depth > limit:
+                    return False
+            elif depth:
+                depth -= 1
+        self.depth = depth
+        return True
+
+    def _scan(self, piece: Any, syntax: _Syntax) -> None:
+        """Feed `piece` token by token, raising `JSONTooDeepError` with its position."""
+        pos, end = 0, len(piece)
+        while pos < end:
+            if self.in_string:
+                pos = self._finish_string(piece, pos, syntax)
+                continue
+            token = syntax.tokens.search(piece, pos)
+            if token is None:
+                return
+            pos = token.end()
+            if token.lastgroup == "open":
+                self.depth += 1
+                if self.depth > self.max_depth:
+                    doc = piece if isinstance(piece, str) else ""
+                    raise JSONTooDeepError(self.max_depth, doc, self.offset + token.start())
+            elif token.lastgroup == "close":
+                self.depth = max(0, self.depth - 1)
+            elif token.lastgroup == "quote":  # a string that goes on past this piece
+                self.in_string = True
+
+    def _finish_string(self, piece: Any, pos: int, syntax: _Syntax) -> int:
+        """Where the string left open by an earlier piece ends in `piece` (past its
+        closing quote), or the end of `piece` if it goes on."""
+        if not self.in_string:
+            return pos
+        if self.escaped:
+            if pos >= len(piece):
+                return pos
+            self.escaped = False
+            pos += 1
+        pos = syntax.string_rest.match(piece, pos).end()
+        if pos < len(piece):  # a closing quote, or a backslash that ends the piece
+            if piece[pos : pos + 1] == syntax.quote:
+                self.in_string = False
+            else:
+                self.escaped = True
+            pos += 1
+        return pos
+
+
+def check_text_depth(text: str | bytes, max_depth: int = MAX_DEPTH) -> None:
+    """Raise `JSONTooDeepError` if the JSON `text` nests deeper than `max_depth`."""
+    if isinstance(text, str):
+        opens = text.count("[") + text.count("{")
+    else:
+        opens = text.count(b"[") + text.count(b"{")
+    if opens <= max_depth:  # cannot be deeper than it has brackets
+        return
+    DepthScanner(max_depth).feed(text)
+
+
+def loads(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
+    """`json.loads(text)`, refusing text nested deeper than `max_depth` first.
+
+    Raises `JSONTooDeepError` (a `json.JSONDecodeError`) for too-deep text,
+    and whatever `json.loads` raises for text that is not JSON (all
+    `ValueError`s). Bytes are decoded as `json.loads` would (UTF-8/16/32).
+    """
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")
+    check_text_depth(text, max_depth)
+    return json.loads(text)
+
+
+def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
+    """Raise ValueError if `value` nests dicts, lists and tuples deeper than `max_depth`.
+
+    For a value about to be encoded: `json.dumps` of a too-deep value
+    overflows the stack on Pyodide as `json.loads` does. Iterative; a cycle
+    counts as too deep.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth > max_depth:
+            raise ValueError(f"the value is nested deeper than {max_depth} levels")
+        stack.extend((child, depth + 1) for child in children if isinstance(child, _CONTAINERS))
+
+
+_CONTAINERS = (dict, list, tuple)
