@@ -2,7 +2,10 @@
 //
 //   node runtime/dev-server.mjs [--port 8787] [--ip 127.0.0.1] [--persist-to .wrangler/state]
 //                               [--config wrangler.toml] [--dev-vars .dev.vars]
+//                               [--request-timeout 30]
 //   (or scripts/dev / npm run dev, which set the runtime up first)
+//   --request-timeout SECONDS (or DEV_REQUEST_TIMEOUT): for a request's headers, then
+//   for its body; a request that takes longer gets a 408 and its connection is closed
 //
 // What `wrangler dev` would do for a Python Worker if it could run offline:
 // - reads wrangler.toml: `main`, `[vars]`, the D1 databases and Durable
@@ -17,7 +20,15 @@
 //   same `--persist-to`) see the same data; on start, wrangler itself applies
 //   the migrations (while Pyodide loads);
 // - one log line per request; survives SIGKILL: everything durable is in D1,
-//   and a workerd left behind by a killed server is stopped on the next start.
+//   and a workerd left behind by a killed server is stopped on the next start;
+// - forwards every request the Worker can be given, and answers the others
+//   itself, in the Worker's error shape `{"error": {"code", "message"}}`, with
+//   nothing forwarded: TRACE and CONNECT (405: fetch cannot carry them), a
+//   target that is not a path (`OPTIONS *`, `http://host/...`, `host:port`),
+//   a method Node does not parse, or a malformed request (400), headers over
+//   Node's 16 KiB (431), a declared Content-Length over 100 MiB (413,
+//   before reading the body), headers or a body that do not arrive within
+//   --request-timeout (408). The connection of a refused request is closed.
 
 import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
@@ -41,11 +52,30 @@ const KIT_SETTINGS = [
   "SLACK_WEBHOOK_URL",
 ];
 const MAX_REQUEST_BYTES = 100 * 1024 * 1024; // Cloudflare's request body limit (free plan)
+const DEFAULT_REQUEST_TIMEOUT_S = 30;
+// fetch's forbidden methods: `new Request` throws for them, so no Worker can be given one.
+const UNFORWARDABLE_METHODS = new Set(["CONNECT", "TRACE", "TRACK"]);
+// The Allow of the dev server's own 405: the methods it forwards (the Worker answers for its routes).
+const FORWARDED_METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
 const HOP_BY_HOP = new Set(["connection", "keep-alive", "transfer-encoding", "upgrade", "expect"]);
 
 function parseArgs(argv) {
-  const options = { port: 8787, ip: "127.0.0.1", persistTo: null, config: "wrangler.toml", devVars: ".dev.vars" };
-  const names = { "--port": "port", "--ip": "ip", "--persist-to": "persistTo", "--config": "config", "--dev-vars": "devVars" };
+  const options = {
+    port: 8787,
+    ip: "127.0.0.1",
+    persistTo: null,
+    config: "wrangler.toml",
+    devVars: ".dev.vars",
+    requestTimeout: process.env.DEV_REQUEST_TIMEOUT || String(DEFAULT_REQUEST_TIMEOUT_S),
+  };
+  const names = {
+    "--port": "port",
+    "--ip": "ip",
+    "--persist-to": "persistTo",
+    "--config": "config",
+    "--dev-vars": "devVars",
+    "--request-timeout": "requestTimeout",
+  };
   for (let i = 0; i < argv.length; i++) {
     const [flag, inline] = argv[i].split(/=(.*)/s, 2);
     if (flag === "--help" || flag === "-h") {
@@ -59,6 +89,9 @@ function parseArgs(argv) {
   }
   options.port = Number(options.port);
   if (!Number.isInteger(options.port) || options.port < 0 || options.port > 65535) fail(`--port must be 0-65535`);
+  const timeout = Number(options.requestTimeout);
+  if (!(timeout > 0 && timeout <= 3600)) fail(`--request-timeout (DEV_REQUEST_TIMEOUT) must be over 0 and at most 3600 (seconds), got ${JSON.stringify(options.requestTimeout)}`);
+  options.requestTimeoutMs = Math.round(timeout * 1000);
   options.config = path.resolve(PROJECT_DIR, options.config);
   options.persistTo = path.resolve(PROJECT_DIR, options.persistTo ?? path.join(".wrangler", "state"));
   return options;
@@ -216,35 +249,120 @@ function devStub(request, body) {
 
 // --- HTTP ---
 
-async function readBody(request) {
-  const chunks = [];
-  let size = 0;
-  for await (const chunk of request) {
-    size += chunk.length;
-    if (size > MAX_REQUEST_BYTES) return null;
-    chunks.push(chunk);
+// The body, within `timeoutMs` of the headers and MAX_REQUEST_BYTES: { body }, or
+// { tooLarge }, { timedOut }, { aborted } (the client went away, or sent garbage).
+function readBody(request, timeoutMs) {
+  return new Promise((resolve) => {
+    const chunks = [];
+    let size = 0;
+    let settled = false;
+    const settle = (result) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      request.off("data", onData).off("end", onEnd).off("close", onClose);
+      resolve(result);
+    };
+    const onData = (chunk) => {
+      size += chunk.length;
+      if (size > MAX_REQUEST_BYTES) settle({ tooLarge: true });
+      else chunks.push(chunk);
+    };
+    const onEnd = () => settle({ body: Buffer.concat(chunks) });
+    const onClose = () => settle(request.complete ? { body: Buffer.concat(chunks) } : { aborted: true });
+    const timer = setTimeout(() => settle({ timedOut: true }), timeoutMs);
+    request.on("data", onData).on("end", onEnd).on("close", onClose);
+  });
+}
+
+function errorJson(code, message) {
+  return JSON.stringify({ error: { code, message } });
+}
+
+function sendJson(response, status, body, headers = {}) {
+  const payload = typeof body === "string" ? body : JSON.stringify(body);
+  response
+    .writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(payload), ...headers })
+    .end(payload);
+}
+
+// An error answer for a request the dev server refuses: `connection: close` (Node then
+// closes the socket once it is written), so no unread body is taken for the next request.
+function sendError(response, status, code, message, headers = {}) {
+  sendJson(response, status, errorJson(code, message), { ...headers, connection: "close" });
+}
+
+// The same on a bare socket (CONNECT, and requests Node's parser refused), then closed.
+function writeError(socket, status, code, message, headers = {}) {
+  const payload = errorJson(code, message);
+  const head = [
+    `HTTP/1.1 ${status} ${http.STATUS_CODES[status]}`,
+    "content-type: application/json",
+    `content-length: ${Buffer.byteLength(payload)}`,
+    ...Object.entries(headers).map(([name, value]) => `${name}: ${value}`),
+    "connection: close",
+  ];
+  socket.end(`${head.join("\r\n")}\r\n\r\n${payload}`, () => socket.destroy());
+}
+
+// What the dev server answers itself, before reading any of the body: [status, code, message, headers].
+function refusal(request) {
+  if (UNFORWARDABLE_METHODS.has(request.method)) {
+    const message = `the dev server does not forward ${request.method} requests (fetch cannot carry them to a Worker)`;
+    return [405, "method-not-allowed", message, { allow: FORWARDED_METHODS }];
   }
-  return Buffer.concat(chunks);
+  if (!request.url.startsWith("/")) {
+    const target = JSON.stringify(request.url.slice(0, 200));
+    return [400, "invalid-request", `the request target must be a path starting with "/", got ${target}`];
+  }
+  const declared = request.headers["content-length"];
+  if (declared !== undefined && Number(declared) > MAX_REQUEST_BYTES) {
+    return [413, "body-too-large", `the declared Content-Length ${declared} is over 100 MiB`];
+  }
+  return null;
 }
 
-function sendJson(response, status, body) {
-  response.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(body));
+// Node's answer to a request its parser refused, or to headers that came too slowly; null: just close.
+function clientErrorAnswer(error, timeoutMs) {
+  if (error.code === "ERR_HTTP_REQUEST_TIMEOUT") {
+    return [408, "request-timeout", `the request headers did not arrive within ${timeoutMs / 1000} s`];
+  }
+  if (error.code === "HPE_HEADER_OVERFLOW") return [431, "headers-too-large", "the request headers are too large"];
+  if (String(error.code).startsWith("HPE_")) {
+    return [400, "invalid-request", `malformed HTTP request: ${error.reason ?? error.message}`];
+  }
+  return null;
 }
 
-async function serve(worker, request, response, { origin, stubs }) {
-  const body = await readBody(request);
-  if (body === null) return sendJson(response, 413, { error: { code: "body-too-large", message: "over 100 MiB" } });
+async function serve(whenReady, request, response, { origin, stubs, requestTimeoutMs, expectsContinue }) {
+  const refused = refusal(request);
+  if (refused) return sendError(response, ...refused);
+  if (expectsContinue.has(request)) response.writeContinue();
+  const read = await readBody(request, requestTimeoutMs);
+  if (read.aborted) return;
+  if (read.timedOut) {
+    const message = `the request body did not arrive within ${requestTimeoutMs / 1000} s`;
+    return sendError(response, 408, "request-timeout", message);
+  }
+  if (read.tooLarge) return sendError(response, 413, "body-too-large", "the body is over 100 MiB");
+  const body = read.body;
   if (stubs && request.url.startsWith("/__dev/")) {
     const answer = devStub(request, body);
     if (answer) return sendJson(response, ...answer);
   }
-  const headers = new Headers();
-  for (let i = 0; i < request.rawHeaders.length; i += 2) {
-    const name = request.rawHeaders[i];
-    if (!HOP_BY_HOP.has(name.toLowerCase())) headers.append(name, request.rawHeaders[i + 1]);
+  let jsRequest;
+  try {
+    const headers = new Headers();
+    for (let i = 0; i < request.rawHeaders.length; i += 2) {
+      const name = request.rawHeaders[i];
+      if (!HOP_BY_HOP.has(name.toLowerCase())) headers.append(name, request.rawHeaders[i + 1]);
+    }
+    const hasBody = !["GET", "HEAD"].includes(request.method);
+    jsRequest = new Request(origin + request.url, { method: request.method, headers, body: hasBody ? body : undefined });
+  } catch (error) {
+    return sendError(response, 400, "invalid-request", `the request cannot be given to the Worker: ${error?.message ?? error}`);
   }
-  const hasBody = !["GET", "HEAD"].includes(request.method);
-  const jsRequest = new Request(origin + request.url, { method: request.method, headers, body: hasBody ? body : undefined });
+  const worker = await whenReady;
   let jsResponse;
   try {
     jsResponse = await worker.fetch(jsRequest);
@@ -269,22 +387,59 @@ async function main() {
   await claimStateDir(lockFile);
 
   // Listen first: a busy port fails in milliseconds, and --port 0 gets its number before the Worker's env is set.
-  const serverState = { origin: "", stubs: false };
+  const timeoutMs = options.requestTimeoutMs;
+  const serverState = { origin: "", stubs: false, requestTimeoutMs: timeoutMs, expectsContinue: new WeakSet() };
   let ready;
   const whenReady = new Promise((resolve) => (ready = resolve));
-  const server = http.createServer(async (request, response) => {
+  const inFlight = new WeakMap(); // socket -> the response being written on it
+  const onRequest = async (request, response) => {
     const t0 = performance.now();
+    const socket = request.socket;
+    inFlight.set(socket, response);
+    response.once("close", () => inFlight.get(socket) === response && inFlight.delete(socket));
     try {
-      await serve(await whenReady, request, response, serverState);
+      await serve(whenReady, request, response, serverState);
     } catch (error) {
       process.stderr.write(`dev: ${error?.stack ?? error}\n`);
       if (!response.headersSent) sendJson(response, 500, { error: { code: "internal", message: "dev server error" } });
       else response.destroy();
     }
-    console.log(`${request.method} ${request.url} ${response.statusCode} ${Math.round(performance.now() - t0)}ms`);
-  });
+    const status = response.headersSent ? response.statusCode : "- (the client went away)";
+    console.log(`${request.method} ${request.url} ${status} ${Math.round(performance.now() - t0)}ms`);
+  };
+  const server = http.createServer(
+    {
+      // Headers within the timeout (Node's check, every connectionsCheckingInterval); the
+      // body is timed by readBody. Nothing times the answer: a turn may take minutes.
+      headersTimeout: timeoutMs,
+      requestTimeout: 0,
+      connectionsCheckingInterval: Math.min(30_000, Math.max(50, Math.round(timeoutMs / 5))),
+    },
+    onRequest,
+  );
   server.keepAliveTimeout = 5000;
-  server.requestTimeout = 0; // a turn may take minutes
+  // Expect: 100-continue: the checks run before the client is told to send its body.
+  server.on("checkContinue", (request, response) => {
+    serverState.expectsContinue.add(request);
+    onRequest(request, response);
+  });
+  // CONNECT has no 'request' event (Node hands the socket over): refuse it here.
+  server.on("connect", (request, socket) => {
+    const message = "the dev server does not forward CONNECT requests (fetch cannot carry them to a Worker)";
+    writeError(socket, 405, "method-not-allowed", message, { allow: FORWARDED_METHODS });
+    console.log(`CONNECT ${request.url} 405 0ms`);
+  });
+  // What Node's parser refuses (a malformed request line or header, an authority-form
+  // target, an unknown method) and headers that did not arrive in time.
+  server.on("clientError", (error, socket) => {
+    const answer = clientErrorAnswer(error, timeoutMs);
+    if (answer && socket.writable && !inFlight.get(socket)?.headersSent) {
+      writeError(socket, ...answer);
+      if (socket.bytesRead > 0) console.log(`dev: refused a request (${answer[0]}): ${answer[2]}`);
+    } else {
+      socket.destroy();
+    }
+  });
   await new Promise((resolve) => {
     server.once("error", (error) => fail(error.code === "EADDRINUSE" ? `port ${options.port} is in use; pass --port` : String(error)));
     server.listen(options.port, options.ip, resolve);
