@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from durable_agents import (  # noqa: E402
+from durable_agents import (
     Agent,
     LLMResponse,
     Message,
@@ -41,7 +41,7 @@ from durable_agents import (  # noqa: E402
     run,
     tool,
 )
-from durable_agents.stores import sqlite_store  # noqa: E402
+from durable_agents.stores import sqlite_store
 
 SESSION = "shared"
 THINK_S = 0.005
@@ -63,7 +63,7 @@ def make_agent(effects: Path) -> Agent:
     @tool
     async def post(args: dict[str, Any]) -> str:
         """Post a message."""
-        with effects.open("a") as f:  # noqa: ASYNC230 - a 5 ms benchmark handler
+        with effects.open("a") as f:
             f.write(args["text"] + "\n")
         await asyncio.sleep(HANDLER_S)
         return "ok"

@@ -220,12 +220,8 @@ def test_processes_sending_to_one_idle_session_store_one_turn(tmp_path: Path) ->
     db, effects = tmp_path / "agent.db", tmp_path / "effects.log"
     before = asyncio.run(make_idle_session(db, effects, SESSION))
     messages = [f"turn 1 from racer {n}" for n in range(RACERS)]
-    gate, count = tmp_path / "gate", str(RACERS)
-    options = [
-        ["--mode", "send", "--message", text, "--no-lease"]
-        + ["--gate-dir", str(gate), "--gate-count", count]
-        for text in messages
-    ]
+    gated = ["--no-lease", "--gate-dir", str(tmp_path / "gate"), "--gate-count", str(RACERS)]
+    options = [["--mode", "send", "--message", text, *gated] for text in messages]
     with started_together(tmp_path, db, effects, options) as ends:
         outcomes = outcomes_of(ends)
     winners = [o for o in outcomes if o["outcome"] == "complete"]
@@ -371,7 +367,8 @@ async def test_send_during_a_live_step_waits_for_the_lease(tmp_path: Path) -> No
     no durability error, both turns whole."""
     db, effects = tmp_path / "agent.db", tmp_path / "effects.log"
     a, b, history = await send_during_live_step(db, effects, leases=True)
-    assert isinstance(a, RunResult) and a.status == "complete", a
+    assert isinstance(a, RunResult), a
+    assert a.status == "complete", a
     assert b.status == "complete"
     assert not durability_errors(history), format_history(history)
     log = read_effects(effects)

@@ -228,7 +228,8 @@ HOUR_MS = 3_600_000
 async def a_lease_has_one_holder_until_released_expired_or_taken(store: Store) -> None:
     assert await store.acquire_lease("s", "a", HOUR_MS) is None
     held = await store.acquire_lease("s", "b", HOUR_MS)
-    assert held is not None and held.owner == "a", held
+    assert held is not None, "a second owner took a held lease"
+    assert held.owner == "a", held
     assert await store.acquire_lease("s", "a", HOUR_MS) is None  # its holder renews it
     await store.release_lease("s", "b")  # not b's: nothing happens
     assert (await store.acquire_lease("s", "b", HOUR_MS)) is not None
@@ -257,7 +258,8 @@ async def appends_renew_and_release_the_lease(store: Store) -> None:
     assert await store.acquire_lease("s", "a", 5_000) is None
     await store.append_messages_atomic("s", 0, [Message.user("go")], lease=Lease("a", HOUR_MS))
     held = await store.acquire_lease("s", "b", HOUR_MS)
-    assert held is not None and held.owner == "a", "the append did not renew the lease"
+    assert held is not None, "the append did not renew the lease"
+    assert held.owner == "a", held
     # Another owner's lease in an append changes nothing.
     await store.append_messages_atomic(
         "s", 1, [Message.assistant("x")], lease=Lease("b", 1, release=True)
