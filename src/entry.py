@@ -46,8 +46,12 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
     """The Worker: checks every request, then forwards it to the session's Durable Object."""
 
     async def fetch(self, request: Any) -> Any:
-        headers = {str(k).lower(): str(v) for k, v in request.headers.items()}
-        method = str(request.method).upper()
+        # From the JS request itself: the SDK's wrapper strips every header value
+        # (a token with a trailing U+00A0 would pass) and knows only the
+        # standard methods (any other would be a KeyError, a 500).
+        raw = request.js_object
+        headers = {str(k).lower(): str(v) for k, v in raw.headers.entries()}
+        method = str(raw.method).upper()
 
         async def read_body() -> bytes:
             return b"" if method in _BODYLESS else bytes(await request.bytes())
