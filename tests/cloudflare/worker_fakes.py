@@ -3,9 +3,10 @@
 - `FakeServices`: one HTTP server holding three fakes: an OpenAI-compatible
   LLM (`/v1/chat/completions`) that answers from the conversation it is sent
   (get_issue -> post_slack -> final text; after a tool-durability-error, a
-  final text that does not post again), an issue tracker (`/api/issues/{id}`)
-  and a Slack webhook (`/hook`) that records every post and can hold its
-  answer until released.
+  final text that does not post again), an issue tracker (`/api/issues/{id}`;
+  `issue_bodies[id]` replaces an issue's answer with raw bytes) and a Slack
+  webhook (`/hook`) that records every post and can hold its answer until
+  released.
 - `DevServer`: `scripts/dev` started as a child process on a free port with
   its own state dir; `crash()` SIGKILLs it, `stop()` ends it with SIGTERM.
 """
@@ -41,6 +42,7 @@ class FakeServices:
     def __init__(self) -> None:
         self.llm_requests: list[dict[str, Any]] = []
         self.posts: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.issue_bodies: dict[str, bytes] = {}
         self.hold_posts = False
         self.post_received = threading.Event()
         self.release_posts = threading.Event()
@@ -142,7 +144,9 @@ def _handler_for(services: FakeServices) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _json(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
+            self._raw(status, json.dumps(body).encode())
+
+        def _raw(self, status: int, data: bytes) -> None:
             # The dev server may be gone by now (the crash test kills it mid-post).
             with contextlib.suppress(OSError):
                 self.send_response(status)
@@ -161,6 +165,10 @@ def _handler_for(services: FakeServices) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": "not found"})
                 return
             issue = match.group(1)
+            raw = services.issue_bodies.get(issue)
+            if raw is not None:
+                self._raw(200, raw)
+                return
             self._json(200, {"id": issue, "title": f"Login fails ({issue})", "status": "open"})
 
         def do_POST(self) -> None:
