@@ -468,7 +468,7 @@ async def test_a_deep_tool_result_is_an_error_result_and_the_run_goes_on() -> No
     for content in contents[:2]:
         error = json.loads(content)
         assert error["kind"] == "invalid-output"
-        assert "nested deeper than 128 levels" in error["error"]
+        assert "deeper than 128 levels and was not stored" in error["error"]
     assert json.loads(contents[2]) == nested_value(128)
 
 

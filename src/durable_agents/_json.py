@@ -194,7 +194,8 @@ def loads(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
 
 
 def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
-    """Raise ValueError if `value` nests dicts, lists and tuples deeper than `max_depth`.
+    """Raise JSONTooDeepError (a ValueError) if `value` nests dicts, lists and tuples deeper
+    than `max_depth`.
 
     For a value about to be encoded: `json.dumps` of a too-deep value
     overflows the stack on Pyodide as `json.loads` does. Iterative; a cycle
@@ -210,7 +211,7 @@ def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
         else:
             continue
         if depth > max_depth:
-            raise ValueError(f"the value is nested deeper than {max_depth} levels")
+            raise JSONTooDeepError(max_depth)
         stack.extend((child, depth + 1) for child in children if isinstance(child, _CONTAINERS))
 
 

@@ -47,6 +47,7 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
+from . import _json
 from .agent import Agent
 from .errors import (
     ConfigurationError,
@@ -494,6 +495,12 @@ class _Session:
             return _error_result("tool-failed", f"Tool {call.name!r} failed: {_describe(exc)}")
         try:
             content = tool.encode_result(value)
+        except _json.JSONTooDeepError:
+            return _error_result(
+                "invalid-output",
+                f"Tool {call.name!r} ran, but its result nests arrays and objects deeper than "
+                f"{_json.MAX_DEPTH} levels and was not stored.",
+            )
         except ValueError as exc:
             return _error_result(
                 "invalid-output",
