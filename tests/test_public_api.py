@@ -17,7 +17,7 @@ PUBLIC = {
         "SessionConflictError", "SessionBusyError", "LLM", "ConfigurationError",
         "DurableAgentsError", "MalformedToolCall", "MessageTooLargeError", "SessionInfo",
         "SessionNotFoundError",
-        "RequestKeyReusedError",
+        "RequestKeyReusedError", "ToolErrorKind",
         "Store", "StoreError",
         "idempotency_key", "pending_tool_calls",
     },

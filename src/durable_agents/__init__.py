@@ -21,7 +21,15 @@ from .errors import (
     StoreError,
     ToolDurabilityError,
 )
-from .messages import LLMResponse, MalformedToolCall, Message, ToolCall, ToolSpec, Usage
+from .messages import (
+    LLMResponse,
+    MalformedToolCall,
+    Message,
+    ToolCall,
+    ToolErrorKind,
+    ToolSpec,
+    Usage,
+)
 from .run import LLM, RunResult, idempotency_key, pending_tool_calls, run
 from .stores.base import SessionInfo, Store
 from .tools import Tool, ToolContext, tool
@@ -48,6 +56,7 @@ __all__ = [
     "ToolCall",
     "ToolContext",
     "ToolDurabilityError",
+    "ToolErrorKind",
     "ToolSpec",
     "Usage",
     "idempotency_key",

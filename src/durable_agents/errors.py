@@ -32,10 +32,9 @@ Each error keeps its structured fields as attributes and has a stable `code`.
 
 from __future__ import annotations
 
-import json
 from typing import ClassVar
 
-from .messages import Message, tool_error
+from .messages import Message, ToolErrorKind, tool_error, tool_error_content
 
 
 class DurableAgentsError(Exception):
@@ -182,8 +181,8 @@ class ToolDurabilityError(DurableAgentsError):
     `error`, `kind`, `toolName`, `toolCallId`.
     """
 
-    code = "tool-durability-error"
-    kind: ClassVar[str] = "tool-durability-error"
+    code = ToolErrorKind.TOOL_DURABILITY_ERROR.value
+    kind: ClassVar[ToolErrorKind] = ToolErrorKind.TOOL_DURABILITY_ERROR
 
     def __init__(self, tool_name: str, tool_call_id: str, message: str | None = None) -> None:
         self.tool_name = tool_name
@@ -198,14 +197,8 @@ class ToolDurabilityError(DurableAgentsError):
 
     def to_content(self) -> str:
         """The tool message content stored for this call."""
-        return json.dumps(
-            {
-                "error": self.message,
-                "kind": self.kind,
-                "toolName": self.tool_name,
-                "toolCallId": self.tool_call_id,
-            },
-            ensure_ascii=False,
+        return tool_error_content(
+            self.kind, self.message, toolName=self.tool_name, toolCallId=self.tool_call_id
         )
 
     @classmethod

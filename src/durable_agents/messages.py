@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 from . import _json
@@ -217,11 +218,48 @@ class LLMResponse:
             object.__setattr__(self, "tool_calls", calls)
 
 
+class ToolErrorKind(StrEnum):
+    """The `kind` of a failed tool call's result: `{"error": "<sentence>", "kind": K}`.
+
+    The run loop stores one of these instead of a handler's result when the
+    call could not run or its result could not be kept. The values are wire
+    strings (stored, and sent to the LLM): never renamed. Compare a parsed
+    result's `kind` with them (`tool_error(m.content)["kind"] == ToolErrorKind.TOOL_FAILED`).
+
+        UNKNOWN_TOOL           the model named a tool the agent does not have
+        INVALID_ARGUMENTS      its arguments break the input schema, or are not a
+                               JSON object; the handler was not called
+        TOOL_FAILED            the handler raised
+        TOOL_TIMEOUT           a `safe_to_retry` handler ran past its `timeout`
+        INVALID_OUTPUT         the handler's value breaks its output schema or is
+                               not JSON; the handler ran, nothing was stored
+        RESULT_TOO_LARGE       over `Agent.max_result_bytes`; the handler ran
+        TOOL_DURABILITY_ERROR  an unsafe call whose outcome is unknown (its result
+                               was lost in a crash, or it timed out or lost its
+                               connection): `ToolDurabilityError`, with the keys
+                               `toolName` and `toolCallId` besides
+    """
+
+    UNKNOWN_TOOL = "unknown-tool"
+    INVALID_ARGUMENTS = "invalid-arguments"
+    TOOL_FAILED = "tool-failed"
+    TOOL_TIMEOUT = "tool-timeout"
+    INVALID_OUTPUT = "invalid-output"
+    RESULT_TOO_LARGE = "result-too-large"
+    TOOL_DURABILITY_ERROR = "tool-durability-error"
+
+
+def tool_error_content(kind: ToolErrorKind, text: str, **fields: str) -> str:
+    """The stored content of a failed call: `{"error": text, "kind": kind, **fields}` as JSON."""
+    return json.dumps({"error": text, "kind": kind.value, **fields}, ensure_ascii=False)
+
+
 def tool_error(content: str) -> dict[str, Any] | None:
     """The error object a tool result carries (JSON with an `error` key), or None.
 
     Every failed call's result has this shape: the run loop's own errors
-    (`kind` says which) and the `tool-durability-error` of a lost result.
+    (`kind`, one of `ToolErrorKind`, says which) and the
+    `tool-durability-error` of a lost result.
     """
     text = content.lstrip()
     if not text.startswith("{"):

@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
-import json
 import os
 import socket
 import time
@@ -58,7 +57,16 @@ from .errors import (
     SessionNotFoundError,
     ToolDurabilityError,
 )
-from .messages import LLMResponse, MalformedToolCall, Message, ToolCall, ToolSpec, Usage
+from .messages import (
+    LLMResponse,
+    MalformedToolCall,
+    Message,
+    ToolCall,
+    ToolErrorKind,
+    ToolSpec,
+    Usage,
+    tool_error_content,
+)
 from .stores.base import Lease, LeaseHolder, Store
 from .stores.memory import memory_store
 from .tools import Handler, Tool, ToolArgumentsError, ToolContext
@@ -317,10 +325,6 @@ def idempotency_key(session_id: str, tool_call_id: str) -> str:
     return f"da-{digest[:40]}"
 
 
-def _error_result(kind: str, text: str) -> str:
-    return json.dumps({"error": text, "kind": kind}, ensure_ascii=False)
-
-
 class _Session:
     """One run's view of a session: the loaded history and the next position to write."""
 
@@ -437,20 +441,20 @@ class _Session:
 
     async def result_content(self, call: ToolCall, resuming: bool) -> str:
         if isinstance(call, MalformedToolCall):  # never run, so never a durability question
-            return _error_result("invalid-arguments", call.arguments_error)
+            return tool_error_content(ToolErrorKind.INVALID_ARGUMENTS, call.arguments_error)
         tool = self.tools.get(call.name)
         if resuming and (tool is None or not tool.safe_to_retry):
             return ToolDurabilityError(call.name, call.id).to_content()
         if tool is None:
-            return _error_result(
-                "unknown-tool",
+            return tool_error_content(
+                ToolErrorKind.UNKNOWN_TOOL,
                 f"There is no tool named {call.name!r}. Available tools: {sorted(self.tools)}.",
             )
         try:
             args = tool.parse_arguments(call.arguments)
         except ToolArgumentsError as exc:
-            return _error_result(
-                "invalid-arguments",
+            return tool_error_content(
+                ToolErrorKind.INVALID_ARGUMENTS,
                 f"Tool {call.name!r} was not run: its arguments are invalid: {exc}",
             )
         ctx = ToolContext(
@@ -487,29 +491,31 @@ class _Session:
                     "the user.",
                 ).to_content()
             if timed_out:
-                return _error_result(
-                    "tool-timeout",
+                return tool_error_content(
+                    ToolErrorKind.TOOL_TIMEOUT,
                     f"Tool {call.name!r} did not finish within {tool.timeout} s and was "
                     "stopped. It is safe to retry.",
                 )
-            return _error_result("tool-failed", f"Tool {call.name!r} failed: {_describe(exc)}")
+            return tool_error_content(
+                ToolErrorKind.TOOL_FAILED, f"Tool {call.name!r} failed: {_describe(exc)}"
+            )
         try:
             content = tool.encode_result(value)
         except _json.JSONTooDeepError:
-            return _error_result(
-                "invalid-output",
+            return tool_error_content(
+                ToolErrorKind.INVALID_OUTPUT,
                 f"Tool {call.name!r} ran, but its result nests arrays and objects deeper than "
                 f"{_json.MAX_DEPTH} levels and was not stored.",
             )
         except ValueError as exc:
-            return _error_result(
-                "invalid-output",
+            return tool_error_content(
+                ToolErrorKind.INVALID_OUTPUT,
                 f"Tool {call.name!r} ran, but its result does not match its output schema: {exc}",
             )
         size = len(content.encode())
         if size > self.agent.max_result_bytes:
-            return _error_result(
-                "result-too-large",
+            return tool_error_content(
+                ToolErrorKind.RESULT_TOO_LARGE,
                 f"Tool {call.name!r} ran, but its result ({size:,} bytes) is over the "
                 f"{self.agent.max_result_bytes:,}-byte limit and was not stored. Ask for less "
                 "(a smaller page or a narrower query).",
