@@ -17,7 +17,7 @@ PUBLIC = {
         "SessionConflictError", "SessionBusyError", "LLM", "ConfigurationError",
         "DurableAgentsError", "MalformedToolCall", "MessageTooLargeError", "SessionInfo",
         "SessionNotFoundError",
-        "RequestKeyReusedError", "ToolErrorKind",
+        "RequestKeyReusedError", "ToolErrorKind", "ToolArgumentsError",
         "Store", "StoreError",
         "idempotency_key", "pending_tool_calls",
     },
@@ -51,11 +51,13 @@ def test_every_error_has_a_stable_code_under_one_root() -> None:
         durable_agents.ToolDurabilityError,
         durable_agents.SessionNotFoundError,
         durable_agents.RequestKeyReusedError,
+        durable_agents.ToolArgumentsError,
     ]
     codes = [error.code for error in errors]
     assert len(set(codes)) == len(codes)
     assert all(issubclass(error, durable_agents.DurableAgentsError) for error in errors)
     assert issubclass(durable_agents.ConfigurationError, ValueError)
+    assert issubclass(durable_agents.ToolArgumentsError, ValueError)
 
 
 def test_crash_and_script_exhaustion_cannot_be_swallowed_by_except_exception() -> None:

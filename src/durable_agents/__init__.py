@@ -19,6 +19,7 @@ from .errors import (
     SessionConflictError,
     SessionNotFoundError,
     StoreError,
+    ToolArgumentsError,
     ToolDurabilityError,
 )
 from .messages import (
@@ -53,6 +54,7 @@ __all__ = [
     "Store",
     "StoreError",
     "Tool",
+    "ToolArgumentsError",
     "ToolCall",
     "ToolContext",
     "ToolDurabilityError",

@@ -1,14 +1,19 @@
 """Every error the kit raises, under one root.
 
-    DurableAgentsError                   code
-    ├── ConfigurationError               "configuration"
-    │   │   a setup mistake, caught before any LLM call
+    class                                code
+    DurableAgentsError                   "durable-agents"
+    ├── ConfigurationError (ValueError)  "configuration"
+    │   │   a setup mistake, caught before any LLM call: an agent, a tool,
+    │   │   the call to `run()`, a `RetryPolicy`, an LLM adapter's arguments
     │   ├── MemoryStoreNotDurableError   "memory-store-not-durable"
     │   ├── SessionNotFoundError         "session-not-found"
     │   │       `message=None` on a session with no history
     │   └── RequestKeyReusedError        "request-key-reused"
     │           a request key sent again with another message
-    ├── MessageTooLargeError             "message-too-large"
+    ├── ToolArgumentsError (ValueError)  "invalid-arguments"
+    │       a call's arguments break its tool's input schema
+    │       (`Tool.parse_arguments`; `run()` stores it as a result)
+    ├── MessageTooLargeError (ValueError) "message-too-large"
     │       a message over a size limit; nothing was written
     ├── SessionConflictError             "session-conflict"
     │       another writer got there first; nothing was written
@@ -28,6 +33,8 @@ an exception class so callers can hold, raise or pattern-match it like the
 others.
 
 Each error keeps its structured fields as attributes and has a stable `code`.
+Those marked (ValueError) are also `ValueError`s, as bad values are, so an
+`except ValueError` written before they joined the tree still catches them.
 """
 
 from __future__ import annotations
@@ -148,6 +155,22 @@ class RequestKeyReusedError(ConfigurationError):
             f"request_key {request_key!r} already started a turn with another message in "
             f"session {session_id!r}; use a new key for a new message"
         )
+
+
+class ToolArgumentsError(DurableAgentsError, ValueError):
+    """The LLM's arguments for a call do not fit the tool's input schema.
+
+    Raised by `Tool.parse_arguments`, before the handler is called. `run()`
+    never raises it: it stores an `invalid-arguments` result for the call,
+    and the model may call again. `tool_name` names the tool when known.
+    """
+
+    code = ToolErrorKind.INVALID_ARGUMENTS.value
+
+    def __init__(self, problems: str, *, tool_name: str | None = None) -> None:
+        self.problems = problems
+        self.tool_name = tool_name
+        super().__init__(problems)
 
 
 class MessageTooLargeError(DurableAgentsError, ValueError):

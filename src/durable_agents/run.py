@@ -55,6 +55,7 @@ from .errors import (
     RequestKeyReusedError,
     SessionBusyError,
     SessionNotFoundError,
+    ToolArgumentsError,
     ToolDurabilityError,
 )
 from .messages import (
@@ -69,7 +70,7 @@ from .messages import (
 )
 from .stores.base import Lease, LeaseHolder, Store
 from .stores.memory import memory_store
-from .tools import Handler, Tool, ToolArgumentsError, ToolContext
+from .tools import Handler, Tool, ToolContext
 
 RunStatus = Literal["complete", "max_steps", "error"]
 

@@ -25,7 +25,7 @@ from typing import Any, get_origin, get_type_hints, overload
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from . import _json
-from .errors import ConfigurationError
+from .errors import ConfigurationError, ToolArgumentsError
 from .messages import ToolSpec
 
 Handler = Callable[[Any, "ToolContext"], Awaitable[Any] | Any]
@@ -49,10 +49,6 @@ class ToolContext:
     idempotency_key: str
     resumed: bool = False
     deps: Any = None
-
-
-class ToolArgumentsError(ValueError):
-    """The LLM's arguments do not fit the tool's input schema (the handler is not called)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,16 +77,17 @@ class Tool:
         """The handler's `args`: a model instance or the checked dict; else ToolArgumentsError."""
         if not isinstance(arguments, dict):
             raise ToolArgumentsError(
-                f"arguments must be a JSON object, got {_json_type(arguments)}"
+                f"arguments must be a JSON object, got {_json_type(arguments)}",
+                tool_name=self.name,
             )
         if self.input_model is not None:
             try:
                 return self.input_model.model_validate(arguments)
             except ValidationError as exc:
-                raise ToolArgumentsError(_summarise(exc)) from None
+                raise ToolArgumentsError(_summarise(exc), tool_name=self.name) from None
         problems = _check_schema(arguments, self.input_schema, "arguments")
         if problems:
-            raise ToolArgumentsError("; ".join(problems))
+            raise ToolArgumentsError("; ".join(problems), tool_name=self.name)
         return arguments
 
     def encode_result(self, value: Any) -> str:

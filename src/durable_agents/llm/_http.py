@@ -76,7 +76,7 @@ class HTTPPoster:
         secret: str | None,
     ) -> None:
         if client is not None and transport is not None:
-            raise ValueError("pass either client= or transport=, not both")
+            raise ConfigurationError(f"{provider}: pass either client= or transport=, not both")
         self.provider = provider
         self.timeout = timeout
         self.retry = retry

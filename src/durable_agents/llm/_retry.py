@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from ..errors import ConfigurationError
 from .errors import LLMError
 
 T = TypeVar("T")
@@ -32,7 +33,8 @@ class RetryPolicy:
       HTTP timeout is cut to the time left.
     - `sleep`, `random`, `clock`: injectable so tests run fast and repeatably.
 
-    `RetryPolicy.none()` fails on the first error.
+    `RetryPolicy.none()` fails on the first error. Bad values are a
+    `ConfigurationError` (a `ValueError`).
     """
 
     max_attempts: int = 4
@@ -45,9 +47,9 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+            raise ConfigurationError(f"max_attempts must be at least 1, got {self.max_attempts}")
         if self.base_delay < 0 or self.max_delay < 0 or self.deadline <= 0:
-            raise ValueError("base_delay and max_delay must be >= 0 and deadline > 0")
+            raise ConfigurationError("base_delay and max_delay must be >= 0 and deadline > 0")
 
     @classmethod
     def none(cls) -> RetryPolicy:

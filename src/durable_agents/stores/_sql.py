@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..errors import MessageTooLargeError, SessionConflictError, StoreError
+from ..errors import ConfigurationError, MessageTooLargeError, SessionConflictError, StoreError
 from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls
 from .base import Lease
 
@@ -167,7 +167,7 @@ def append_rows(
     """The rows of one append, all built (and size-checked) before anything is
     written, so a bad message fails the whole append with nothing landed."""
     if not messages:
-        raise ValueError("append_messages_atomic needs at least one message")
+        raise ConfigurationError("append_messages_atomic needs at least one message")
     if expected_seq < 0:
         raise SessionConflictError(session_id, expected_seq, "a position cannot be negative")
     return [

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..errors import ConfigurationError
 from ..messages import LLMResponse, Message, ToolSpec
 from ..stores.base import Lease, LeaseHolder, SessionInfo, Store
 
@@ -95,7 +96,7 @@ class CrashingStore:
         self, store: Store, crash_on: int | None, when: Literal["before", "after"] = "before"
     ) -> None:
         if crash_on is not None and crash_on < 1:
-            raise ValueError("crash_on counts from 1")
+            raise ConfigurationError("crash_on counts from 1")
         self.inner = store
         self.crash_on = crash_on
         self.when = when
