@@ -6,7 +6,11 @@
 
 The session id is the Durable Object's id (`ctx.id.toString()`, 64 hex
 chars); the history lives in D1 (`env.DB`), so any object, on any machine,
-can resume it. To use your own agent, change `AGENT` and `make_deps` below.
+can resume it.
+
+The agent is not here: it is `src/agent.py` (AGENT, make_deps(env, http),
+optionally make_llm(env), SETTINGS, DEV_STUBS; see
+`durable_agents.cloudflare.agent_module`). Edit that file, not this one.
 
 This module is the only one (with the D1 store) that touches the Workers
 runtime; it imports `workers`, so it runs inside a Python Worker (or the
@@ -21,7 +25,9 @@ from urllib.parse import urlsplit
 
 from workers import DurableObject, Response, WorkerEntrypoint
 
+import agent
 from durable_agents.cloudflare import d1_store
+from durable_agents.cloudflare.agent_module import AgentModule
 from durable_agents.cloudflare.app import (
     Command,
     Reply,
@@ -29,12 +35,9 @@ from durable_agents.cloudflare.app import (
     handle_request,
     internal_error,
     serve_session,
-    triage_deps,
 )
-from durable_agents.triage import triage_agent
 
-AGENT = triage_agent()
-make_deps = triage_deps
+SERVED = AgentModule.load(agent)  # src/agent.py, checked: a mistake fails here, named
 _BODYLESS = frozenset({"GET", "HEAD"})
 
 
@@ -64,6 +67,7 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
                 read_body,
                 env=self.env,
                 dispatch=self.to_session,
+                dev_stubs=SERVED.dev_stubs,
             )
         except Exception as exc:  # a bug: still answer JSON
             reply = internal_error(exc, "the Worker")
@@ -99,7 +103,8 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             store=d1_store(self.env.DB),
             env=self.env,
             lock=self.turn_lock,
-            agent=AGENT,
-            make_deps=make_deps,
+            agent=SERVED.agent,
+            make_deps=SERVED.make_deps,
+            make_llm=SERVED.make_llm,
         )
         return _response(reply)

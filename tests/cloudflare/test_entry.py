@@ -1,8 +1,11 @@
-"""src/entry.py stays a thin shell, and the library stays importable on CPython.
+"""src/entry.py stays a thin shell over the user's src/agent.py, and the library stays
+importable on CPython.
 
 Only src/entry.py imports the Workers runtime (`workers`, `js`, `pyodide`) at
-module level; library modules touch it only inside functions. Read with
-`ast`: entry.py itself imports `workers`, which exists only in the runtime.
+module level; library modules touch it only inside functions. entry.py names
+no agent, setting or tool: it imports the agent module (`agent`) and the kit.
+Read with `ast`: entry.py itself imports `workers`, which exists only in the
+runtime. Nothing here reads src/agent.py, which is the user's to replace.
 """
 
 from __future__ import annotations
@@ -24,10 +27,29 @@ def _top_level_imports(path: Path) -> set[str]:
     return names
 
 
-def test_entry_is_a_thin_shell() -> None:
+def test_entry_is_a_thin_shell_over_the_agent_module() -> None:
     entry = SRC / "entry.py"
     assert len(entry.read_text().splitlines()) <= 150
-    assert _top_level_imports(entry) & RUNTIME_MODULES == {"workers"}
+    imports = _top_level_imports(entry)
+    assert imports & RUNTIME_MODULES == {"workers"}
+    assert imports <= {"__future__", "asyncio", "typing", "urllib", "workers", "agent",
+                       "durable_agents"}, imports  # fmt: skip
+    assert "agent" in imports
+    tree = ast.parse(entry.read_text())
+    assigned = {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    assert not {"AGENT", "make_deps", "make_llm", "SETTINGS", "DEV_STUBS"} & assigned
+    literals = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+    assert not [text for text in literals if "_URL" in text or "triage" in text.lower()]
 
 
 def test_no_library_module_imports_the_runtime_at_module_level() -> None:

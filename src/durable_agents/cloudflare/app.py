@@ -15,13 +15,18 @@ Endpoints (JSON in and out; `Authorization: Bearer <API_TOKEN>` on every one):
     POST /sessions/{name}/resume    (no body, or {})    -> the same, finishing an interrupted turn
     GET  /sessions/{name}                               -> {"session_id", "messages": [...]}
 
-Every error is `{"error": {"code", "message"}}` with a 4xx/5xx status. A
-request that fails validation never reaches the Durable Object, so nothing
-is written for it. Settings are read from the Worker's env (`setting()`):
-`API_TOKEN` (required: without it every request gets a 500, the API never
-runs open), `MAX_BODY_BYTES` (default 64 KiB), `ISSUES_API_URL` and
-`SLACK_WEBHOOK_URL` (the template tools), and the `LLM_*` settings of
-`llm_from_env`.
+Every error is `{"error": {"code", "message"}}` with a 4xx/5xx status; the
+code of an error the kit raises is that error's own `code` (`ERROR_STATUS`
+maps its class to the status). A request that fails validation never
+reaches the Durable Object, so nothing is written for it. The API's own
+settings are read from the Worker's env (`setting()`): `API_TOKEN`
+(required: without it every request gets a 500, the API never runs open)
+and `MAX_BODY_BYTES` (default 64 KiB). Everything else (the LLM, the
+tools' settings) is the agent module's business (`agent_module`).
+
+With the setting `DEV_STUBS` = "on" (the dev server's doing, never set on
+Cloudflare), `/__dev/<NAME>/...` is answered by the agent module's stub for
+the setting NAME, without auth.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import inspect
 import json
 import re
 import sys
@@ -40,33 +46,38 @@ from typing import Any, Literal
 import httpx
 
 from .. import _json
+from .._http_json import refuse_deep_json
 from ..agent import Agent
 from ..errors import (
     ConfigurationError,
+    DurableAgentsError,
     MessageTooLargeError,
     RequestKeyReusedError,
+    SessionBusyError,
     SessionConflictError,
     SessionNotFoundError,
     StoreError,
 )
-from ..llm._http import default_client
 from ..llm.settings import llm_from_env, setting
 from ..run import LLM, run
 from ..stores.base import Store
-from ..triage import TriageDeps, triage_agent
+from .agent_module import DEV_STUB_PREFIX, DevStub, MakeDeps, MakeLLM
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "ERROR_STATUS",
     "REQUEST_KEY",
     "SESSION_NAME",
     "ApiSettings",
     "Command",
     "Reply",
+    "error_for",
     "error_reply",
     "handle_request",
     "internal_error",
+    "serve_dev_stub",
     "serve_session",
-    "triage_deps",
+    "tools_client",
 ]
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
@@ -80,13 +91,25 @@ HTTP_TIMEOUT_S = 30.0
 BodyReader = Callable[[], Awaitable[bytes]]
 Dispatch = Callable[[str, "Command"], Awaitable["Reply"]]
 
+# The status of each error the kit raises; its `code` is the error's own. A
+# subclass not listed here takes its nearest listed base's status.
+ERROR_STATUS: Mapping[type[DurableAgentsError], int] = {
+    SessionNotFoundError: 404,
+    SessionConflictError: 409,
+    SessionBusyError: 409,
+    MessageTooLargeError: 413,
+    RequestKeyReusedError: 422,
+    ConfigurationError: 500,
+    StoreError: 503,
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """One HTTP answer: a status, a JSON object, and extra headers."""
+    """One HTTP answer: a status, a JSON body (an object, except from a dev stub), headers."""
 
     status: int
-    body: dict[str, Any]
+    body: Any
     headers: Mapping[str, str] = field(default_factory=dict)
 
     def json_text(self) -> str:
@@ -99,6 +122,12 @@ class Reply:
 def error_reply(status: int, code: str, message: str, **headers: str) -> Reply:
     """The one error shape: `{"error": {"code", "message"}}`."""
     return Reply(status, {"error": {"code": code, "message": message}}, headers)
+
+
+def error_for(exc: DurableAgentsError, message: str | None = None) -> Reply:
+    """The answer to an error the kit raised: its `ERROR_STATUS` (500 if none), its own `code`."""
+    status = next((ERROR_STATUS[c] for c in type(exc).__mro__ if c in ERROR_STATUS), 500)
+    return error_reply(status, exc.code, message or str(exc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +199,7 @@ async def handle_request(
     *,
     env: Any,
     dispatch: Dispatch,
+    dev_stubs: Mapping[str, DevStub] | None = None,
 ) -> Reply:
     """Answer one HTTP request to the Worker.
 
@@ -177,18 +207,21 @@ async def handle_request(
     function that reads it: it is called only once the declared
     Content-Length is within the limit. `dispatch(name, command)` forwards a
     valid request to the session's Durable Object (in entry.py) and is
-    called for nothing else.
+    called for nothing else. `dev_stubs` (the agent module's `DEV_STUBS`)
+    answer `/__dev/<NAME>/...` while the setting `DEV_STUBS` is "on".
     """
+    if dev_stubs and path.startswith(DEV_STUB_PREFIX) and setting(env, "DEV_STUBS") == "on":
+        return await serve_dev_stub(method, path, headers, body, dev_stubs)
     try:
         settings = ApiSettings.from_env(env)
     except ConfigurationError as exc:
-        return error_reply(500, "configuration", str(exc))
+        return error_for(exc)
     if settings.api_token is None:
-        return error_reply(
-            500,
-            "configuration",
-            "API_TOKEN is not set, so every request is refused: set it with "
-            "`npx wrangler secret put API_TOKEN` (or in .dev.vars for the dev server)",
+        return error_for(
+            ConfigurationError(
+                "API_TOKEN is not set, so every request is refused: set it with "
+                "`npx wrangler secret put API_TOKEN` (or in .dev.vars for the dev server)"
+            )
         )
     denied = check_bearer(headers.get("authorization"), settings.api_token)
     if denied is not None:
@@ -325,16 +358,50 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else names.get(type(value), "object")
 
 
-def triage_deps(env: Any, client: httpx.AsyncClient) -> TriageDeps:
-    """The template tools' settings from env; ConfigurationError naming what is missing."""
-    urls = {name: setting(env, name) for name in ("ISSUES_API_URL", "SLACK_WEBHOOK_URL")}
-    missing = [name for name, value in urls.items() if value is None]
-    if missing:
-        raise ConfigurationError(
-            f"{' and '.join(missing)} not set: the template tools need them ([vars] in "
-            "wrangler.toml, or .dev.vars)"
+async def serve_dev_stub(
+    method: str,
+    path: str,
+    headers: Mapping[str, str],
+    body: bytes | BodyReader,
+    stubs: Mapping[str, DevStub],
+) -> Reply:
+    """Answer `/__dev/<NAME>/...` with the stub for setting NAME (see `agent_module`)."""
+    name, _, rest = path[len(DEV_STUB_PREFIX) :].partition("/")
+    stub = stubs.get(name)
+    if stub is None:
+        return error_reply(
+            404, "not-found", f"no dev stub for {name[:100]!r}; the agent has {sorted(stubs)}"
         )
-    return TriageDeps(str(urls["ISSUES_API_URL"]), str(urls["SLACK_WEBHOOK_URL"]), client)
+    raw = body if isinstance(body, bytes) else await body()
+    try:
+        _json.check_text_depth(raw)  # a stub may parse it: in a Worker, deep JSON is a crash
+    except _json.JSONTooDeepError:
+        return error_reply(
+            400, "invalid-json", f"the body nests deeper than {_json.MAX_DEPTH} levels"
+        )
+    try:
+        answer = stub(method.upper(), "/" + rest, raw, headers)
+        result = await answer if inspect.isawaitable(answer) else answer
+        status, payload = result
+        if not isinstance(status, int) or not 100 <= status <= 599:
+            raise TypeError(f"a stub returns (status, json_body), got status {status!r}")
+        json.dumps(payload)  # a value that cannot be sent is the stub's bug, said here
+    except Exception as exc:
+        return internal_error(exc, f"the dev stub for {name}")
+    return Reply(status, payload)
+
+
+def tools_client(timeout: float = HTTP_TIMEOUT_S) -> httpx.AsyncClient:
+    """The `http` a Worker hands `make_deps`: over the runtime's `fetch` inside a Worker
+    (httpx's own transport needs sockets), httpx's own on CPython. A response whose JSON
+    nests deeper than 128 levels raises `httpx.DecodingError` when read (`_http_json`)."""
+    transport: httpx.AsyncBaseTransport | None = None
+    if sys.platform == "emscripten":
+        from .fetch_transport import FetchTransport
+
+        transport = FetchTransport()
+    hooks = {"response": [refuse_deep_json]}
+    return httpx.AsyncClient(timeout=timeout, transport=transport, event_hooks=hooks)
 
 
 async def serve_session(
@@ -344,9 +411,10 @@ async def serve_session(
     store: Store,
     env: Any,
     lock: asyncio.Lock,
-    agent: Agent | None = None,
+    agent: Agent,
+    make_deps: MakeDeps,
+    make_llm: MakeLLM = llm_from_env,
     llm: LLM | None = None,
-    make_deps: Callable[[Any, httpx.AsyncClient], Any] = triage_deps,
     http_client: httpx.AsyncClient | None = None,
 ) -> Reply:
     """Carry out a command in the session's Durable Object; never raises for expected errors.
@@ -355,8 +423,9 @@ async def serve_session(
     lock: Durable Object input gates do not cover awaits on D1 or the LLM, so
     without it two requests could run one session at once. A later request
     waits for the turn in progress. The store's conflict check stays the
-    backstop (409). `llm` defaults to `llm_from_env(env)`, the agent to the
-    triage template, its deps to `make_deps(env, client)`.
+    backstop (409). Each turn runs `agent` with `make_llm(env)` (or `llm`,
+    given) and the deps `make_deps(env, http)`, where `http` is
+    `http_client` or a new `tools_client()`, closed after the turn.
     """
     try:
         if not command.writes:
@@ -368,21 +437,12 @@ async def serve_session(
             )
         async with lock:
             return await _run_turn(
-                command, session_id, store, env, agent or triage_agent(), llm, make_deps,
-                http_client,
-            )  # fmt: skip
+                command, session_id, store, env, agent, llm, make_llm, make_deps, http_client
+            )
     except SessionNotFoundError:
         return _no_session(session_id)
-    except RequestKeyReusedError as exc:
-        return error_reply(422, exc.code, str(exc))
-    except MessageTooLargeError as exc:
-        return error_reply(413, exc.code, str(exc))
-    except ConfigurationError as exc:
-        return error_reply(500, "configuration", str(exc))
-    except SessionConflictError as exc:
-        return error_reply(409, exc.code, str(exc))
-    except StoreError as exc:
-        return error_reply(503, "store-unavailable", str(exc))
+    except DurableAgentsError as exc:
+        return error_for(exc)
     except Exception as exc:
         return internal_error(exc, f"session {session_id}")
 
@@ -394,16 +454,17 @@ async def _run_turn(
     env: Any,
     agent: Agent,
     llm: LLM | None,
-    make_deps: Callable[[Any, httpx.AsyncClient], Any],
+    make_llm: MakeLLM,
+    make_deps: MakeDeps,
     http_client: httpx.AsyncClient | None,
 ) -> Reply:
     async with contextlib.AsyncExitStack() as owned:  # closes what this turn opened, all of it
-        model = llm if llm is not None else llm_from_env(env)
+        model = llm if llm is not None else make_llm(env)
         if llm is None and hasattr(model, "aclose"):
             owned.push_async_callback(model.aclose)
         client = http_client
         if client is None:
-            client = default_client(HTTP_TIMEOUT_S)
+            client = tools_client()
             owned.push_async_callback(client.aclose)
         result = await run(
             agent,
@@ -434,8 +495,7 @@ async def _run_turn(
 
 
 def _no_session(session_id: str) -> Reply:
-    return error_reply(
-        404,
-        "session-not-found",
+    return error_for(
+        SessionNotFoundError(session_id),
         f"session {session_id} has no history; POST /sessions/{{name}}/messages starts it",
     )

@@ -1,0 +1,1 @@
+"""A refund agent: a safe read and a keyed side effect against a payments API."""

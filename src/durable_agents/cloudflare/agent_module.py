@@ -1,0 +1,166 @@
+"""The user's agent module (`src/agent.py`), as the Worker shell reads it.
+
+A Worker built on the kit serves one agent, defined in one module that
+`src/entry.py` imports as `agent`:
+
+    AGENT: Agent                      required: the agent every session runs
+    make_deps(env, http) -> Any       required: what its handlers get as `ctx.deps`.
+                                      `env` is the Worker's env (attribute access,
+                                      `env.MY_SETTING`); `http` is an `httpx.AsyncClient`
+                                      that works in the Worker (over `fetch`) and on
+                                      CPython. Handlers must use it: a plain httpx
+                                      client cannot open sockets in a Worker.
+    make_llm(env) -> LLM              optional; default `llm_from_env(env)`
+    SETTINGS: tuple[str, ...]         optional: the names of the settings it reads; the
+                                      dev server passes them from the environment and
+                                      prints them
+    DEV_STUBS: {name: stub}           optional: for the dev server only. A setting
+                                      `name` left empty is pointed at
+                                      `<dev server>/__dev/<name>`, and the Worker
+                                      answers requests there with `stub`.
+
+A stub is `stub(method, path, body, headers) -> (status, json_body)`, sync
+or async: `path` is what follows `/__dev/<name>` ("/orders/42", or "/" for
+the URL itself), `body` the raw request body, `headers` the request's
+headers with lower-case names (an `Idempotency-Key` arrives as
+`headers["idempotency-key"]`). The Worker serves `/__dev/...` only while
+its setting `DEV_STUBS` is `"on"`, which only the dev server sets; on
+Cloudflare those paths are 404s like any unknown path.
+
+`AgentModule.load(module)` checks a module against this protocol and says
+what is missing, in terms of the module's own file.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import httpx
+
+from ..agent import Agent
+from ..errors import ConfigurationError
+from ..llm.settings import llm_from_env
+from ..run import LLM
+
+__all__ = ["DEV_STUB_PREFIX", "AgentModule", "DevStub", "MakeDeps", "MakeLLM"]
+
+MakeDeps = Callable[[Any, httpx.AsyncClient], Any]
+MakeLLM = Callable[[Any], LLM]
+DevStub = Callable[
+    [str, str, bytes, Mapping[str, str]], tuple[int, Any] | Awaitable[tuple[int, Any]]
+]
+DEV_STUB_PREFIX = "/__dev/"
+_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentModule:
+    """What the Worker serves: an agent and the functions that set it up per turn.
+
+    Build it with `AgentModule.load(module)` from a module following the
+    protocol above, or directly (tests of the Worker's own HTTP API do).
+    """
+
+    agent: Agent
+    make_deps: MakeDeps
+    make_llm: MakeLLM = llm_from_env
+    settings: tuple[str, ...] = ()
+    dev_stubs: Mapping[str, DevStub] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, module: Any) -> AgentModule:
+        """Read `AGENT`, `make_deps`, `make_llm`, `SETTINGS` and `DEV_STUBS` from `module`.
+
+        Raises `ConfigurationError` naming the module's file and what is
+        missing or of the wrong kind.
+        """
+        where = str(getattr(module, "__file__", None) or getattr(module, "__name__", module))
+        agent = getattr(module, "AGENT", None)
+        if not isinstance(agent, Agent):
+            got = "nothing" if agent is None else type(agent).__name__
+            raise ConfigurationError(
+                f"{where} must define AGENT, the Agent the Worker serves "
+                f"(AGENT = Agent(name, instructions, [tools])); found {got}"
+            )
+        make_deps = _function(module, "make_deps", "(env, http)", 2, where)
+        if make_deps is None:
+            raise ConfigurationError(
+                f"{where} must define make_deps(env, http): what the tools get as ctx.deps "
+                "(return None if they need nothing)"
+            )
+        make_llm = _function(module, "make_llm", "(env)", 1, where) or llm_from_env
+        return cls(
+            agent,
+            make_deps,
+            make_llm,
+            _settings(getattr(module, "SETTINGS", ()), where),
+            _dev_stubs(getattr(module, "DEV_STUBS", None), where),
+        )
+
+    @property
+    def has_own_llm(self) -> bool:
+        """Whether the module defines `make_llm` (else `llm_from_env` builds the LLM)."""
+        return self.make_llm is not llm_from_env
+
+    def describe(self) -> dict[str, Any]:
+        """What the dev server needs to know, as JSON-ready data (it knows no agent itself)."""
+        return {
+            "agent": self.agent.name,
+            "settings": list(self.settings),
+            "dev_stubs": list(self.dev_stubs),
+            "make_llm": self.has_own_llm,
+        }
+
+
+def _function(module: Any, name: str, parameters: str, arity: int, where: str) -> Any:
+    value = getattr(module, name, None)
+    if value is None:
+        return None
+    if not callable(value):
+        raise ConfigurationError(f"{where}: {name} must be a function {name}{parameters}")
+    try:
+        inspect.signature(value).bind(*([None] * arity))
+    except TypeError:
+        raise ConfigurationError(f"{where}: {name} must take {parameters}") from None
+    except ValueError:  # a builtin without a signature: take it as it is
+        pass
+    return value
+
+
+def _settings(value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, tuple | list | frozenset | set):
+        raise ConfigurationError(
+            f'{where}: SETTINGS must be a tuple of setting names, e.g. ("PAYMENTS_API_URL",)'
+        )
+    return tuple(_setting_name(name, "SETTINGS", where) for name in value)
+
+
+def _dev_stubs(value: Any, where: str) -> Mapping[str, DevStub]:
+    if value is None:
+        return MappingProxyType({})
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"{where}: DEV_STUBS must map setting names to stub functions "
+            "(method, path, body, headers) -> (status, json_body)"
+        )
+    stubs: dict[str, DevStub] = {}
+    for name, stub in value.items():
+        _setting_name(name, "DEV_STUBS", where)
+        if not callable(stub):
+            raise ConfigurationError(f"{where}: DEV_STUBS[{name!r}] must be a function")
+        stubs[name] = stub
+    return MappingProxyType(stubs)
+
+
+def _setting_name(name: Any, where_in: str, where: str) -> str:
+    if not isinstance(name, str) or not _SETTING_NAME.fullmatch(name):
+        raise ConfigurationError(
+            f"{where}: {where_in} holds {name!r}, which is not a setting name "
+            "(letters, digits and '_')"
+        )
+    return name
