@@ -25,6 +25,8 @@ import json
 import re
 from typing import Any
 
+from .limits import MAX_JSON_DEPTH
+
 __all__ = [
     "MAX_DEPTH",
     "STORED_MAX_DEPTH",
@@ -35,7 +37,7 @@ __all__ = [
     "loads",
 ]
 
-MAX_DEPTH = 128
+MAX_DEPTH = MAX_JSON_DEPTH
 """How deep JSON from outside may nest: request bodies, LLM replies and tool
 arguments, tool results, upstream responses. Real payloads stay far below."""
 

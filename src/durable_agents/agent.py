@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .errors import ConfigurationError
-from .stores._sql import MAX_ROW_BYTES
+from .limits import MAX_ROW_BYTES
 from .tools import Tool
 
 
@@ -20,8 +20,8 @@ class Agent:
       status `"max_steps"` (the session stays resumable).
     - `max_result_bytes`: a tool result larger than this is stored as an
       error result instead, so a big result never makes the write that
-      follows a side effect fail. At most the stores' row limit (1,900,000
-      bytes, under D1's 2,000,000).
+      follows a side effect fail. At most the stores' row limit
+      (`limits.MAX_ROW_BYTES`, 1,900,000 bytes, under D1's 2,000,000).
     - `max_message_bytes`: a user message larger than this is refused with
       `MessageTooLargeError` before anything is stored or sent.
     """

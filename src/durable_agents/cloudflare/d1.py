@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..errors import SessionConflictError, StoreError
+from ..limits import MAX_ROW_BYTES
 from ..messages import Message
 from ..stores import _sql
 from ..stores.base import Lease, LeaseHolder, SessionInfo
@@ -67,7 +68,7 @@ class D1Store:
         binding: D1Binding,
         *,
         clock: Callable[[], float] | None = None,
-        max_row_bytes: int = _sql.MAX_ROW_BYTES,
+        max_row_bytes: int = MAX_ROW_BYTES,
     ) -> None:
         self._db = binding
         self._clock = clock
@@ -208,7 +209,7 @@ def d1_store(
     binding: Any,
     *,
     clock: Callable[[], float] | None = None,
-    max_row_bytes: int = _sql.MAX_ROW_BYTES,
+    max_row_bytes: int = MAX_ROW_BYTES,
 ) -> D1Store:
     """A durable store over a D1 binding: `d1_store(self.env.DB)` inside a Worker.
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import ConfigurationError, MessageTooLargeError, SessionConflictError, StoreError
+from ..limits import MAX_ROW_BYTES
 from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls
 from .base import Lease
 
@@ -120,10 +121,6 @@ SELECT_LEASE = "SELECT owner, expires_at FROM agent_leases WHERE session_id = ?"
 RENEW_LEASE = "UPDATE agent_leases SET expires_at = ? WHERE session_id = ? AND owner = ?"
 RELEASE_LEASE = "DELETE FROM agent_leases WHERE session_id = ? AND owner = ?"
 DELETE_SESSION = "DELETE FROM agent_sessions WHERE id = ?"
-
-# D1 rejects rows over 2,000,000 bytes; the same bound everywhere keeps the
-# backends interchangeable (a history that fits SQLite fits D1).
-MAX_ROW_BYTES = 1_900_000
 
 
 def session_state(last: Message) -> str:

@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import SessionConflictError
+from ..limits import MAX_ROW_BYTES
 from ..messages import Message
-from ._sql import MAX_ROW_BYTES, append_rows, session_state
+from ._sql import append_rows, session_state
 from .base import Lease, LeaseHolder, SessionInfo
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..errors import SessionConflictError, StoreError
+from ..limits import MAX_ROW_BYTES
 from ..messages import Message
 from . import _sql
 from .base import Lease, LeaseHolder, SessionInfo
@@ -39,7 +40,7 @@ class SQLiteStore:
         *,
         busy_timeout_ms: int = 10_000,
         clock: Callable[[], float] = time.time,
-        max_row_bytes: int = _sql.MAX_ROW_BYTES,
+        max_row_bytes: int = MAX_ROW_BYTES,
     ) -> None:
         self.path = str(path)
         self._busy_timeout_ms = busy_timeout_ms
@@ -215,7 +216,7 @@ def sqlite_store(
     *,
     busy_timeout_ms: int = 10_000,
     clock: Callable[[], float] = time.time,
-    max_row_bytes: int = _sql.MAX_ROW_BYTES,
+    max_row_bytes: int = MAX_ROW_BYTES,
 ) -> SQLiteStore:
     """A durable store in the SQLite file at `path` (created if missing).
 
