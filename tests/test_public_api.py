@@ -104,3 +104,10 @@ def test_importing_the_library_reads_no_clock_and_no_randomness() -> None:
     code = preload + PATCH_CLOCK_AND_RANDOMNESS + ALL_MODULES + "print('ok')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_llm_protocol_is_one_object_beside_the_adapters() -> None:
+    import durable_agents.llm
+    import durable_agents.llm.base
+
+    assert durable_agents.LLM is durable_agents.llm.LLM is durable_agents.llm.base.LLM

@@ -22,6 +22,7 @@ from .errors import (
     ToolArgumentsError,
     ToolDurabilityError,
 )
+from .llm.base import LLM
 from .messages import (
     LLMResponse,
     MalformedToolCall,
@@ -31,7 +32,7 @@ from .messages import (
     ToolSpec,
     Usage,
 )
-from .run import LLM, RunResult, idempotency_key, pending_tool_calls, run
+from .run import RunResult, idempotency_key, pending_tool_calls, run
 from .stores.base import SessionInfo, Store
 from .tools import Tool, ToolContext, tool
 

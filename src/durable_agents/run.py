@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import httpx
 
@@ -58,13 +58,13 @@ from .errors import (
     ToolArgumentsError,
     ToolDurabilityError,
 )
+from .llm.base import LLM
 from .messages import (
     LLMResponse,
     MalformedToolCall,
     Message,
     ToolCall,
     ToolErrorKind,
-    ToolSpec,
     Usage,
     tool_error_content,
 )
@@ -73,19 +73,6 @@ from .stores.memory import memory_store
 from .tools import Handler, Tool, ToolContext
 
 RunStatus = Literal["complete", "max_steps", "error"]
-
-
-class LLM(Protocol):
-    """Anything that can take the conversation and answer with text and tool calls.
-
-    Use `durable_agents.llm` (`AnthropicLLM`, `OpenAILLM` for any
-    OpenAI-compatible server, `WorkersAILLM` inside a Worker, or
-    `llm_from_env`); `testing.ScriptedLLM` in tests. `chat()` may retry inside
-    (an LLM call is safe to repeat); whatever it raises ends the run with
-    status "error".
-    """
-
-    async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,8 +44,8 @@ import httpx
 
 from ..agent import Agent
 from ..errors import ConfigurationError
+from ..llm.base import LLM
 from ..llm.settings import llm_from_env
-from ..run import LLM
 
 __all__ = ["DEV_STUB_PREFIX", "AgentModule", "DevStub", "MakeDeps", "MakeLLM"]
 

@@ -58,8 +58,9 @@ from ..errors import (
     SessionNotFoundError,
     StoreError,
 )
+from ..llm.base import LLM
 from ..llm.settings import llm_from_env, setting
-from ..run import LLM, run
+from ..run import run
 from ..stores.base import Store
 from .agent_module import DEV_STUB_PREFIX, DevStub, MakeDeps, MakeLLM
 

@@ -15,6 +15,7 @@ from ..messages import MalformedToolCall
 from ._http import default_client
 from ._retry import RetryPolicy
 from .anthropic import AnthropicLLM
+from .base import LLM
 from .errors import (
     LLMAuthenticationError,
     LLMConnectionError,
@@ -32,6 +33,7 @@ from .workers_ai import WorkersAILLM
 
 __all__ = [
     "DEFAULT_MODELS",
+    "LLM",
     "PROVIDERS",
     "AnthropicLLM",
     "LLMAuthenticationError",

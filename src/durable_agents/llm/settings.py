@@ -23,7 +23,7 @@ from .openai import DEFAULT_OPENAI_MODEL, OPENAI_BASE_URL, OpenAILLM
 from .workers_ai import DEFAULT_WORKERS_AI_MODEL, WorkersAILLM
 
 if TYPE_CHECKING:
-    from ..run import LLM
+    from .base import LLM
 
 PROVIDERS = ("anthropic", "openai", "workers-ai", "demo")
 DEFAULT_MODELS: Mapping[str, str] = {
