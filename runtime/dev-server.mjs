@@ -2,18 +2,26 @@
 //
 //   node runtime/dev-server.mjs [--port 8787] [--ip 127.0.0.1] [--persist-to .wrangler/state]
 //                               [--config wrangler.toml] [--dev-vars .dev.vars]
-//                               [--request-timeout 30]
+//                               [--request-timeout 30] [--agent src/agent.py]
 //   (or scripts/dev / npm run dev, which set the runtime up first)
 //   --request-timeout SECONDS (or DEV_REQUEST_TIMEOUT): for a request's headers, then
 //   for its body; a request that takes longer gets a 408 and its connection is closed
+//   --agent FILE: serve this Python file as the agent module (`agent`, which the
+//   Worker's main imports) instead of src/agent.py, e.g. examples/refunds/agent.py
 //
 // What `wrangler dev` would do for a Python Worker if it could run offline:
 // - reads wrangler.toml: `main`, `[vars]`, the D1 databases and Durable
 //   Object bindings;
-// - settings: `[vars]`, then `.dev.vars`, then process environment
-//   variables of the same names (or of the kit's settings), later wins;
-//   API_TOKEN defaults to "dev-token", and empty ISSUES_API_URL /
-//   SLACK_WEBHOOK_URL point at stubs this server serves under /__dev/;
+// - settings: `[vars]`, then `.dev.vars`, then process environment variables
+//   of the same names, of the agent module's SETTINGS and DEV_STUBS, or of the
+//   kit's own settings (API_TOKEN, MAX_BODY_BYTES, LLM_*); later wins.
+//   API_TOKEN defaults to "dev-token". It learns the agent's names by
+//   importing the agent module in the runtime, and prints the settings the
+//   agent uses (values only from [vars]: never those of .dev.vars or the
+//   environment, where secrets live);
+// - each setting of the agent's DEV_STUBS that is empty points at
+//   `<this server>/__dev/<NAME>`, and DEV_STUBS=on lets the Worker answer
+//   there with the agent's stub (the server itself knows no stub);
 // - D1 persists under `<persist-to>/v3/d1`, keyed by `preview_database_id`
 //   or `database_id` as wrangler keys it, so `npx wrangler d1 execute <db>
 //   --local` and `npx wrangler d1 migrations apply <db> --local` (with the
@@ -36,21 +44,13 @@ import http from "node:http";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parse as parseToml } from "smol-toml";
-import { startRuntime } from "./index.mjs";
+import { PROJECT_MOUNT, startRuntime } from "./index.mjs";
 
 const PROJECT_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const DEV_TOKEN = "dev-token";
-// Read from the process environment even when neither [vars] nor .dev.vars name them.
-const KIT_SETTINGS = [
-  "API_TOKEN",
-  "MAX_BODY_BYTES",
-  "LLM_PROVIDER",
-  "LLM_MODEL",
-  "LLM_BASE_URL",
-  "LLM_API_KEY",
-  "ISSUES_API_URL",
-  "SLACK_WEBHOOK_URL",
-];
+// The kit's own settings: read from the process environment even when neither [vars]
+// nor .dev.vars name them (as are the agent module's SETTINGS and DEV_STUBS names).
+const KIT_SETTINGS = ["API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY"];
 const MAX_REQUEST_BYTES = 100 * 1024 * 1024; // Cloudflare's request body limit (free plan)
 const DEFAULT_REQUEST_TIMEOUT_S = 30;
 // fetch's forbidden methods: `new Request` throws for them, so no Worker can be given one.
@@ -67,6 +67,7 @@ function parseArgs(argv) {
     config: "wrangler.toml",
     devVars: ".dev.vars",
     requestTimeout: process.env.DEV_REQUEST_TIMEOUT || String(DEFAULT_REQUEST_TIMEOUT_S),
+    agent: null,
   };
   const names = {
     "--port": "port",
@@ -75,6 +76,7 @@ function parseArgs(argv) {
     "--config": "config",
     "--dev-vars": "devVars",
     "--request-timeout": "requestTimeout",
+    "--agent": "agent",
   };
   for (let i = 0; i < argv.length; i++) {
     const [flag, inline] = argv[i].split(/=(.*)/s, 2);
@@ -94,6 +96,10 @@ function parseArgs(argv) {
   options.requestTimeoutMs = Math.round(timeout * 1000);
   options.config = path.resolve(PROJECT_DIR, options.config);
   options.persistTo = path.resolve(PROJECT_DIR, options.persistTo ?? path.join(".wrangler", "state"));
+  if (options.agent !== null) {
+    options.agent = path.resolve(PROJECT_DIR, options.agent);
+    if (!options.agent.endsWith(".py") || !existsSync(options.agent)) fail(`--agent: no Python file at ${options.agent}`);
+  }
   return options;
 }
 
@@ -139,12 +145,49 @@ function readConfig(file) {
   };
 }
 
-function settingsFor(config, devVars) {
-  const env = { ...config.vars, ...devVars };
-  for (const name of new Set([...Object.keys(env), ...KIT_SETTINGS])) {
-    if (process.env[name] !== undefined) env[name] = process.env[name];
+// The Worker's settings, later wins: [vars], .dev.vars, then the process environment for
+// those names and `names`. `source[name]` says where each value came from.
+function settingsFor(config, devVars, names) {
+  const env = {};
+  const source = {};
+  for (const [from, values] of [["[vars]", config.vars], [".dev.vars", devVars]]) {
+    for (const [name, value] of Object.entries(values)) {
+      env[name] = value;
+      source[name] = from;
+    }
   }
-  return env;
+  for (const name of new Set([...Object.keys(env), ...names])) {
+    if (process.env[name] !== undefined) {
+      env[name] = process.env[name];
+      source[name] = "the environment";
+    }
+  }
+  return { env, source };
+}
+
+const isEmpty = (value) => !String(value ?? "").trim();
+
+// Import the agent module inside the runtime (the file of --agent as `agent`, or
+// src/agent.py) and learn what it declares: {agent, settings, dev_stubs, make_llm}.
+function describeAgent(runtime, agentFile) {
+  let where = null;
+  if (agentFile) {
+    const relative = path.relative(PROJECT_DIR, agentFile);
+    if (!relative.startsWith("..") && !path.isAbsolute(relative)) {
+      where = `${PROJECT_MOUNT}/${relative.split(path.sep).join("/")}`;
+    } else {
+      const mount = "/agent-module";
+      runtime.pyodide.FS.mkdirTree(mount);
+      runtime.pyodide.mountNodeFS(mount, path.dirname(agentFile));
+      where = `${mount}/${path.basename(agentFile)}`;
+    }
+  }
+  const helper = runtime.importPython("_dev_agent");
+  try {
+    return JSON.parse(where === null ? helper.load() : helper.load(where));
+  } finally {
+    helper.destroy();
+  }
 }
 
 // --- a workerd left behind by a SIGKILLed server holds the database open: stop it ---
@@ -218,33 +261,6 @@ function applyMigrations(options, database) {
       resolve(applied);
     });
   });
-}
-
-// --- the stand-ins for the template's issue tracker and Slack webhook (dev only) ---
-
-const seenKeys = new Set();
-
-function devStub(request, body) {
-  const url = new URL(request.url, "http://dev");
-  const issue = url.pathname.match(/^\/__dev\/issues\/([^/]+)$/);
-  if (request.method === "GET" && issue) {
-    const id = decodeURIComponent(issue[1]);
-    return [200, { id, title: `Example issue ${id} (dev stub)`, status: "open" }];
-  }
-  if (request.method === "POST" && url.pathname === "/__dev/slack") {
-    let post = {};
-    try {
-      post = JSON.parse(body.toString("utf8"));
-    } catch {
-      return [400, { ok: false, error: "invalid JSON" }];
-    }
-    const key = request.headers["idempotency-key"] ?? "";
-    const duplicate = key !== "" && seenKeys.has(key);
-    seenKeys.add(key);
-    console.log(`dev: slack stub ${duplicate ? "ignored a repeated" : "received a"} post to ${post.channel}: ${JSON.stringify(post.text)} (Idempotency-Key ${key || "none"})`);
-    return [200, { ok: true, duplicate }];
-  }
-  return null;
 }
 
 // --- HTTP ---
@@ -334,7 +350,7 @@ function clientErrorAnswer(error, timeoutMs) {
   return null;
 }
 
-async function serve(whenReady, request, response, { origin, stubs, requestTimeoutMs, expectsContinue }) {
+async function serve(whenReady, request, response, { origin, requestTimeoutMs, expectsContinue }) {
   const refused = refusal(request);
   if (refused) return sendError(response, ...refused);
   if (expectsContinue.has(request)) response.writeContinue();
@@ -346,10 +362,6 @@ async function serve(whenReady, request, response, { origin, stubs, requestTimeo
   }
   if (read.tooLarge) return sendError(response, 413, "body-too-large", "the body is over 100 MiB");
   const body = read.body;
-  if (stubs && request.url.startsWith("/__dev/")) {
-    const answer = devStub(request, body);
-    if (answer) return sendJson(response, ...answer);
-  }
   let jsRequest;
   try {
     const headers = new Headers();
@@ -381,14 +393,15 @@ async function main() {
   const started = performance.now();
   const options = parseArgs(process.argv.slice(2));
   const config = readConfig(options.config);
-  const env = settingsFor(config, readDevVars(options.devVars && path.resolve(PROJECT_DIR, options.devVars)));
+  const devVars = readDevVars(options.devVars && path.resolve(PROJECT_DIR, options.devVars));
+  const { env } = settingsFor(config, devVars, KIT_SETTINGS);
   mkdirSync(options.persistTo, { recursive: true });
   const lockFile = path.join(options.persistTo, "durable-agents-dev.json");
   await claimStateDir(lockFile);
 
   // Listen first: a busy port fails in milliseconds, and --port 0 gets its number before the Worker's env is set.
   const timeoutMs = options.requestTimeoutMs;
-  const serverState = { origin: "", stubs: false, requestTimeoutMs: timeoutMs, expectsContinue: new WeakSet() };
+  const serverState = { origin: "", requestTimeoutMs: timeoutMs, expectsContinue: new WeakSet() };
   let ready;
   const whenReady = new Promise((resolve) => (ready = resolve));
   const inFlight = new WeakMap(); // socket -> the response being written on it
@@ -449,21 +462,6 @@ async function main() {
   const origin = `http://${host}:${port}`;
   serverState.origin = origin;
 
-  const notes = [];
-  if (!env.API_TOKEN) {
-    env.API_TOKEN = DEV_TOKEN;
-    notes.push(`API_TOKEN is not set: using the dev token "${DEV_TOKEN}" (Authorization: Bearer ${DEV_TOKEN})`);
-  }
-  for (const [name, stub] of [["ISSUES_API_URL", "/__dev"], ["SLACK_WEBHOOK_URL", "/__dev/slack"]]) {
-    if (!String(env[name] ?? "").trim()) {
-      env[name] = origin + stub;
-      serverState.stubs = true;
-      notes.push(`${name} is not set: using the dev stub ${env[name]}`);
-    }
-  }
-  const provider = String(env.LLM_PROVIDER ?? "").trim() || (env.LLM_API_KEY ? "(unset)" : "demo");
-  notes.push(`LLM_PROVIDER=${provider}${provider === "demo" ? " (the offline demo model)" : env.LLM_BASE_URL ? ` at ${env.LLM_BASE_URL}` : ""}`);
-
   let migrationsMs = 0;
   const applied = [];
   const runtime = await startRuntime({
@@ -477,7 +475,11 @@ async function main() {
       migrationsMs = Math.round(performance.now() - t);
     },
   });
+  const tWorker = performance.now();
+  const agent = describeAgent(runtime, options.agent);
+  const notes = settle(runtime.env, config, devVars, agent, origin, options.agent);
   const worker = runtime.loadWorker({ main: config.module, durableObjects: config.durableObjects });
+  const workerMs = Math.round(performance.now() - tWorker);
   writeFileSync(lockFile, JSON.stringify({ pid: process.pid, workerd: childWorkerdPids() }) + "\n");
 
   // Ctrl-C / SIGTERM: miniflare's own exit hook stops workerd and exits (130 / 143);
@@ -494,10 +496,44 @@ async function main() {
   console.log(`dev: D1 in ${shown}/v3/d1; migrations ${applied.length ? `applied: ${applied.join(", ")}` : "up to date"}`);
   console.log(
     `dev: started in ${Math.round(performance.now() - started)} ms (Pyodide ${t.loadPyodideMs} ms, ` +
-      `workers SDK ${t.importWorkersMs} ms, migrations ${migrationsMs} ms, D1 ${t.miniflareMs} ms)`,
+      `workers SDK ${t.importWorkersMs} ms, migrations ${migrationsMs} ms, D1 ${t.miniflareMs} ms, ` +
+      `Worker module and agent ${workerMs} ms)`,
   );
   ready(worker);
   console.log(`ready on ${origin}`);
+}
+
+// The agent's settings into the Worker's env (from the environment too), its dev stubs
+// wired for those left empty, the dev token; the lines to print about them.
+function settle(workerEnv, config, devVars, agent, origin, agentFile) {
+  const { env, source } = settingsFor(config, devVars, [...KIT_SETTINGS, ...agent.settings, ...agent.dev_stubs]);
+  const notes = [];
+  const relative = agentFile && path.relative(PROJECT_DIR, agentFile);
+  const shown = !agentFile ? "src/agent.py" : relative.startsWith("..") ? agentFile : relative;
+  notes.push(`serving the agent ${JSON.stringify(agent.agent)} from ${shown}`);
+  if (!env.API_TOKEN) {
+    env.API_TOKEN = DEV_TOKEN;
+    notes.push(`API_TOKEN is not set: using the dev token "${DEV_TOKEN}" (Authorization: Bearer ${DEV_TOKEN})`);
+  }
+  const stubbed = agent.dev_stubs.filter((name) => isEmpty(env[name]));
+  for (const name of stubbed) env[name] = `${origin}/__dev/${name}`;
+  if (stubbed.length) env.DEV_STUBS = "on";
+  for (const name of new Set([...agent.settings, ...agent.dev_stubs])) {
+    if (stubbed.includes(name)) notes.push(`${name} is not set: using the agent's dev stub ${env[name]}`);
+    else if (isEmpty(env[name])) notes.push(`${name} is not set`);
+    else if (source[name] === "[vars]") notes.push(`${name}=${env[name]} (from [vars])`);
+    else notes.push(`${name} is set (from ${source[name]}; not printed)`);
+  }
+  const provider = String(env.LLM_PROVIDER ?? "").trim() || (env.LLM_API_KEY ? "(unset)" : "demo");
+  const at = provider !== "demo" && env.LLM_BASE_URL ? ` at ${env.LLM_BASE_URL}` : "";
+  const model = agent.make_llm
+    ? " (the agent's make_llm builds the model)"
+    : provider === "demo"
+      ? " (offline: TestLLM, which calls each tool once)"
+      : "";
+  notes.push(`LLM_PROVIDER=${provider}${at}${model}`);
+  Object.assign(workerEnv, env);
+  return notes;
 }
 
 main().catch((error) => {

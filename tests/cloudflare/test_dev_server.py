@@ -1,5 +1,6 @@
 """The Worker end to end over HTTP: `scripts/dev` (the local runtime, miniflare's D1
-persisted in wrangler's layout) with a fake LLM, issue tracker and webhook.
+persisted in wrangler's layout) serving the triage example (`--agent
+examples/triage/agent.py`) with a fake LLM, issue tracker and webhook.
 
 The crash test SIGKILLs the dev server while the webhook holds the answer to
 a post it has received (the side effect happened, its result was never
@@ -166,7 +167,8 @@ def _workerd_children(pid: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    """The dev server as a fresh checkout runs it: no settings at all."""
+    """The dev server as a fresh checkout runs it (the template is the triage example):
+    no settings at all."""
     server = DevServer(tmp_path_factory.mktemp("quickstart"), {}).start()
     try:
         yield server
@@ -176,8 +178,13 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
 
 def test_quickstart_runs_offline_with_the_demo_model_and_stubs(quickstart: DevServer) -> None:
     out = "\n".join(quickstart.lines)
+    assert 'serving the agent "triage" from examples/triage/agent.py' in out
     assert 'using the dev token "dev-token"' in out
-    assert "LLM_PROVIDER=demo" in out
+    assert "LLM_PROVIDER=demo (the agent's make_llm builds the model)" in out
+    for name in ("ISSUES_API_URL", "SLACK_WEBHOOK_URL"):
+        stub = f"{name} is not set: using the agent's dev stub {quickstart.url}/__dev/{name}"
+        assert stub in out
+    assert "PAYMENTS_API_URL" not in out, "only the served agent's settings are printed"
     status, _, reply = quickstart.request(
         "POST", "/sessions/demo/messages", message("triage issue 42"), token="dev-token"
     )

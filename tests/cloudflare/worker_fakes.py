@@ -8,7 +8,9 @@
   webhook (`/hook`) that records every post and can hold its answer until
   released.
 - `DevServer`: `scripts/dev` started as a child process on a free port with
-  its own state dir; `crash()` SIGKILLs it, `stop()` ends it with SIGTERM.
+  its own state dir, serving an agent module given by path (`--agent`; the
+  triage example by default, never the template's src/agent.py, which is the
+  user's to replace); `crash()` SIGKILLs it, `stop()` ends it with SIGTERM.
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ from typing import Any
 
 PROJECT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90.0
-# Settings the dev server reads from the environment: cleared for every child,
-# so a developer's shell cannot change what a test runs.
-KIT_SETTINGS = (
+TRIAGE_AGENT = PROJECT / "examples" / "triage" / "agent.py"
+REFUNDS_AGENT = PROJECT / "examples" / "refunds" / "agent.py"
+# Settings the dev server reads from the environment (the kit's, and those the
+# examples declare): cleared for every child, so a developer's shell cannot
+# change what a test runs.
+CLEARED_SETTINGS = (
     "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
-    "ISSUES_API_URL", "SLACK_WEBHOOK_URL",
+    "ISSUES_API_URL", "SLACK_WEBHOOK_URL", "PAYMENTS_API_URL", "DEV_STUBS",
 )  # fmt: skip
 DURABILITY_REPLY = "The post may already have gone out; I will not post again. Check #triage."
 
@@ -186,12 +191,16 @@ def _handler_for(services: FakeServices) -> type[BaseHTTPRequestHandler]:
 
 class DevServer:
     """`scripts/dev` on a free port, with its own state dir and .dev.vars file
-    (`dev_vars`, its text; none by default)."""
+    (`dev_vars`, its text; none by default), serving the agent module `agent`."""
 
-    def __init__(self, state_dir: Path, env: dict[str, str], dev_vars: str = "") -> None:
+    def __init__(
+        self, state_dir: Path, env: dict[str, str], dev_vars: str = "",
+        agent: Path = TRIAGE_AGENT,
+    ) -> None:  # fmt: skip
         self.state_dir = state_dir
         self.env = env
         self.dev_vars = dev_vars
+        self.agent = agent
         self.url = ""
         self.lines: list[str] = []
         self.start_s = 0.0
@@ -199,7 +208,7 @@ class DevServer:
         self._started: list[tuple[subprocess.Popen[str], threading.Thread]] = []
 
     def start(self) -> DevServer:
-        child_env = {k: v for k, v in os.environ.items() if k not in KIT_SETTINGS}
+        child_env = {k: v for k, v in os.environ.items() if k not in CLEARED_SETTINGS}
         child_env.update(self.env)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         dev_vars = self.state_dir / "test.dev.vars"
@@ -207,7 +216,7 @@ class DevServer:
         started = time.perf_counter()
         self.process = subprocess.Popen(
             [str(PROJECT / "scripts" / "dev"), "--port", "0", "--persist-to", str(self.state_dir),
-             "--dev-vars", str(dev_vars)],
+             "--dev-vars", str(dev_vars), "--agent", str(self.agent)],
             cwd=PROJECT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,
         )  # fmt: skip
