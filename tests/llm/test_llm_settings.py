@@ -3,6 +3,7 @@ the public surface of durable_agents.llm."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from typing import Any
 
@@ -27,6 +28,7 @@ from durable_agents.llm import (
     LLMTimeoutError,
     OpenAILLM,
     WorkersAILLM,
+    _http,
     default_client,
     llm_from_env,
 )
@@ -137,15 +139,42 @@ async def test_default_client_is_plain_httpx_on_cpython() -> None:
         assert client.timeout.read == 5.0
 
 
-async def test_default_client_goes_through_fetch_under_pyodide(
+async def test_default_client_takes_the_transport_it_is_given() -> None:
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json={"ok": True}))
+    async with default_client(5.0, transport) as client:
+        assert client._transport is transport
+        assert (await client.get("http://x/")).json() == {"ok": True}
+
+
+async def test_the_default_transport_is_what_the_worker_side_sets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(_http, "_default_transport", None)
     monkeypatch.setattr(sys, "platform", "emscripten")
+    with pytest.raises(ConfigurationError, match="FetchTransport"):
+        default_client(7.0)
+    _http.set_default_transport(FetchTransport)
     async with default_client(7.0) as client:
         assert isinstance(client._transport, FetchTransport)
-        llm = OpenAILLM("m", "k")
-        assert isinstance(llm._http.client._transport, FetchTransport)
-        await llm.aclose()
+    llm = OpenAILLM("m", "k")
+    assert isinstance(llm._http.client._transport, FetchTransport)
+    await llm.aclose()
+    given = httpx.MockTransport(lambda request: httpx.Response(204))
+    async with default_client(7.0, given) as client:
+        assert client._transport is given
+
+
+def test_importing_cloudflare_under_pyodide_makes_fetch_the_default() -> None:
+    code = (
+        "import sys\n"
+        "from durable_agents.llm import _http\n"
+        "assert 'durable_agents.cloudflare' not in sys.modules\n"
+        "assert _http._default_transport is None\n"
+        "sys.platform = 'emscripten'\n"
+        "import durable_agents.cloudflare as cf\n"
+        "assert _http._default_transport is cf.FetchTransport, _http._default_transport\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_every_llm_error_is_a_durable_agents_error_with_a_stable_code() -> None:

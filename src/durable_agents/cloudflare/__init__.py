@@ -2,7 +2,10 @@
 
 - `d1_store(env.DB)`: the durable store of a Worker, over a D1 binding.
 - `FetchTransport`: an httpx transport over the runtime's JS `fetch`, for
-  LLM calls from a Worker (httpx's own transport needs sockets).
+  LLM calls from a Worker (httpx's own transport needs sockets). Importing
+  this package under Pyodide makes it the default transport of
+  `durable_agents.llm.default_client`, so every client the kit builds in a
+  Worker (the LLM adapters', the tools' `http`) uses it.
 
 Both import on CPython (they touch `js`/`pyodide` only when called), so code
 that builds them type-checks and tests there; `testing.fake_d1` stands in
@@ -11,7 +14,13 @@ for a D1 binding.
 
 from __future__ import annotations
 
+import sys
+
+from ..llm._http import set_default_transport
 from .d1 import D1Store, d1_store
 from .fetch_transport import FetchTransport
+
+if sys.platform == "emscripten":
+    set_default_transport(FetchTransport)
 
 __all__ = ["D1Store", "FetchTransport", "d1_store"]

@@ -3,8 +3,9 @@
 Python Workers have no sockets for httpx's default transport to open, but the
 runtime's JS `fetch` reaches the internet (and, in the local runtime, any
 127.0.0.1 server). `httpx.AsyncClient(transport=FetchTransport())` sends every
-request through it; the LLM adapters choose it on `sys.platform ==
-"emscripten"`. On CPython use httpx's default transport.
+request through it; under Pyodide, importing `durable_agents.cloudflare`
+makes it the default of the clients the kit builds (`llm.default_client`).
+On CPython use httpx's default transport.
 
 What `fetch` does for us and httpx must not do twice: it sets `host`,
 `content-length` and `connection` itself (and refuses some of them), and it

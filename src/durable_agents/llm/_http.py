@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Self
 
 import httpx
@@ -44,22 +44,47 @@ def check_base_url(base_url: str, setting: str = "LLM_BASE_URL") -> str:
     return base_url.rstrip("/")
 
 
-def default_client(timeout: float) -> httpx.AsyncClient:
-    """The client an adapter uses when none is injected.
+TransportFactory = Callable[[], httpx.AsyncBaseTransport]
 
-    Under Pyodide (Cloudflare Python Workers) httpx's own transports cannot
-    open sockets, so requests go through the Workers `fetch` API instead.
-    The Worker hands the same kind of client to the tools. Its responses
-    whose JSON nests deeper than 128 levels raise `httpx.DecodingError` when
-    read, before anything parses them (on Pyodide, parsing them would crash
-    the runtime; see `durable_agents._http_json`).
+_default_transport: TransportFactory | None = None
+
+
+def set_default_transport(factory: TransportFactory | None) -> None:
+    """Where clients made by `default_client` without a `transport` send requests.
+
+    `None` (the start) is httpx's own transport. The Worker side sets it:
+    importing `durable_agents.cloudflare` under Pyodide sets `FetchTransport`,
+    so an adapter built anywhere in a Worker (say by `llm_from_env` in an
+    agent's `make_llm`) reaches its provider through `fetch`. This package
+    never imports `cloudflare/`: the dependency points the other way.
     """
-    hooks = {"response": [refuse_deep_json]}
-    if sys.platform == "emscripten":
-        from ..cloudflare.fetch_transport import FetchTransport
+    global _default_transport
+    _default_transport = factory
 
-        return httpx.AsyncClient(timeout=timeout, transport=FetchTransport(), event_hooks=hooks)
-    return httpx.AsyncClient(timeout=timeout, event_hooks=hooks)
+
+def default_client(
+    timeout: float, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """The client an adapter uses when none is injected, and the Worker hands the tools.
+
+    It sends through `transport`, else through the default transport (see
+    `set_default_transport`; inside a Worker, `fetch`), else httpx's own.
+    Under Pyodide with neither, it refuses (`ConfigurationError`): httpx's
+    own transport cannot open sockets there. Its responses whose JSON nests
+    deeper than 128 levels raise `httpx.DecodingError` when read, before
+    anything parses them (on Pyodide, parsing them would crash the runtime;
+    see `durable_agents._http_json`).
+    """
+    if transport is None and _default_transport is not None:
+        transport = _default_transport()
+    if transport is None and sys.platform == "emscripten":
+        raise ConfigurationError(
+            "httpx cannot open sockets under Pyodide: pass "
+            "transport=durable_agents.cloudflare.FetchTransport(), or import "
+            "durable_agents.cloudflare first (it makes fetch the default)"
+        )
+    hooks = {"response": [refuse_deep_json]}
+    return httpx.AsyncClient(timeout=timeout, transport=transport, event_hooks=hooks)
 
 
 class HTTPPoster:
