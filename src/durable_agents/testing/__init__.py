@@ -167,12 +167,18 @@ def crash_after_tool_results(store: Store) -> CrashingStore:
     return crash_on_write(store, 2)
 
 
+# Last: check_agent builds on the crash helpers above.
+from .check_agent import AgentCheckReport, check_agent, check_agent_async  # noqa: E402
+
 __all__ = [
+    "AgentCheckReport",
     "CrashingStore",
     "LLMCall",
     "ScriptExhaustedError",
     "ScriptedLLM",
     "SimulatedCrash",
+    "check_agent",
+    "check_agent_async",
     "count_writes",
     "crash_after_tool_results",
     "crash_on_write",

@@ -1,0 +1,806 @@
+"""Check any agent module against the at-most-once contract, at every crash point.
+
+    from durable_agents.testing import check_agent
+
+    def test_agent() -> None:
+        report = check_agent(importlib.import_module("agent"))   # the module of src/agent.py
+        print(report)   # agent 'refunds': 32 crash points, 81 runs, 120 requests; ...
+
+What it does, for an agent module written against the protocol of
+`durable_agents.cloudflare.agent_module` (`AGENT`, `make_deps(env, http)`, optional
+`DEV_STUBS`; `make_llm` and `SETTINGS` are not used):
+
+- drives the agent with `TestLLM` (every tool called once per turn, with
+  arguments made from its input schema), in both of its modes: all tools in
+  one step, and one tool per step (more steps, so more crash points); two
+  turns each, on a real SQLite file (`sqlite_store`);
+- first without a crash, counting the atomic appends; then once per append
+  and per side of it: the process "dies" right before the append lands and,
+  in another session, right after (`crash_on_write`), and the turn is
+  finished as a caller would: `run(..., message=None)` once the turn's
+  message is stored, the message again if it is not;
+- each `run()` gets `deps=make_deps(env, http)`: `env` is the config's
+  `[vars]` (plus `env=`) as attributes, like a Worker's env (a name it does
+  not hold raises `AttributeError`, as a missing binding does in a Worker);
+  an empty setting whose name ends in `_URL`, or that `DEV_STUBS` names,
+  becomes `https://<name>.check.invalid` so the handlers have somewhere to
+  send their requests. `http` is an `httpx.AsyncClient` that sends nothing:
+  every request is recorded, with the tool call whose handler made it, and
+  answered by `respond(request)` if given, else by the module's own dev stub
+  when it went to a setting `DEV_STUBS` names, else `200 {}`.
+
+It asserts, for every crash point (an `AssertionError` naming the crash
+point, with the stored history and the requests, on the first breach):
+
+- the handler of a tool that is not `safe_to_retry` ran at most once per
+  call, and at most once per turn (`TestLLM` calls each tool once a turn,
+  so a second run means the call was made again: a step the store lost);
+  so none of its requests was sent twice;
+- a `safe_to_retry` call that ran more than once sent each POST/PATCH with
+  its idempotency key in a header (the same key on every re-invocation,
+  e.g. `Idempotency-Key: ctx.idempotency_key`); else the re-invocation
+  repeated a side effect, and the tool is not safe to retry;
+- every history is well formed: only user, assistant and tool messages;
+  each turn's user message stored once, in order; every call followed
+  directly by exactly one result, in call order; each turn ending with a
+  final reply; call ids unique; every handler run was for a stored call;
+- an unsafe call left without a result by a crash (an orphan) ends with a
+  `tool-durability-error` result; a safe orphan is run again and gets a
+  real result; a durability error never answers a safe tool's call;
+- every run finishes the turn (`status == "complete"`) once resumed.
+
+`check_agent` runs its own event loop; in async code, `await check_agent_async(...)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import importlib
+import inspect
+import io
+import os
+import re
+import tempfile
+import tomllib
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+import httpx
+
+from .._http_json import refuse_deep_json
+from ..agent import Agent
+from ..errors import ConfigurationError, ToolDurabilityError
+from ..llm.offline import TestLLM
+from ..messages import LLMResponse, Message, ToolCall, ToolErrorKind, ToolSpec, tool_error
+from ..run import pending_tool_calls, run
+from ..stores.base import Store
+from ..tools import Tool, ToolContext
+from . import CrashingStore, SimulatedCrash
+
+__all__ = ["AgentCheckReport", "RecordedRequest", "check_agent", "check_agent_async"]
+
+Responder = Callable[[httpx.Request], httpx.Response | Awaitable[httpx.Response]]
+_NON_IDEMPOTENT = frozenset({"POST", "PATCH"})
+_HANDLER_NOT_CALLED = frozenset({ToolErrorKind.INVALID_ARGUMENTS, ToolErrorKind.UNKNOWN_TOOL})
+_SIDES: tuple[Literal["before", "after"], ...] = ("before", "after")
+_MAX_RUNS_PER_TURN = 50  # resumes of one turn before giving up (max_steps agents resume)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request a handler (or `make_deps`) sent through the check's `http` client.
+
+    `tool_name`, `tool_call_id`, `idempotency_key` and `invocation` say which
+    handler run sent it (`invocation` counts that call's runs from 1); all
+    None for a request made outside any handler.
+    """
+
+    scenario: str
+    turn: int
+    tool_name: str | None
+    tool_call_id: str | None
+    idempotency_key: str | None
+    invocation: int | None
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    def carries(self, text: str) -> bool:
+        """Whether `text` is one of the request's header values."""
+        return any(text in value for _, value in self.headers)
+
+    def __str__(self) -> str:
+        who = (
+            f"{self.tool_name}#{self.tool_call_id} (run {self.invocation})"
+            if self.tool_name
+            else "outside any tool call"
+        )
+        body = self.body[:120].decode(errors="replace")
+        return f"{self.method} {self.url} {body!r} from {who}"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCheckReport:
+    """What `check_agent` ran. Every count is over all crash points and both modes."""
+
+    agent: str
+    safe_tools: tuple[str, ...]
+    unsafe_tools: tuple[str, ...]
+    crash_points: int
+    runs: int
+    requests: int
+    durability_errors: int
+    safe_reinvocations: int
+    unkeyed_unsafe_requests: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        text = (
+            f"agent {self.agent!r}: {self.crash_points} crash points, {self.runs} runs, "
+            f"{self.requests} requests; {self.durability_errors} durability errors stored, "
+            f"{self.safe_reinvocations} safe re-invocations; no unsafe request sent twice, "
+            "every history well formed"
+        )
+        if self.unkeyed_unsafe_requests:
+            text += (
+                "; note: requests of unsafe tools without the call's idempotency key in a "
+                f"header: {', '.join(self.unkeyed_unsafe_requests)}"
+            )
+        return text
+
+
+class CheckEnv:
+    """A Worker-like env over plain settings: `env.NAME`; a missing name raises AttributeError."""
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_settings", dict(settings))
+
+    def __getattr__(self, name: str) -> Any:
+        settings: dict[str, Any] = object.__getattribute__(self, "_settings")
+        if name in settings:
+            return settings[name]
+        raise AttributeError(
+            f"env has no {name!r}: check_agent's env holds the config's [vars] "
+            f"({', '.join(sorted(settings)) or 'none'}); "
+            f"pass check_agent(..., env={{{name!r}: ...}})"
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("the env is read-only")
+
+    def __dir__(self) -> list[str]:
+        return sorted(object.__getattribute__(self, "_settings"))
+
+    def __repr__(self) -> str:
+        return f"CheckEnv({sorted(object.__getattribute__(self, '_settings'))})"
+
+
+# -- running the agent --------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Invocation:
+    turn: int
+    tool_name: str
+    call_id: str
+    key: str
+    run_number: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Crash:
+    n: int
+    when: Literal["before", "after"]
+    label: str
+
+    def __str__(self) -> str:
+        return f"a crash {self.when} append #{self.n} ({self.label})"
+
+
+@dataclass(slots=True)
+class _Scenario:
+    """One session played through its turns; what happened in it."""
+
+    name: str
+    mode: str
+    crash: _Crash | None
+    turn: int = 0
+    runs: int = 0
+    crashed: bool = False
+    invocations: list[_Invocation] = field(default_factory=list)
+    requests: list[RecordedRequest] = field(default_factory=list)
+    orphaned: dict[str, str] = field(default_factory=dict)  # call id -> tool, after a crash
+    appends: list[list[Message]] = field(default_factory=list)
+
+
+_CURRENT: contextvars.ContextVar[_Invocation | None] = contextvars.ContextVar(
+    "durable_agents_check_call", default=None
+)
+
+
+class _RecordingStore(CrashingStore):
+    """`crash_on_write`, also keeping what each append carried (to name the crash points)."""
+
+    def __init__(self, store: Store, crash: _Crash | None, appends: list[list[Message]]) -> None:
+        super().__init__(store, crash.n if crash else None, crash.when if crash else "before")
+        self._log = appends
+
+    async def append_messages_atomic(
+        self, session_id: str, expected_seq: int, messages: Sequence[Message], **kwargs: Any
+    ) -> int:
+        self._log.append(list(messages))
+        return await super().append_messages_atomic(session_id, expected_seq, messages, **kwargs)
+
+
+class _Checker:
+    def __init__(
+        self,
+        agent: Agent,
+        make_deps: Callable[[Any, httpx.AsyncClient], Any],
+        env: CheckEnv,
+        store: Store,
+        *,
+        turns: int,
+        respond: Responder | None,
+        arguments: Mapping[str, Mapping[str, Any]],
+        stubs: Mapping[str, Callable[..., Any]],
+    ) -> None:
+        self.agent = agent
+        self.stubs = dict(stubs)  # placeholder URL -> the agent's dev stub for it
+        self.make_deps = make_deps
+        self.env = env
+        self.store = store
+        self.messages = [f"check_agent turn {i + 1}" for i in range(turns)]
+        self.respond = respond
+        self.arguments = {name: dict(value) for name, value in arguments.items()}
+        self.tools = {t.name: t for t in agent.tools}
+        unknown = sorted(set(self.arguments) - set(self.tools))
+        if unknown:
+            raise ConfigurationError(
+                f"arguments= names tools {agent.name!r} does not have: {unknown}"
+            )
+        missing = sorted(name for name, t in self.tools.items() if t.handler is None)
+        if missing:
+            raise ConfigurationError(
+                f"tools {missing} of agent {agent.name!r} have no handler; an agent module's "
+                "AGENT must carry its handlers"
+            )
+        self.handlers = {name: self._recording(t) for name, t in self.tools.items()}
+        self.scenario: _Scenario | None = None
+        self.runs = 0
+        self.requests = 0
+        self.durability_errors = 0
+        self.safe_reinvocations = 0
+        self.crash_points = 0
+        self.unkeyed: set[str] = set()
+
+    # -- handlers and http, recorded --------------------------------------------
+
+    def _recording(self, t: Tool) -> Callable[[Any, ToolContext], Awaitable[Any]]:
+        handler = t.handler
+        assert handler is not None
+
+        async def recorded(args: Any, ctx: ToolContext) -> Any:
+            scenario = self.scenario
+            assert scenario is not None
+            invocation = _Invocation(
+                scenario.turn, ctx.tool_name, ctx.tool_call_id, ctx.idempotency_key, 0
+            )
+            invocation.run_number = 1 + sum(
+                1 for i in scenario.invocations if i.call_id == ctx.tool_call_id
+            )
+            scenario.invocations.append(invocation)
+            token = _CURRENT.set(invocation)
+            try:
+                value = handler(args, ctx)
+                return await value if inspect.isawaitable(value) else value
+            finally:
+                _CURRENT.reset(token)
+
+        return recorded
+
+    async def _answer(self, request: httpx.Request) -> httpx.Response:
+        scenario = self.scenario
+        assert scenario is not None
+        invocation = _CURRENT.get()
+        recorded = RecordedRequest(
+            scenario=scenario.name,
+            turn=scenario.turn,
+            tool_name=invocation.tool_name if invocation else None,
+            tool_call_id=invocation.call_id if invocation else None,
+            idempotency_key=invocation.key if invocation else None,
+            invocation=invocation.run_number if invocation else None,
+            method=request.method,
+            url=str(request.url),
+            headers=tuple((k.lower(), v) for k, v in request.headers.items()),
+            body=request.content,
+        )
+        scenario.requests.append(recorded)
+        if self.respond is not None:
+            answer = self.respond(request)
+            return await answer if inspect.isawaitable(answer) else answer
+        url = str(request.url)
+        for base, stub in self.stubs.items():
+            if url == base or url.startswith(base + "/") or url.startswith(base + "?"):
+                path = url[len(base) :] or "/"
+                headers = {k.lower(): v for k, v in request.headers.items()}
+                with contextlib.redirect_stdout(io.StringIO()):  # a dev server's log lines
+                    reply = stub(request.method, path, request.content, headers)
+                    status, body = await reply if inspect.isawaitable(reply) else reply
+                return httpx.Response(status, json=body)
+        return httpx.Response(200, json={})
+
+    # -- playing ------------------------------------------------------------------
+
+    def llm(self, one_per_step: bool) -> Any:
+        model = TestLLM(one_per_step=one_per_step)
+        if not self.arguments:
+            return model
+
+        class WithArguments:
+            async def chat(self_, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+                response = await model.chat(messages, tools)
+                calls = [
+                    ToolCall(c.id, c.name, dict(self.arguments[c.name]))
+                    if c.name in self.arguments
+                    else c
+                    for c in response.tool_calls
+                ]
+                return LLMResponse(response.text, calls, response.usage)
+
+        return WithArguments()
+
+    async def play(self, scenario: _Scenario, one_per_step: bool) -> list[Message]:
+        """Play every turn on the scenario's session, crashing once, resuming until done."""
+        self.scenario = scenario
+        crashing = _RecordingStore(self.store, scenario.crash, scenario.appends)
+        session_id = scenario.name
+        for turn, text in enumerate(self.messages):
+            scenario.turn = turn
+            for _ in range(_MAX_RUNS_PER_TURN):
+                history = await self.store.load_messages(session_id)
+                started = any(m.role == "user" and m.content == text for m in history)
+                status, error = await self._run_once(
+                    scenario, crashing, session_id, None if started else text, one_per_step
+                )
+                if status == "crashed":
+                    await self._note_orphans(scenario, session_id)
+                    continue
+                if status == "complete":
+                    break
+                if status != "max_steps":
+                    raise self._breach(
+                        scenario,
+                        f"run() ended with status {status!r} (error: {error}); with TestLLM "
+                        "every turn should complete",
+                        await self.store.load_messages(session_id),
+                    )
+            else:
+                raise self._breach(
+                    scenario,
+                    f"turn {turn + 1} did not complete in {_MAX_RUNS_PER_TURN} runs",
+                    await self.store.load_messages(session_id),
+                )
+        if scenario.crash is not None and not scenario.crashed:
+            raise self._breach(
+                scenario,
+                "the crash point was never reached: the agent wrote less than without a crash",
+                await self.store.load_messages(session_id),
+            )
+        return await self.store.load_messages(session_id)
+
+    async def _run_once(
+        self,
+        scenario: _Scenario,
+        crashing: CrashingStore,
+        session_id: str,
+        message: str | None,
+        one_per_step: bool,
+    ) -> tuple[str, str | None]:
+        scenario.runs += 1
+        self.runs += 1
+        target: Store = self.store if scenario.crashed else crashing
+        async with httpx.AsyncClient(
+            transport=httpx.MockTransport(self._answer),
+            event_hooks={"response": [refuse_deep_json]},
+        ) as http:
+            try:
+                deps = self.make_deps(self.env, http)
+            except Exception as exc:
+                raise AssertionError(
+                    f"make_deps(env, http) raised {type(exc).__name__}: {exc}\n"
+                    f"env: {self.env!r}; pass the settings it needs as "
+                    "check_agent(..., env={...})"
+                ) from exc
+            try:
+                result = await run(
+                    self.agent,
+                    llm=self.llm(one_per_step),
+                    message=message,
+                    session_id=session_id,
+                    store=target,
+                    tools=self.handlers,
+                    deps=deps,
+                )
+            except SimulatedCrash:
+                scenario.crashed = True
+                return "crashed", None
+            except Exception as exc:
+                raise self._breach(
+                    scenario,
+                    f"run() raised {type(exc).__name__}: {exc}",
+                    await self.store.load_messages(session_id),
+                ) from exc
+        return result.status, result.error
+
+    async def _note_orphans(self, scenario: _Scenario, session_id: str) -> None:
+        for call in pending_tool_calls(await self.store.load_messages(session_id)):
+            scenario.orphaned[call.id] = call.name
+
+    # -- the checks ---------------------------------------------------------------
+
+    def check(self, scenario: _Scenario, history: list[Message]) -> None:
+        try:
+            _assert_well_formed(history, self.messages)
+            self._assert_calls(scenario, history)
+        except AssertionError as exc:
+            raise self._breach(scenario, str(exc), history) from None
+
+    def _assert_calls(self, scenario: _Scenario, history: list[Message]) -> None:
+        calls = {c.id: c for m in history for c in m.tool_calls}
+        results = {m.tool_call_id: m for m in history if m.role == "tool"}
+        runs = Counter(i.call_id for i in scenario.invocations)
+        per_turn = Counter((i.turn, i.tool_name) for i in scenario.invocations)
+        for invocation in scenario.invocations:
+            call = calls.get(invocation.call_id)
+            stored_as = call.name if call is not None else None
+            assert stored_as == invocation.tool_name, (
+                f"the handler of {invocation.tool_name!r} ran for call {invocation.call_id!r}, "
+                "which the history does not store: a call must be stored before it runs"
+            )
+        for (turn, name), count in per_turn.items():
+            if not self.tools[name].safe_to_retry:
+                assert count <= 1, (
+                    f"unsafe tool {name!r} ran {count} times in turn {turn + 1} (TestLLM calls "
+                    "it once a turn: a stored call was lost and the call made again). Its "
+                    f"requests: {_requests_of(scenario, name, turn)}"
+                )
+        for call_id, call in calls.items():
+            result = results[call_id]
+            durability = ToolDurabilityError.from_message(result)
+            error = tool_error(result.content)
+            not_run = error is not None and error.get("kind") in _HANDLER_NOT_CALLED
+            n = runs[call_id]
+            tool = self.tools.get(call.name)
+            if tool is None or not_run:
+                continue
+            if durability is not None:
+                self.durability_errors += 1
+                assert not tool.safe_to_retry, (
+                    f"call {call.name}#{call_id} of a safe_to_retry tool got a "
+                    "tool-durability-error: a safe orphan must be run again"
+                )
+                assert (durability.tool_name, durability.tool_call_id) == (call.name, call_id), (
+                    f"the durability error answering {call.name}#{call_id} names "
+                    f"{durability.tool_name}#{durability.tool_call_id}"
+                )
+            if tool.safe_to_retry:
+                assert n >= 1, f"safe call {call.name}#{call_id} has a result but never ran"
+                if n > 1:
+                    self.safe_reinvocations += n - 1
+                    self._assert_keyed(scenario, call_id)
+                continue
+            assert n <= 1, (
+                f"unsafe call {call.name}#{call_id} ran {n} times; its requests: "
+                f"{[str(r) for r in scenario.requests if r.tool_call_id == call_id]}"
+            )
+            if call_id in scenario.orphaned:
+                assert durability is not None, (
+                    f"unsafe call {call.name}#{call_id} lost its result in a crash but its "
+                    "stored result is not a tool-durability-error"
+                )
+            elif durability is None:
+                assert n == 1, (
+                    f"unsafe call {call.name}#{call_id} has a result of its own but its "
+                    "handler never ran"
+                )
+            for request in scenario.requests:
+                if request.tool_call_id == call_id and not request.carries(
+                    request.idempotency_key or "\x00"
+                ):
+                    self.unkeyed.add(f"{call.name}: {request.method} {request.url}")
+
+    def _assert_keyed(self, scenario: _Scenario, call_id: str) -> None:
+        sent = [r for r in scenario.requests if r.tool_call_id == call_id]
+        for request in sent:
+            if request.method in _NON_IDEMPOTENT and not request.carries(
+                request.idempotency_key or "\x00"
+            ):
+                raise AssertionError(
+                    f"safe_to_retry tool {request.tool_name!r} ran again for call "
+                    f"{call_id!r} and re-sent {request.method} {request.url} without its "
+                    "idempotency key in a header: the re-invocation repeats that side effect. "
+                    "Send ctx.idempotency_key (e.g. an Idempotency-Key header) to a server "
+                    "that deduplicates by it, or drop safe_to_retry. Requests of the call: "
+                    f"{[str(r) for r in sent]}"
+                )
+
+    def _breach(self, scenario: _Scenario, what: str, history: list[Message]) -> AssertionError:
+        where = f"after {scenario.crash}" if scenario.crash else "without a crash"
+        requests = "\n".join(f"    {r}" for r in scenario.requests) or "    (none)"
+        return AssertionError(
+            f"check_agent: agent {self.agent.name!r}, TestLLM({scenario.mode}), {where}, "
+            f"session {scenario.name!r}:\n  {what}\n"
+            f"  stored history:\n{format_history(history)}\n  requests:\n{requests}"
+        )
+
+
+def _requests_of(scenario: _Scenario, tool_name: str, turn: int) -> list[str]:
+    return [str(r) for r in scenario.requests if r.tool_name == tool_name and r.turn == turn]
+
+
+def _label_appends(appends: list[list[Message]]) -> list[str]:
+    """Name each append of an uncrashed play: which write of which step of which turn."""
+    labels = []
+    turn = step = 0
+    for messages in appends:
+        if any(m.role == "user" for m in messages):
+            turn, step = turn + 1, 0
+        last = messages[-1]
+        if last.role == "assistant" and last.tool_calls:
+            step += 1
+            names = ", ".join(c.name for c in last.tool_calls)
+            labels.append(f"turn {turn} step {step} write #1: calls {names}")
+        elif last.role == "tool":
+            labels.append(f"turn {turn} step {step} write #2: {len(messages)} result(s)")
+        elif last.role == "assistant":
+            labels.append(f"turn {turn}: the final reply")
+        else:
+            labels.append(f"turn {turn}: {last.role} message")
+    return labels
+
+
+def _assert_well_formed(history: Sequence[Message], user_messages: Sequence[str]) -> None:
+    """The shape every stored session must have: turns of user, steps, final reply."""
+    users = []
+    seen: set[str] = set()
+    i = 0
+    assert history, "the history is empty"
+    while i < len(history):
+        user = history[i]
+        assert user.role == "user", (
+            f"message {i}: expected a turn's user message, got {user.role!r}"
+        )
+        users.append(user.content)
+        i += 1
+        reply = None
+        while i < len(history):
+            message = history[i]
+            assert message.role == "assistant", (
+                f"message {i}: expected an assistant message, got {message.role!r} (a user "
+                "message may only follow a final reply)"
+            )
+            i += 1
+            if not message.tool_calls:
+                reply = message
+                break
+            for call in message.tool_calls:
+                assert call.id, f"message {i - 1}: a stored tool call has no id"
+                assert call.id not in seen, f"message {i - 1}: tool call id {call.id!r} is reused"
+                seen.add(call.id)
+            results = history[i : i + len(message.tool_calls)]
+            for call, result in zip(message.tool_calls, results, strict=False):
+                assert (result.role, result.tool_call_id, result.tool_name) == (
+                    "tool",
+                    call.id,
+                    call.name,
+                ), (
+                    f"the results of message {i - 1} must follow it directly, one per call in "
+                    f"call order: expected the result of {call.name}#{call.id}, got "
+                    f"{result.role} {result.tool_name}#{result.tool_call_id}"
+                )
+            assert len(results) == len(message.tool_calls), (
+                f"message {i - 1}: {len(message.tool_calls)} calls, {len(results)} results"
+            )
+            i += len(results)
+        assert reply is not None, f"turn {len(users)} has no final reply"
+    assert users == list(user_messages), (
+        f"the stored user messages are {users!r}; sent (each once): {list(user_messages)!r}"
+    )
+
+
+def format_history(messages: Sequence[Message]) -> str:
+    """A numbered, one-line-per-message rendering of a stored history."""
+    lines = []
+    for seq, m in enumerate(messages):
+        if m.role == "assistant" and m.tool_calls:
+            calls = ", ".join(f"{c.name}#{c.id}" for c in m.tool_calls)
+            lines.append(f"    {seq:3} assistant calls [{calls}]")
+        elif m.role == "tool":
+            error = tool_error(m.content)
+            kind = error.get("kind", "error") if error else "result"
+            lines.append(f"    {seq:3} tool {m.tool_name}#{m.tool_call_id}: {kind}")
+        else:
+            lines.append(f"    {seq:3} {m.role}: {m.content[:70]!r}")
+    return "\n".join(lines) or "    (empty)"
+
+
+# -- the entry points -----------------------------------------------------------------
+
+
+def _settings(
+    config: str | os.PathLike[str] | None, env: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    if config is not None:
+        path = Path(config)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"check_agent: no config at {path.resolve()}; pass config= (the project's "
+                "wrangler.toml) or config=None"
+            )
+        vars_ = tomllib.loads(path.read_text()).get("vars", {})
+        settings.update(vars_)  # as a Worker sees them: strings, or JSON values as they are
+    settings.update(env or {})
+    return settings
+
+
+def _placeholder(name: str) -> str:
+    host = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "setting"
+    return f"https://{host}.check.invalid"
+
+
+def _load(module: ModuleType | str) -> tuple[Agent, Callable[..., Any], Mapping[str, Any]]:
+    if isinstance(module, str):
+        module = importlib.import_module(module)
+    where = getattr(module, "__file__", None) or module.__name__
+    agent = getattr(module, "AGENT", None)
+    if not isinstance(agent, Agent):
+        raise ConfigurationError(f"{where}: AGENT must be an Agent, got {type(agent).__name__}")
+    make_deps = getattr(module, "make_deps", None)
+    if not callable(make_deps):
+        raise ConfigurationError(f"{where}: make_deps(env, http) is missing")
+    stubs = getattr(module, "DEV_STUBS", None) or {}
+    return agent, make_deps, stubs
+
+
+async def check_agent_async(
+    module: ModuleType | str,
+    *,
+    config: str | os.PathLike[str] | None = "wrangler.toml",
+    env: Mapping[str, Any] | None = None,
+    turns: int = 2,
+    respond: Responder | None = None,
+    arguments: Mapping[str, Mapping[str, Any]] | None = None,
+    store: Callable[[Path], Store] | None = None,
+) -> AgentCheckReport:
+    """`check_agent`, awaitable (for async tests). Same arguments, same report."""
+    agent, make_deps, stubs = _load(module)
+    settings = _settings(config, env)
+    answering = {}
+    for name in {*settings, *stubs}:
+        value = settings.get(name, "")
+        empty = isinstance(value, str) and not value.strip()
+        if empty and (name.endswith("_URL") or name in stubs):
+            settings[name] = _placeholder(name)
+            if name in stubs:
+                answering[settings[name]] = stubs[name]
+    with tempfile.TemporaryDirectory(prefix="check-agent-") as directory:
+        if store is None:
+            from ..stores.sqlite import sqlite_store
+
+            backend: Store = sqlite_store(Path(directory) / "check_agent.db")
+        else:
+            backend = store(Path(directory))
+        try:
+            checker = _Checker(
+                agent,
+                make_deps,
+                CheckEnv(settings),
+                backend,
+                turns=turns,
+                respond=respond,
+                arguments=arguments or {},
+                stubs=answering,
+            )
+            for one_per_step in (False, True):
+                await _sweep(checker, one_per_step)
+        finally:
+            close = getattr(backend, "close", None)
+            if close is not None:
+                await close()
+    safe = tuple(sorted(t.name for t in agent.tools if t.safe_to_retry))
+    return AgentCheckReport(
+        agent=agent.name,
+        safe_tools=safe,
+        unsafe_tools=tuple(sorted(t.name for t in agent.tools if not t.safe_to_retry)),
+        crash_points=checker.crash_points,
+        runs=checker.runs,
+        requests=checker.requests,
+        durability_errors=checker.durability_errors,
+        safe_reinvocations=checker.safe_reinvocations,
+        unkeyed_unsafe_requests=tuple(sorted(checker.unkeyed)),
+    )
+
+
+async def _sweep(checker: _Checker, one_per_step: bool) -> None:
+    mode = f"one_per_step={one_per_step}"
+    prefix = f"check-{'steps' if one_per_step else 'batch'}"
+    baseline = _Scenario(f"{prefix}-baseline", mode, None)
+    history = await checker.play(baseline, one_per_step)
+    checker.check(baseline, history)
+    checker.requests += len(baseline.requests)
+    ran = {i.tool_name for i in baseline.invocations}
+    for name in sorted(set(checker.tools) - ran):
+        result = next((m.content for m in history if m.tool_name == name), "no call")
+        raise checker._breach(
+            baseline,
+            f"TestLLM's call of tool {name!r} never reached its handler ({result}); so it "
+            "would go unchecked. Give its constrained input fields a default, or pass "
+            f"check_agent(..., arguments={{{name!r}: {{...}}}})",
+            history,
+        )
+    labels = _label_appends(baseline.appends)
+    for n, label in enumerate(labels, 1):
+        for when in _SIDES:
+            crash = _Crash(n, when, label)
+            scenario = _Scenario(f"{prefix}-{n}-{when}", mode, crash)
+            history = await checker.play(scenario, one_per_step)
+            checker.check(scenario, history)
+            checker.crash_points += 1
+            checker.requests += len(scenario.requests)
+
+
+def check_agent(
+    module: ModuleType | str,
+    *,
+    config: str | os.PathLike[str] | None = "wrangler.toml",
+    env: Mapping[str, Any] | None = None,
+    turns: int = 2,
+    respond: Responder | None = None,
+    arguments: Mapping[str, Mapping[str, Any]] | None = None,
+    store: Callable[[Path], Store] | None = None,
+) -> AgentCheckReport:
+    """Run an agent module at every crash point and check the at-most-once contract.
+
+    `module`: the agent module (or its import name), e.g.
+    `importlib.import_module("agent")` for `src/agent.py`. `config`: the
+    wrangler.toml whose `[vars]` make the env (None: no settings); `env`:
+    settings added or overriding them. `turns`: turns per session.
+    `respond(request) -> httpx.Response` answers the handlers' requests
+    (default: the module's `DEV_STUBS` for the settings they serve, else
+    `200 {}`). `arguments`: `{tool name: arguments}` for tools whose schema
+    `TestLLM` cannot satisfy (a `pattern` or `format`). `store(dir)`: the
+    store to run on (default: a SQLite file in a temporary directory).
+
+    Returns an `AgentCheckReport`; raises `AssertionError` with the crash
+    point, the stored history and the requests on the first breach (see the
+    module docstring for what is checked). Runs its own event loop: from
+    async code, `await check_agent_async(...)`.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError(
+            "check_agent() runs its own event loop; in async code use "
+            "`await check_agent_async(...)`"
+        )
+    return asyncio.run(
+        check_agent_async(
+            module,
+            config=config,
+            env=env,
+            turns=turns,
+            respond=respond,
+            arguments=arguments,
+            store=store,
+        )
+    )

@@ -1,0 +1,300 @@
+"""`durable_agents.testing.check_agent`: passes on sound agents, fails on broken ones.
+
+The mutation tests break one thing each (the agent, the store, the kit
+itself) and assert the check notices, so a check that passes means something.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import BaseModel, Field
+
+from durable_agents import Agent, ConfigurationError, Message, ToolContext, tool
+from durable_agents.stores import Store, sqlite_store
+from durable_agents.testing import check_agent, check_agent_async
+from durable_agents.testing.check_agent import CheckEnv
+
+
+class Query(BaseModel):
+    q: str
+
+
+class Post(BaseModel):
+    text: str = Field(min_length=1)
+
+
+def agent_module(*tools: Any, make_deps: Any = None, **extra: Any) -> ModuleType:
+    """An agent module made in a test: AGENT over `tools`, make_deps giving `http`."""
+    module = ModuleType("test_agent_module")
+    module.AGENT = Agent("probe", "Use the tools.", list(tools))  # type: ignore[attr-defined]
+    module.make_deps = make_deps or (  # type: ignore[attr-defined]
+        lambda env, http: SimpleNamespace(env=env, http=http)
+    )
+    for name, value in extra.items():
+        setattr(module, name, value)
+    return module
+
+
+@tool(safe_to_retry=True)
+async def lookup(args: Query, ctx: ToolContext) -> dict[str, Any]:
+    """A read."""
+    response = await ctx.deps.http.get(f"https://api.example/items/{args.q}")
+    return {"status": response.status_code}
+
+
+@tool
+async def post(args: Post, ctx: ToolContext) -> dict[str, Any]:
+    """A side effect, keyed."""
+    response = await ctx.deps.http.post(
+        "https://api.example/posts",
+        json={"text": args.text},
+        headers={"Idempotency-Key": ctx.idempotency_key},
+    )
+    return {"status": response.status_code}
+
+
+@tool
+def count(args: Query) -> int:
+    """A sync handler without ctx and without requests."""
+    return len(args.q)
+
+
+@pytest.mark.parametrize("name", ["examples.triage.agent", "examples.refunds.agent"])
+def test_passes_on_the_examples(name: str) -> None:
+    report = check_agent(importlib.import_module(name))
+    # Two tools, two turns: 3 appends a turn all at once, 5 one tool a step; x2 sides.
+    assert report.crash_points == (3 * 2 + 5 * 2) * 2
+    assert report.runs > report.crash_points
+    assert report.requests > report.crash_points
+    assert report.durability_errors > 0
+    assert report.safe_reinvocations > 0
+    assert report.unkeyed_unsafe_requests == ()
+    assert "no unsafe request sent twice" in str(report)
+
+
+def test_passes_on_a_small_agent_and_counts_what_it_did() -> None:
+    report = check_agent(agent_module(lookup, post, count), config=None)
+    assert report.agent == "probe"
+    assert (report.safe_tools, report.unsafe_tools) == (("lookup",), ("count", "post"))
+    # 3 tools: 3 appends a turn all at once, 7 one tool a step; two turns; x2 sides.
+    assert report.crash_points == (3 * 2 + 7 * 2) * 2
+    assert report.durability_errors > 0
+    assert report.safe_reinvocations > 0
+
+
+async def test_async_form_and_no_nested_event_loop() -> None:
+    module = agent_module(lookup, post)
+    with pytest.raises(RuntimeError, match="check_agent_async"):
+        check_agent(module, config=None)
+    report = await check_agent_async(module, config=None, turns=1)
+    assert report.crash_points == (3 + 5) * 2
+
+
+def test_concurrent_handlers_have_their_requests_attributed_to_their_own_call() -> None:
+    def keyed_tool(name: str) -> Any:
+        async def handler(args: Query, ctx: ToolContext) -> str:
+            for part in range(3):  # interleave with the other handler of the step
+                await asyncio.sleep(0)
+                await ctx.deps.http.post(
+                    f"https://api.example/{name}/{part}",
+                    headers={"Idempotency-Key": ctx.idempotency_key},
+                )
+            return "ok"
+
+        return tool(name=name, description="Post.", input=Query, handler=handler)
+
+    report = check_agent(agent_module(keyed_tool("a"), keyed_tool("b")), config=None)
+    # Each request carries the key of the call the check attributed it to.
+    assert report.unkeyed_unsafe_requests == ()
+    assert report.requests > 0
+
+
+# -- the env and the http client --------------------------------------------------------
+
+
+def test_env_is_the_configs_vars_as_attributes(tmp_path: Path) -> None:
+    config = tmp_path / "wrangler.toml"
+    config.write_text(
+        '[vars]\nREGION = "eu"\nLIMIT = 3\nPAYMENTS_API_URL = ""\nOTHER_URL = "https://x.test"\n'
+    )
+    seen: list[Any] = []
+
+    def make_deps(env: Any, http: httpx.AsyncClient) -> Any:
+        seen.append(env)
+        return SimpleNamespace(http=http)
+
+    check_agent(agent_module(count, make_deps=make_deps), config=config, env={"EXTRA": "1"})
+    env = seen[0]
+    assert (env.REGION, env.LIMIT, env.EXTRA, env.OTHER_URL) == ("eu", 3, "1", "https://x.test")
+    assert env.PAYMENTS_API_URL == "https://payments-api-url.check.invalid"  # empty *_URL
+    with pytest.raises(AttributeError, match="API_TOKEN"):
+        _ = env.API_TOKEN  # like a binding or setting a Worker does not have
+
+
+def test_a_missing_config_or_setting_is_said_plainly(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="config"):
+        check_agent(agent_module(count), config=tmp_path / "nope.toml")
+
+    def needs_a_key(env: Any, http: httpx.AsyncClient) -> Any:
+        return env.API_KEY
+
+    with pytest.raises(AssertionError, match=r"make_deps\(env, http\) raised AttributeError"):
+        check_agent(agent_module(count, make_deps=needs_a_key), config=None)
+    assert CheckEnv({"A": "1"}).A == "1"
+
+
+def test_requests_are_answered_by_respond_or_the_agents_dev_stub() -> None:
+    answers: list[str] = []
+
+    @tool
+    async def fetch(args: Query, ctx: ToolContext) -> str:
+        """Read what the API says."""
+        response = await ctx.deps.http.post(
+            f"{ctx.deps.env.SHOP_URL}/x", headers={"Idempotency-Key": ctx.idempotency_key}
+        )
+        answers.append(response.json()["from"])
+        return "ok"
+
+    def stub(method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+        return 200, {"from": f"stub {method} {path}"}
+
+    module = agent_module(fetch, DEV_STUBS={"SHOP_URL": stub})
+    check_agent(module, config=None, turns=1)
+    assert set(answers) == {"stub POST /x"}
+
+    answers.clear()
+    check_agent(
+        module,
+        config=None,
+        turns=1,
+        respond=lambda request: httpx.Response(200, json={"from": "respond"}),
+    )
+    assert set(answers) == {"respond"}
+
+
+class Sku(BaseModel):
+    sku: str = Field(pattern=r"^[A-Z]{3}-\d+$")
+
+
+def test_a_tool_testllm_cannot_call_is_a_failure_until_given_arguments() -> None:
+    @tool
+    async def order(args: Sku, ctx: ToolContext) -> str:
+        """Order a SKU."""
+        return args.sku
+
+    module = agent_module(order)
+    with pytest.raises(AssertionError, match=r"never reached its handler.*arguments="):
+        check_agent(module, config=None)
+    report = check_agent(module, config=None, arguments={"order": {"sku": "ABC-1"}})
+    assert report.unsafe_tools == ("order",)
+    with pytest.raises(ConfigurationError, match="nope"):
+        check_agent(module, config=None, arguments={"nope": {}})
+
+
+# -- mutations: each breaks one thing, and the check must fail ------------------------
+
+
+def test_fails_on_a_tool_marked_safe_that_posts_without_its_key() -> None:
+    @tool(safe_to_retry=True)
+    async def charge(args: Query, ctx: ToolContext) -> str:
+        """Charges a card, but claims to be safe to retry."""
+        await ctx.deps.http.post("https://pay.example/charges", json={"q": args.q})
+        return "charged"
+
+    with pytest.raises(AssertionError) as failure:
+        check_agent(agent_module(lookup, charge), config=None)
+    text = str(failure.value)
+    assert "re-sent POST https://pay.example/charges without its idempotency key" in text
+    assert "stored history:" in text
+    assert "a crash before append #" in text  # the crash point, named
+    assert "write #2" in text
+
+
+class AcksWriteOneEarly:
+    """A broken store: it acknowledges write #1 (the calls) before it is durable. It lands
+    with the next append; a crash in between (the next thing the store sees is a load, as
+    in a new process) loses it."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.pending: tuple[str, int, list[Message], dict[str, Any]] | None = None
+
+    @property
+    def durable(self) -> bool:
+        return True
+
+    async def append_messages_atomic(
+        self, session_id: str, expected_seq: int, messages: Sequence[Message], **kwargs: Any
+    ) -> int:
+        if self.pending is not None:
+            sid, seq, pending, pending_kwargs = self.pending
+            self.pending = None
+            await self.inner.append_messages_atomic(sid, seq, pending, **pending_kwargs)
+        if messages[-1].role == "assistant" and messages[-1].tool_calls:
+            self.pending = (session_id, expected_seq, list(messages), kwargs)
+            return expected_seq + len(messages)
+        return await self.inner.append_messages_atomic(session_id, expected_seq, messages, **kwargs)
+
+    async def load_messages(self, session_id: str) -> list[Message]:
+        self.pending = None  # the process that held it is gone
+        return await self.inner.load_messages(session_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_fails_on_a_store_that_acknowledges_write_one_before_it_is_durable() -> None:
+    with pytest.raises(AssertionError) as failure:
+        check_agent(
+            agent_module(lookup, post),
+            config=None,
+            store=lambda directory: AcksWriteOneEarly(sqlite_store(directory / "s.db")),  # type: ignore[arg-type,return-value]
+        )
+    text = str(failure.value)
+    assert "unsafe tool 'post' ran 2 times in turn 1" in text
+    assert "a crash before append #2 (turn 1 step 1 write #2: 2 result(s))" in text
+    requests = text.split("  requests:\n")[1].splitlines()
+    posts = [line for line in requests if line.strip().startswith("POST https://api.example/posts")]
+    assert len(posts) == 3  # turn 1's post, sent twice; turn 2's once
+
+
+class DropsWriteOne(AcksWriteOneEarly):
+    """A broken store: write #1 is acknowledged and never written."""
+
+    async def append_messages_atomic(
+        self, session_id: str, expected_seq: int, messages: Sequence[Message], **kwargs: Any
+    ) -> int:
+        if messages[-1].role == "assistant" and messages[-1].tool_calls:
+            return expected_seq + len(messages)
+        stored = await self.inner.load_messages(session_id)
+        return await self.inner.append_messages_atomic(session_id, len(stored), messages, **kwargs)
+
+
+def test_fails_on_a_store_that_drops_write_one() -> None:
+    with pytest.raises(AssertionError, match="check_agent: agent 'probe'"):
+        check_agent(
+            agent_module(lookup, post),
+            config=None,
+            store=lambda directory: DropsWriteOne(sqlite_store(directory / "s.db")),  # type: ignore[arg-type,return-value]
+        )
+
+
+def test_fails_if_the_kit_ran_unsafe_orphans_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    run_module = importlib.import_module("durable_agents.run")
+    dispatch = run_module._Session.dispatch
+
+    async def forgetful(self: Any, calls: Any, *, resuming: bool = False) -> Any:
+        return await dispatch(self, calls, resuming=False)  # as if every orphan were safe
+
+    monkeypatch.setattr(run_module._Session, "dispatch", forgetful)
+    # First found: a crash right after write #1, then the resume ran the post's orphan.
+    with pytest.raises(AssertionError, match=r"unsafe call post#\S+ lost its result in a crash"):
+        check_agent(agent_module(lookup, post), config=None)
