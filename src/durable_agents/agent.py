@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Generic
 
 from .errors import ConfigurationError
 from .limits import MAX_ROW_BYTES
-from .tools import Tool
+from .tools import DepsT, Tool
 
 
-@dataclass(frozen=True, slots=True)
-class Agent:
+# Not slots=True: on Python 3.11 a frozen slotted generic dataclass cannot be
+# built through its alias (`Agent[Deps](...)` raises TypeError).
+@dataclass(frozen=True)
+class Agent(Generic[DepsT]):
     """An agent definition, shared by every session that runs it.
 
     - `instructions`: the system message every LLM call starts with.
@@ -24,6 +27,10 @@ class Agent:
       (`limits.MAX_ROW_BYTES`, 1,900,000 bytes, under D1's 2,000,000).
     - `max_message_bytes`: a user message larger than this is refused with
       `MessageTooLargeError` before anything is stored or sent.
+    - `deps_type`: the type of the `deps` its runs take (`ctx.deps` in its
+      handlers), for the type checker only: `Agent(..., deps_type=MyDeps)`
+      is an `Agent[MyDeps]`, and `run(agent, deps=...)` must pass a `MyDeps`.
+      Without it (or an annotation `Agent[MyDeps]`), deps are `Any`.
     """
 
     name: str
@@ -32,6 +39,7 @@ class Agent:
     max_steps: int = 20
     max_result_bytes: int = 1_000_000
     max_message_bytes: int = 1_000_000
+    deps_type: type[DepsT] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))

@@ -70,7 +70,7 @@ from .messages import (
 )
 from .stores.base import Lease, LeaseHolder, Store
 from .stores.memory import memory_store
-from .tools import Handler, Tool, ToolContext
+from .tools import DepsT, Handler, Tool, ToolContext
 
 RunStatus = Literal["complete", "max_steps", "error"]
 
@@ -97,14 +97,14 @@ class RunResult:
 
 
 async def run(
-    agent: Agent,
+    agent: Agent[DepsT],
     *,
     llm: LLM,
     message: str | None = None,
     session_id: str | None = None,
     store: Store | None = None,
     tools: Mapping[str, Handler] | None = None,
-    deps: Any = None,
+    deps: DepsT | None = None,
     new_id: Callable[[], str] | None = None,
     request_key: str | None = None,
     lease_seconds: float | None = 30.0,
@@ -254,7 +254,7 @@ def _died_on_this_host(holder: LeaseHolder) -> bool:
     return stat[stat.rindex(")") + 2 :].startswith("Z")
 
 
-def _check_user_message(agent: Agent, session_id: str | None, message: object) -> None:
+def _check_user_message(agent: Agent[Any], session_id: str | None, message: object) -> None:
     if not isinstance(message, str):
         raise ConfigurationError(f"message must be a string, got {type(message).__name__}")
     size = len(message.encode())
@@ -272,7 +272,7 @@ def _random_id() -> str:
     return uuid.uuid4().hex
 
 
-def _bind_tools(agent: Agent, handlers: Mapping[str, Handler]) -> dict[str, Tool]:
+def _bind_tools(agent: Agent[Any], handlers: Mapping[str, Handler]) -> dict[str, Tool]:
     declared = {t.name: t for t in agent.tools}
     unknown = sorted(set(handlers) - set(declared))
     if unknown:
@@ -318,7 +318,7 @@ class _Session:
 
     def __init__(
         self,
-        agent: Agent,
+        agent: Agent[Any],
         store: Store,
         session_id: str,
         history: list[Message],

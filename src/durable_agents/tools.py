@@ -20,19 +20,26 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, get_origin, get_type_hints, overload
+from typing import Any, Generic, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from typing_extensions import TypeVar
 
 from . import _json
 from .errors import ConfigurationError, ToolArgumentsError
 from .messages import ToolSpec
 
-Handler = Callable[[Any, "ToolContext"], Awaitable[Any] | Any]
+DepsT = TypeVar("DepsT", default=Any)
+"""The type of `run(..., deps=...)`, which handlers get as `ctx.deps`.
+`Any` where nothing says otherwise, so `Agent` and `ToolContext` need no parameter."""
+
+Handler = Callable[[Any, "ToolContext[Any]"], Awaitable[Any] | Any]
 
 
-@dataclass(frozen=True, slots=True)
-class ToolContext:
+# Not slots=True: on Python 3.11 a frozen slotted generic dataclass cannot be
+# built through its alias (`ToolContext[Deps](...)` raises TypeError).
+@dataclass(frozen=True)
+class ToolContext(Generic[DepsT]):
     """What a handler knows about the call it serves.
 
     `idempotency_key` is stable for one tool call: the same when a
@@ -40,7 +47,9 @@ class ToolContext:
     call. Pass it to providers that deduplicate (an `Idempotency-Key` header)
     and a side effect lands once even where the kit cannot know if it did.
     `resumed` is True when the call is a re-invocation after a crash.
-    `deps` is whatever was passed as `run(..., deps=...)`.
+    `deps` is whatever was passed as `run(..., deps=...)`: annotate the
+    handler's `ctx: ToolContext[MyDeps]` to have it typed (plain
+    `ToolContext` is `ToolContext[Any]`).
     """
 
     session_id: str
@@ -48,7 +57,7 @@ class ToolContext:
     tool_name: str
     idempotency_key: str
     resumed: bool = False
-    deps: Any = None
+    deps: DepsT = None  # type: ignore[assignment]  # None when run() was given no deps
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +219,7 @@ def _from_function(
             "it names at module level"
         ) from None
     arg_type = hints.get(params[0].name) if params else None
-    if params and arg_type is ToolContext:
+    if params and (arg_type is ToolContext or get_origin(arg_type) is ToolContext):
         raise ConfigurationError(f"tool {tool_name!r}: the first parameter is the arguments")
     model, schema = _input_schema(tool_name, arg_type if arg_type is not None else {})
     returns = hints.get("return")
