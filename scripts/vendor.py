@@ -40,13 +40,17 @@ CACHE = PROJECT / ".cache" / "wheels"
 TARGET = PROJECT / "python_modules"
 STAMP = TARGET / ".vendor-stamp"
 
-# The Pyodide that Cloudflare runs for `python_workers_20260610` (Pyodide 314.0.4):
-# CPython 3.14, emscripten ABI 2026_0.
+# The Pyodide that Cloudflare runs for `python_workers` with a compatibility date
+# from 2026-09-08 (`python_workers_314`, Pyodide 314.0.6): CPython 3.14, wheel ABI
+# 2026_0, shared by every Pyodide 314.x. check_pyodide_abi() compares this with the
+# npm `pyodide` that package.json pins.
+ABI = "2026_0"
+PYTHON = "3.14"
 PLATFORM_ARGS = (
     "--platform",
-    "pyemscripten_2026_0_wasm32",
+    f"pyemscripten_{ABI}_wasm32",
     "--python-version",
-    "3.14",
+    PYTHON,
     "--implementation",
     "cp",
     "--only-binary=:all:",
@@ -150,6 +154,20 @@ def fetch_locked_wheels(pins: dict[str, str]) -> dict[str, Path]:
     return found
 
 
+def check_pyodide_abi() -> None:
+    """The wheels must fit the Pyodide the local runtime runs (node_modules/pyodide)."""
+    lock = PROJECT / "node_modules" / "pyodide" / "pyodide-lock.json"
+    if not lock.exists():
+        return  # npm ci has not run yet; the runtime checks its Pyodide when it starts
+    info = json.loads(lock.read_text())["info"]
+    if info.get("abi_version") != ABI or not str(info.get("python", "")).startswith(PYTHON + "."):
+        raise SystemExit(
+            f"vendor: node_modules/pyodide is Python {info.get('python')} with wheel ABI "
+            f"{info.get('abi_version')}, but this script vendors cp{PYTHON.replace('.', '')} "
+            f"wheels for ABI {ABI}; update ABI/PYTHON in scripts/vendor.py and relock"
+        )
+
+
 def check_pydantic_core_matches(wheels: dict[str, Path]) -> None:
     """pydantic only works with the exact pydantic-core it names; catch a bad lock early."""
     if "pydantic" not in wheels or "pydantic-core" not in wheels:
@@ -190,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relock", action="store_true", help="re-resolve and rewrite the lock")
     args = parser.parse_args(argv)
 
+    check_pyodide_abi()
     if args.relock or not LOCK.exists():
         relock()
     pins = read_lock()

@@ -66,7 +66,7 @@ def test_wrangler_toml_points_at_the_entry_and_its_classes() -> None:
 
     config = tomllib.loads((SRC.parent / "wrangler.toml").read_text())
     assert config["main"] == "src/entry.py"
-    assert set(config["compatibility_flags"]) == {"python_workers", "python_workers_20260610"}
+    assert set(config["compatibility_flags"]) == {"python_workers"}
     entry = ast.parse((SRC / "entry.py").read_text())
     classes = {node.name for node in entry.body if isinstance(node, ast.ClassDef)}
     bindings = config["durable_objects"]["bindings"]
