@@ -1,13 +1,21 @@
-"""The `durable-agents` command, run as a real process (the demo SIGKILLs a real child)."""
+"""The `durable-agents` command, run as a real process, on a store a crashed run left."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
+
+from durable_agents import Agent, LLMResponse, ToolCall, run, tool
+from durable_agents.stores import sqlite_store
+from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
+
+SESSION = "cli-session-1"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -20,49 +28,57 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+class Target(BaseModel):
+    to: str
+
+
+@tool
+async def send(args: Target) -> dict[str, bool]:
+    """Send something (a side effect)."""
+    return {"sent": True}
+
+
 @pytest.fixture(scope="module")
-def demo_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    db = tmp_path_factory.mktemp("demo") / "demo.db"
-    done = cli("demo", "--db", str(db))
-    assert done.returncode == 0, done.stdout + done.stderr
-    return db, done.stdout
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A session whose send's result was lost in a crash, then resumed."""
+
+    async def make(path: Path) -> None:
+        agent = Agent("cli-test", "Send when asked.", [send])
+        llm = ScriptedLLM([
+            LLMResponse("Sending.", [ToolCall("c1", "send", {"to": "ops"})]),
+            LLMResponse("It may have been sent; please check."),
+        ])  # fmt: skip
+        store = sqlite_store(path)
+        try:
+            with pytest.raises(SimulatedCrash):
+                await run(agent, llm=llm, message="send it", session_id=SESSION,
+                          store=crash_on_write(store, 2))  # fmt: skip
+            await run(agent, llm=llm, session_id=SESSION, store=store)
+        finally:
+            await store.close()
+
+    path = tmp_path_factory.mktemp("cli") / "agents.db"
+    asyncio.run(make(path))
+    return path
 
 
-def test_demo_posts_once_and_the_llm_sees_the_durability_error(demo_db: tuple[Path, str]) -> None:
-    db, out = demo_db
-    assert "the process was killed (exit -9)" in out
-    assert "Slack received 1 post(s)" in out
-    assert "'kind': 'tool-durability-error'" in out
-    assert "I will not post again" in out
-    slack = db.with_name(db.name + ".slack.log").read_text().splitlines()
-    assert len(slack) == 1
-    assert "Idempotency-Key da-" in slack[0]
-
-
-def test_sessions_list_and_show(demo_db: tuple[Path, str]) -> None:
-    db, _ = demo_db
+def test_sessions_list_and_show(db: Path) -> None:
     listed = cli("sessions", "list", "--db", str(db))
-    assert listed.returncode == 0
-    assert "demo-triage-42" in listed.stdout
+    assert listed.returncode == 0, listed.stderr
+    assert SESSION in listed.stdout
+    assert "cli-test" in listed.stdout
     assert "idle" in listed.stdout
-    shown = cli("sessions", "show", "demo-triage-42", "--db", str(db), "--json")
-    assert shown.returncode == 0
-    messages = json.loads(shown.stdout)["messages"]
-    assert [m["role"] for m in messages] == [
-        "user",
-        "assistant",
-        "tool",
-        "assistant",
-        "tool",
-        "assistant",
-    ]
-    assert json.loads(messages[4]["content"])["kind"] == "tool-durability-error"
+    shown = cli("sessions", "show", SESSION, "--db", str(db))
+    assert shown.returncode == 0, shown.stderr
+    assert "send result = tool-durability-error (not re-invoked)" in shown.stdout
+    as_json = cli("sessions", "show", SESSION, "--db", str(db), "--json")
+    assert as_json.returncode == 0
+    messages = json.loads(as_json.stdout)["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert json.loads(messages[2]["content"])["kind"] == "tool-durability-error"
 
 
-def test_unknown_session_and_missing_db_are_clear_errors(
-    demo_db: tuple[Path, str], tmp_path: Path
-) -> None:
-    db, _ = demo_db
+def test_unknown_session_and_missing_db_are_clear_errors(db: Path, tmp_path: Path) -> None:
     unknown = cli("sessions", "show", "nope", "--db", str(db))
     assert unknown.returncode == 1
     assert "no session 'nope'" in unknown.stderr
@@ -70,3 +86,11 @@ def test_unknown_session_and_missing_db_are_clear_errors(
     assert missing.returncode == 2
     assert "no database" in missing.stderr
     assert not (tmp_path / "absent.db").exists()
+
+
+def test_the_command_knows_no_example() -> None:
+    helped = cli("--help")
+    assert helped.returncode == 0
+    assert "sessions" in helped.stdout
+    assert "demo" not in helped.stdout
+    assert cli("demo").returncode == 2

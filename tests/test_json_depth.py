@@ -24,7 +24,17 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from durable_agents import Agent, LLMResponse, Message, StoreError, ToolCall, run, tool
+from durable_agents import (
+    Agent,
+    LLMResponse,
+    Message,
+    StoreError,
+    Tool,
+    ToolCall,
+    ToolContext,
+    run,
+    tool,
+)
 from durable_agents._http_json import DepthCheckedStream, refuse_deep_json
 from durable_agents._json import (
     MAX_DEPTH,
@@ -35,15 +45,13 @@ from durable_agents._json import (
     check_text_depth,
     loads,
 )
-from durable_agents.cloudflare.app import Command, Reply, handle_request
+from durable_agents.cloudflare.app import Command, Reply, handle_request, tools_client
 from durable_agents.llm import AnthropicLLM, OpenAILLM, RetryPolicy, default_client
-from durable_agents.llm.demo import _parse as demo_parse
 from durable_agents.llm.errors import provider_message
 from durable_agents.llm.tool_calls import make_tool_call
 from durable_agents.messages import MalformedToolCall, decode_tool_calls, tool_error
 from durable_agents.stores import sqlite_store
 from durable_agents.testing import ScriptedLLM
-from durable_agents.triage import TriageDeps, triage_agent
 
 DEEP = 20_000
 
@@ -164,7 +172,6 @@ def test_the_parsers_of_stored_and_provider_text_treat_deep_json_as_not_json() -
         "error": "boom",
         "kind": "tool-failed",
     }
-    assert demo_parse(deep_error) == {"text": deep_error}
     assert provider_message(deep_error) == deep_error
     with pytest.raises(ValueError, match="nested deeper"):
         Command.from_json('{"action": "resume", "x": ' + nested(DEEP) + "}")
@@ -385,6 +392,21 @@ async def test_the_kit_client_refuses_deep_json_and_passes_the_rest(deep_api: st
         assert len(text.content) == 6 + 4 * DEEP
 
 
+class IssueRef(BaseModel):
+    id: str
+
+
+def get_issue_from(api: str) -> Tool:
+    @tool(safe_to_retry=True)
+    async def get_issue(args: IssueRef, ctx: ToolContext[httpx.AsyncClient]) -> dict[str, Any]:
+        """Fetch an issue."""
+        response = await ctx.deps.get(f"{api}/issues/{args.id}")
+        data: dict[str, Any] = response.json()
+        return data
+
+    return get_issue
+
+
 async def test_a_deep_upstream_body_is_a_tool_failed_result(deep_api: str) -> None:
     llm = ScriptedLLM(
         [
@@ -393,9 +415,9 @@ async def test_a_deep_upstream_body_is_a_tool_failed_result(deep_api: str) -> No
             LLMResponse(text="done"),
         ]
     )
-    async with default_client(5) as client:
-        deps = TriageDeps(deep_api, deep_api + "/hook", client)
-        result = await run(triage_agent(), llm=llm, message="issue 1", deps=deps)
+    agent = Agent("issues", "Fetch issues.", [get_issue_from(deep_api)])
+    async with tools_client(5) as client:  # what a Worker hands make_deps
+        result = await run(agent, llm=llm, message="issue 1", deps=client)
     assert result.status == "complete", result.error
     failed, fetched = [m.content for m in result.messages if m.role == "tool"]
     error = json.loads(failed)

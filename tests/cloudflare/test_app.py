@@ -560,7 +560,6 @@ async def test_make_llm_builds_each_turns_model_from_the_env(store: D1Store) -> 
     assert seen == [env]
 
 
-@pytest.mark.xfail(reason="until llm_from_env's demo is TestLLM (issue 9, in progress)")
 async def test_without_make_llm_no_settings_run_the_offline_test_model(store: D1Store) -> None:
     posts: list[httpx.Request] = []
     reply = await serve_session(

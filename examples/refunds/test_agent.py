@@ -1,0 +1,153 @@
+"""The refund example on CPython: a whole turn against a payments API on an
+httpx.MockTransport, a crash right after the refund then a resume (one refund,
+a durability error, the order looked up again), its setting, its dev stub, and
+the module served through the Worker's API (`serve_session`) on the fake D1.
+
+Over HTTP in the local runtime, killed with SIGKILL mid-refund:
+tests/cloudflare/test_dev_server_agents.py (`scripts/dev --agent
+examples/refunds/agent.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from durable_agents import ConfigurationError, LLMResponse, ToolCall, ToolDurabilityError, run
+from durable_agents.cloudflare import d1_store
+from durable_agents.cloudflare.agent_module import AgentModule
+from durable_agents.cloudflare.app import Command, serve_session
+from durable_agents.llm.offline import TestLLM
+from durable_agents.stores import sqlite_store
+from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
+from durable_agents.testing.fake_d1 import FakeD1Database
+from examples.refunds import agent as refunds
+
+ENV = {"PAYMENTS_API_URL": "http://payments.test/v1/"}
+
+
+class Payments:
+    """A payments API on an httpx.MockTransport: refunds are recorded with their headers."""
+
+    def __init__(self) -> None:
+        self.refunds: list[httpx.Request] = []
+        self.lookups = 0
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if request.method == "GET" and path.startswith("/v1/orders/"):
+            self.lookups += 1
+            order = {"id": path.rsplit("/", 1)[1], "amount_cents": 2500, "currency": "usd",
+                     "status": "paid"}  # fmt: skip
+            return httpx.Response(200, json=order)
+        if request.method == "POST" and path == "/v1/refunds":
+            self.refunds.append(request)
+            body = json.loads(request.content)
+            refund = {"id": f"re_{len(self.refunds)}", "order_id": body["order_id"],
+                      "amount_cents": body["amount_cents"], "status": "succeeded"}  # fmt: skip
+            return httpx.Response(200, json=refund)
+        return httpx.Response(404)
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.MockTransport(self.handle))
+
+
+def refund_script() -> list[LLMResponse]:
+    refund = {"order_id": "ord_1", "amount_cents": 2500, "reason": "damaged"}
+    return [
+        LLMResponse("Looking.", [ToolCall("c1", "lookup_order", {"order_id": "ord_1"})]),
+        LLMResponse("Refunding.", [ToolCall("c2", "issue_refund", refund)]),
+        LLMResponse("Refunded 25.00 USD on ord_1."),
+    ]
+
+
+async def test_a_turn_looks_the_order_up_and_refunds_it_with_its_key() -> None:
+    payments = Payments()
+    async with payments.client() as http:
+        result = await run(refunds.AGENT, llm=ScriptedLLM(refund_script()),
+                           message="refund ord_1", deps=refunds.make_deps(ENV, http))  # fmt: skip
+    assert result.status == "complete", result.error
+    (refund,) = payments.refunds
+    assert str(refund.url) == "http://payments.test/v1/refunds"
+    assert json.loads(refund.content) == {"order_id": "ord_1", "amount_cents": 2500,
+                                          "reason": "damaged"}  # fmt: skip
+    assert refund.headers["idempotency-key"].startswith("da-")
+    stored = json.loads(result.messages[-2].content)
+    assert stored == {"id": "re_1", "order_id": "ord_1", "amount_cents": 2500,
+                      "status": "succeeded"}  # fmt: skip
+
+
+async def test_a_crash_after_the_refund_then_resume_refunds_once(tmp_path: Path) -> None:
+    """TestLLM calls both tools in one step; the process dies before their results
+    are stored (write #2): on resume the lookup runs again (safe), the refund does not."""
+    payments = Payments()
+    store = sqlite_store(tmp_path / "refunds.db")
+    try:
+        async with payments.client() as http:
+            deps = refunds.make_deps(ENV, http)
+            with pytest.raises(SimulatedCrash):
+                await run(refunds.AGENT, llm=TestLLM(), message="refund order 1", session_id="s",
+                          store=crash_on_write(store, 2), deps=deps)  # fmt: skip
+            assert (len(payments.refunds), payments.lookups) == (1, 1)
+            resumed = await run(refunds.AGENT, llm=TestLLM(), session_id="s", store=store,
+                                deps=deps)  # fmt: skip
+        history = await store.load_messages("s")
+    finally:
+        await store.close()
+    assert resumed.status == "complete"
+    assert (len(payments.refunds), payments.lookups) == (1, 2)
+    errors = [e for m in history if (e := ToolDurabilityError.from_message(m))]
+    assert [e.tool_name for e in errors] == ["issue_refund"]
+    assert payments.refunds[0].headers["idempotency-key"].startswith("da-")
+
+
+def test_make_deps_needs_the_payments_url() -> None:
+    for env in ({}, {"PAYMENTS_API_URL": ""}):
+        with pytest.raises(ConfigurationError, match="PAYMENTS_API_URL is not set"):
+            refunds.make_deps(env, httpx.AsyncClient())
+    assert refunds.make_deps(ENV, httpx.AsyncClient()).api_url == "http://payments.test/v1"
+
+
+def test_the_dev_stub_refunds_once_per_idempotency_key() -> None:
+    stub = refunds.DEV_STUBS["PAYMENTS_API_URL"]
+    order = stub("GET", "/orders/stub-order-1", b"", {})
+    assert order == (200, {"id": "stub-order-1", "amount_cents": 4999, "currency": "usd",
+                           "status": "paid", "refunded_cents": 0})  # fmt: skip
+    body = json.dumps({"order_id": "stub-order-1", "amount_cents": 1000, "reason": "x"}).encode()
+    key = {"idempotency-key": "stub-test-refund-1"}
+    status, first = stub("POST", "/refunds", body, key)
+    assert (status, first["amount_cents"], first["status"]) == (200, 1000, "succeeded")
+    assert stub("POST", "/refunds", body, key) == (200, first)
+    assert stub("GET", "/orders/stub-order-1", b"", {})[1]["refunded_cents"] == 1000
+    assert stub("POST", "/refunds", b'{"order_id": "o"}', {})[0] == 400
+    assert stub("DELETE", "/orders/1", b"", {})[0] == 404
+
+
+async def test_the_module_served_by_the_worker_api_with_its_dev_stub() -> None:
+    served = AgentModule.load(refunds)
+    assert not served.has_own_llm
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        rest = request.url.path.removeprefix("/__dev/PAYMENTS_API_URL")
+        status, body = refunds.payments_stub(request.method, rest, request.content,
+                                             request.headers)  # fmt: skip
+        return httpx.Response(status, json=body)
+
+    store = d1_store(FakeD1Database())
+    await store.create_tables()
+    env: dict[str, Any] = {"PAYMENTS_API_URL": "http://dev.test/__dev/PAYMENTS_API_URL"}
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as http:
+        reply = await serve_session(
+            Command("message", "refund it"), session_id="cd" * 32, store=store, env=env,
+            lock=asyncio.Lock(), agent=served.agent, make_deps=served.make_deps,
+            llm=TestLLM(), http_client=http,
+        )  # fmt: skip
+    assert reply.status == 200, reply.body
+    assert reply.body["status"] == "complete"
+    results = {m.tool_name: m.content for m in await store.load_messages("cd" * 32) if m.tool_name}
+    assert json.loads(results["issue_refund"])["status"] == "succeeded"
