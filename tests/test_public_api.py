@@ -28,7 +28,7 @@ PUBLIC = {
     "durable_agents.testing": {
         "ScriptedLLM", "SimulatedCrash", "crash_on_write", "crash_after_tool_results",
         "CrashingStore", "LLMCall", "ScriptExhaustedError", "count_writes",
-        "check_agent", "check_agent_async", "AgentCheckReport",
+        "check_agent", "check_agent_async", "AgentCheckReport", "TestLLM", "FunctionLLM",
     },
 }  # fmt: skip
 

@@ -27,6 +27,7 @@ from durable_agents.llm import (
     LLMResponseError,
     LLMTimeoutError,
     OpenAILLM,
+    TestLLM,
     WorkersAILLM,
     _http,
     default_client,
@@ -125,11 +126,9 @@ def test_misconfiguration_names_the_setting(env: dict[str, str], message: str) -
         assert KEY not in str(caught.value)
 
 
-def test_nothing_set_means_the_offline_demo() -> None:
-    from durable_agents.llm import demo
-
+def test_nothing_set_means_the_offline_test_llm() -> None:
     for env in ({}, {"LLM_PROVIDER": "demo", "LLM_API_KEY": ""}, WorkerEnv(), WorkerEnv(AI=None)):
-        assert isinstance(llm_from_env(env), demo.DemoLLM)
+        assert isinstance(llm_from_env(env), TestLLM)
 
 
 async def test_default_client_is_plain_httpx_on_cpython() -> None:

@@ -4,7 +4,9 @@
     OpenAILLM      OpenAI, or any OpenAI-compatible server (Workers AI REST,
                    Ollama, vLLM, llama.cpp)
     WorkersAILLM   Workers AI through a Worker's `AI` binding (no key)
-    llm_from_env   builds one of these (or the offline demo) from settings
+    llm_from_env   builds one of these (or, offline, a TestLLM) from settings
+    TestLLM        offline, for any agent: calls each tool once, then replies
+    FunctionLLM    offline, your own answers: fn(messages, tools) -> LLMResponse
 
 Each has `async chat(messages, tools) -> LLMResponse` (the `LLM` protocol),
 retries transient failures itself (`RetryPolicy`), and raises an `LLMError`
@@ -27,6 +29,7 @@ from .errors import (
     LLMResponseError,
     LLMTimeoutError,
 )
+from .offline import FunctionLLM, TestLLM
 from .openai import OpenAILLM
 from .settings import DEFAULT_MODELS, PROVIDERS, llm_from_env
 from .workers_ai import WorkersAILLM
@@ -36,6 +39,7 @@ __all__ = [
     "LLM",
     "PROVIDERS",
     "AnthropicLLM",
+    "FunctionLLM",
     "LLMAuthenticationError",
     "LLMConnectionError",
     "LLMContextLengthError",
@@ -48,6 +52,7 @@ __all__ = [
     "MalformedToolCall",
     "OpenAILLM",
     "RetryPolicy",
+    "TestLLM",
     "WorkersAILLM",
     "default_client",
     "llm_from_env",

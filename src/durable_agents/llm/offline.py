@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,17 +53,18 @@ class TestLLM:
 
     In a turn's first step it calls every tool the agent has (or those named
     in `call_tools`), all at once, with arguments generated from each input
-    schema: the first `enum` value or `const`, a `default`, the smallest
-    number the bounds allow, a string of `minLength` "a"s, `minItems`
-    elements, every property of an object. With `one_per_step=True` it calls
+    schema (`arguments_for`): the first `enum` value or `const`, a `default`,
+    the smallest number the bounds allow, a string of `minLength` "a"s (or a
+    valid date, uuid, email, url... for a `format`), `minItems` elements,
+    every property of an object. With `one_per_step=True` it calls
     them one step after another instead. Then it answers `text`, or a JSON
     summary of the results by tool name. Tool failures are results like any
     other: it does not retry them.
 
     Use it to run any agent offline (`LLM_PROVIDER=demo` does) and to check
     an agent's durability (`testing.check_agent`). Arguments a schema's
-    `pattern` or `format` constrains are not generated to match them: give
-    such fields a `default`, or use `FunctionLLM`.
+    `pattern` constrains are not generated to match it: give such fields a
+    `default`, or use `FunctionLLM`.
     """
 
     __test__ = False  # not a pytest test class, despite its name
@@ -112,9 +114,35 @@ def _current_turn(messages: Sequence[Message]) -> list[Message]:
 
 
 def arguments_for(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """Arguments that satisfy a tool's input schema, as `TestLLM` makes them."""
+    """Arguments that satisfy a tool's input schema, as `TestLLM` makes them.
+
+    Handles what pydantic writes for a model: `$ref`/`$defs`, `anyOf`
+    (`Optional`), `const`/`enum` (`Literal`, `Enum`), `default`, number
+    bounds and `multipleOf`, string lengths and the common `format`s
+    (date-time, date, time, duration, uuid, email, uri, ipv4, ipv6),
+    `minItems`, `uniqueItems` and `prefixItems` (tuples). A `pattern` is
+    not followed.
+    """
     value = _example(schema, schema.get("$defs") or schema.get("definitions") or {}, depth=0)
     return value if isinstance(value, dict) else {}
+
+
+# A valid value for each string format pydantic emits (datetime, UUID, HttpUrl, ...).
+_FORMATS: Mapping[str, str] = {
+    "date-time": "2000-01-01T00:00:00Z",
+    "date": "2000-01-01",
+    "time": "00:00:00",
+    "duration": "PT0S",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+    "email": "user@example.com",
+    "idn-email": "user@example.com",
+    "uri": "https://example.com/",
+    "iri": "https://example.com/",
+    "uri-reference": "https://example.com/",
+    "hostname": "example.com",
+    "ipv4": "127.0.0.1",
+    "ipv6": "::1",
+}
 
 
 def _example(schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> Any:
@@ -139,27 +167,73 @@ def _example(schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> 
         properties: Mapping[str, Any] = schema.get("properties") or {}
         return {name: _example(sub, defs, depth + 1) for name, sub in properties.items()}
     if kind == "array":
-        item = schema.get("items") or {}
-        return [_example(item, defs, depth + 1) for _ in range(int(schema.get("minItems", 0)))]
+        return _array(schema, defs, depth)
     if kind in ("integer", "number"):
-        return _smallest_number(schema, integer=kind == "integer")
+        return _number(schema, integer=kind == "integer")
     if kind == "string":
-        return "a" * max(1, int(schema.get("minLength", 1)))
+        if schema.get("format") in _FORMATS:
+            return _FORMATS[schema["format"]]
+        length = max(1, int(schema.get("minLength", 1)))
+        if "maxLength" in schema:
+            length = min(length, int(schema["maxLength"]))
+        return "a" * length
     if kind == "boolean":
         return False
     return None
 
 
-def _smallest_number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
-    step = 1 if integer else 0.5
-    if "minimum" in schema:
-        value = schema["minimum"]
-    elif "exclusiveMinimum" in schema:
-        value = schema["exclusiveMinimum"] + step
-    elif "maximum" in schema and schema["maximum"] < 1:
-        value = schema["maximum"]
-    elif "exclusiveMaximum" in schema and schema["exclusiveMaximum"] <= 1:
-        value = schema["exclusiveMaximum"] - step
+def _array(schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> list[Any]:
+    prefix = schema.get("prefixItems") or []
+    item = schema.get("items")
+    if not isinstance(item, Mapping):  # absent, or a draft-4 tuple list
+        item = {}
+    count = max(len(prefix), int(schema.get("minItems", 0)))
+    values = [
+        _example(prefix[i] if i < len(prefix) else item, defs, depth + 1) for i in range(count)
+    ]
+    if schema.get("uniqueItems"):
+        enum = item.get("enum")
+        for i in range(1, len(values)):
+            if enum and i < len(enum):
+                values[i] = enum[i]
+            elif isinstance(values[i], bool):
+                values[i] = i == 1
+            elif isinstance(values[i], int | float):
+                values[i] += i * item.get("multipleOf", 1)
+            elif isinstance(values[i], str):
+                values[i] = f"{values[i]}{i}"
+    return values
+
+
+def _number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
+    """The smallest value the bounds allow (or one inside them), else 1; a multiple
+    of `multipleOf` when given."""
+    low, low_open = _bound(schema, "minimum", "exclusiveMinimum", max)
+    high, high_open = _bound(schema, "maximum", "exclusiveMaximum", min)
+    value: float
+    if integer:
+        lo = None if low is None else (math.floor(low) + 1 if low_open else math.ceil(low))
+        hi = None if high is None else (math.ceil(high) - 1 if high_open else math.floor(high))
+        value = lo if lo is not None else (min(1, hi) if hi is not None else 1)
+    elif low is None:
+        value = 1.0 if high is None else min(1.0, high - 1 if high_open else high)
+    elif high is None:
+        value = low + 1 if low_open else low
     else:
-        value = 1
+        value = (low + high) / 2 if low_open else low
+    step = schema.get("multipleOf")
+    if step:
+        value = math.ceil(value / step) * step
     return int(value) if integer else float(value)
+
+
+def _bound(
+    schema: Mapping[str, Any], closed: str, open_: str, tighter: Callable[[float, float], float]
+) -> tuple[float | None, bool]:
+    """One side's bound and whether it is exclusive (the tighter of the two keywords)."""
+    inclusive, exclusive = schema.get(closed), schema.get(open_)
+    if exclusive is None or isinstance(exclusive, bool):  # draft-4 booleans: ignore
+        return inclusive, False
+    if inclusive is None or tighter(inclusive, exclusive) == exclusive:
+        return exclusive, True
+    return inclusive, False

@@ -2,14 +2,17 @@
 
 Settings (all optional):
 
-    LLM_PROVIDER   anthropic | openai | workers-ai | demo
+    LLM_PROVIDER   anthropic | openai | workers-ai | demo (offline: `TestLLM`)
     LLM_MODEL      the provider's model name (each provider has a default)
     LLM_BASE_URL   another endpoint (a proxy, an OpenAI-compatible server)
     LLM_API_KEY    the provider's key (anthropic; openai at api.openai.com)
     AI             the Workers AI binding (workers-ai; only inside a Worker)
 
-With neither LLM_PROVIDER nor LLM_API_KEY set, the offline demo model is
-used, so a fresh checkout runs without any account.
+With neither LLM_PROVIDER nor LLM_API_KEY set, `demo` is used: `TestLLM()`,
+which calls each of the agent's tools once with arguments made from its
+schema, then replies, so any agent runs offline without an account. An
+agent that wants a better offline model returns its own (a `FunctionLLM`)
+from its `make_llm(env)` for `demo` and calls this for the rest.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from .anthropic import ANTHROPIC_BASE_URL, DEFAULT_ANTHROPIC_MODEL, AnthropicLLM
+from .offline import TestLLM
 from .openai import DEFAULT_OPENAI_MODEL, OPENAI_BASE_URL, OpenAILLM
 from .workers_ai import DEFAULT_WORKERS_AI_MODEL, WorkersAILLM
 
@@ -81,10 +85,7 @@ def llm_from_env(env: Any) -> LLM:
     name = _ALIASES.get(name, name)
 
     if name == "demo":
-        from .demo import DemoLLM  # written alongside; imported only when chosen
-
-        demo: LLM = DemoLLM()
-        return demo
+        return TestLLM()
     if name == "anthropic":
         if api_key is None:
             raise ConfigurationError(

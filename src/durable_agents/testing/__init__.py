@@ -9,6 +9,10 @@
 
 `SimulatedCrash` derives from `BaseException`, like a real process death it
 cannot be swallowed by an `except Exception` in a handler or in the loop.
+
+`TestLLM` (any agent: each tool once, arguments from its schema) and
+`FunctionLLM(fn)` (your own answers) are the offline models of
+`durable_agents.llm.offline`, re-exported here.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import ConfigurationError
+from ..llm.offline import FunctionLLM, TestLLM
 from ..messages import LLMResponse, Message, ToolSpec
 from ..stores.base import Lease, LeaseHolder, SessionInfo, Store
 
@@ -173,10 +178,12 @@ from .check_agent import AgentCheckReport, check_agent, check_agent_async  # noq
 __all__ = [
     "AgentCheckReport",
     "CrashingStore",
+    "FunctionLLM",
     "LLMCall",
     "ScriptExhaustedError",
     "ScriptedLLM",
     "SimulatedCrash",
+    "TestLLM",
     "check_agent",
     "check_agent_async",
     "count_writes",
