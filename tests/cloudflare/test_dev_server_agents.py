@@ -1,0 +1,251 @@
+"""`scripts/dev --agent FILE`: the dev server serves any agent module, and knows none.
+
+- The refund example against a fake payments API whose URL comes only from
+  .dev.vars, then only from the environment (`PAYMENTS_API_URL` is in no
+  `[vars]`): SIGKILL while the API holds the refund, restart, `/resume`:
+  exactly one refund, sent with an `Idempotency-Key`, and a
+  `tool-durability-error` in the history. The model is the offline default
+  (`TestLLM`: the example has no `make_llm`).
+- With `PAYMENTS_API_URL` empty, the example's own dev stub answers; only the
+  served agent's settings are printed, and never a value from .dev.vars or
+  the environment.
+- An agent module outside the project, and one that breaks the protocol.
+
+Needs `scripts/setup-runtime` (node_modules/ and python_modules/).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from worker_fakes import REFUNDS_AGENT, DevServer, d1_query
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "test-token"
+
+
+def message(text: str) -> bytes:
+    return json.dumps({"message": text}).encode()
+
+
+class FakePayments:
+    """A payments API on 127.0.0.1: `GET /orders/{id}`, `POST /refunds` (recorded with
+    their headers; `hold` keeps the answer to a refund until `release` is set)."""
+
+    def __init__(self) -> None:
+        self.refunds: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.lookups = 0
+        self.hold = False
+        self.refund_received = threading.Event()
+        self.release = threading.Event()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _payments_handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> FakePayments:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def _payments_handler(payments: FakePayments) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _json(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            with contextlib.suppress(OSError):  # the dev server may be gone (killed)
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            order = self.path.removeprefix("/orders/")
+            payments.lookups += 1
+            self._json(200, {"id": order, "amount_cents": 2500, "currency": "usd",
+                             "status": "paid", "refunded_cents": 0})  # fmt: skip
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            body = json.loads(self.rfile.read(length) or b"null")
+            if self.path != "/refunds":
+                self._json(404, {"error": "not found"})
+                return
+            payments.refunds.append(({k.lower(): v for k, v in self.headers.items()}, body))
+            if payments.hold:
+                payments.refund_received.set()
+                payments.release.wait(60)
+            refund = {"id": f"re_{len(payments.refunds)}", "order_id": body["order_id"],
+                      "amount_cents": body["amount_cents"], "status": "succeeded"}  # fmt: skip
+            self._json(200, refund)
+
+    return Handler
+
+
+@pytest.fixture
+def payments() -> Iterator[FakePayments]:
+    with FakePayments() as fake:
+        yield fake
+
+
+def test_refunds_kill_9_while_the_refund_is_held_then_resume_refunds_once(
+    payments: FakePayments, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    # The URL from .dev.vars for the first server, from the environment for the second.
+    first = DevServer(state, {"API_TOKEN": TOKEN}, f"PAYMENTS_API_URL={payments.url}\n",
+                      agent=REFUNDS_AGENT)  # fmt: skip
+    second = DevServer(state, {"API_TOKEN": TOKEN, "PAYMENTS_API_URL": payments.url},
+                       agent=REFUNDS_AGENT)  # fmt: skip
+    outcome: list[Any] = []
+    try:
+        first.start()
+        out = "\n".join(first.lines)
+        assert 'serving the agent "refunds" from examples/refunds/agent.py' in out
+        assert "PAYMENTS_API_URL is set (from .dev.vars; not printed)" in out
+        assert "LLM_PROVIDER=demo (offline: TestLLM, which calls each tool once)" in out
+        assert payments.url not in out
+        assert "ISSUES_API_URL" not in out
+
+        payments.hold = True
+
+        def send() -> None:
+            try:
+                outcome.append(first.request("POST", "/sessions/refund-1/messages",
+                                             message("refund order 1001")))  # fmt: skip
+            except Exception as exc:  # the connection dies with the server
+                outcome.append(exc)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        assert payments.refund_received.wait(60), "the payments API never got the refund"
+        first.crash()
+        payments.hold = False
+        payments.release.set()
+        sender.join(30)
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], Exception), outcome
+        assert len(payments.refunds) == 1
+
+        second.start()
+        out = "\n".join(second.lines)
+        assert "PAYMENTS_API_URL is set (from the environment; not printed)" in out
+        assert payments.url not in out
+        status, _, before = second.request("GET", "/sessions/refund-1")
+        assert status == 200, before
+        assert before["messages"][-1]["role"] == "assistant"
+        lookups_before = payments.lookups
+
+        status, _, resumed = second.request("POST", "/sessions/refund-1/resume")
+        assert status == 200, resumed
+        assert resumed["status"] == "complete"
+        _, _, after = second.request("GET", "/sessions/refund-1")
+    finally:
+        second.kill_all()
+        first.kill_all()
+
+    (headers, body), = payments.refunds  # fmt: skip
+    assert headers["idempotency-key"].startswith("da-")
+    assert body["amount_cents"] >= 1
+    results = {m["tool_name"]: m["content"] for m in after["messages"] if m["role"] == "tool"}
+    assert json.loads(results["issue_refund"])["kind"] == "tool-durability-error"
+    assert json.loads(results["lookup_order"])["status"] == "paid"  # a safe read: run again
+    assert payments.lookups == lookups_before + 1
+    rows = d1_query(
+        "SELECT COUNT(*) AS n FROM agent_messages WHERE role = 'tool' "
+        "AND content LIKE '%tool-durability-error%'",
+        state,
+    )
+    assert rows == [{"n": 1}]
+
+
+ECHO_AGENT = """
+from durable_agents import Agent, LLMResponse
+from durable_agents.llm.offline import FunctionLLM
+from durable_agents.llm.settings import setting
+
+AGENT = Agent("echo", "Say the greeting.")
+SETTINGS = ("ECHO_GREETING",)
+
+
+def make_deps(env, http):
+    return None
+
+
+def make_llm(env):
+    return FunctionLLM(lambda messages, tools: LLMResponse(str(setting(env, "ECHO_GREETING"))))
+"""
+
+
+def test_the_refund_examples_dev_stub_and_an_agent_outside_the_project(
+    tmp_path: Path,
+) -> None:
+    stubbed = DevServer(tmp_path / "refunds", {}, "SOME_SECRET=hunter2-value\n",
+                        agent=REFUNDS_AGENT)  # fmt: skip
+    outside = tmp_path / "elsewhere" / "echo_agent.py"
+    outside.parent.mkdir()
+    outside.write_text(ECHO_AGENT)
+    echo = DevServer(tmp_path / "echo", {"API_TOKEN": TOKEN, "ECHO_GREETING": "hello from env"},
+                     agent=outside)  # fmt: skip
+    try:
+        stubbed.start()
+        out = "\n".join(stubbed.lines)
+        url = f"{stubbed.url}/__dev/PAYMENTS_API_URL"
+        assert f"PAYMENTS_API_URL is not set: using the agent's dev stub {url}" in out
+        assert "hunter2" not in out
+        assert "SOME_SECRET" not in out  # not the agent's: not printed
+        status, _, reply = stubbed.request(
+            "POST", "/sessions/stubbed/messages", message("refund order 7"), token="dev-token"
+        )
+        assert status == 200, reply
+        assert reply["status"] == "complete"
+        stubbed.wait_for_line(r"payments stub refunded 1 cents of order a: .+ \(Idempotency-Key da")
+        status, _, order = stubbed.request("GET", "/__dev/PAYMENTS_API_URL/orders/a", token=None)
+        assert (status, order["refunded_cents"]) == (200, 1)
+
+        echo.start()
+        out = "\n".join(echo.lines)
+        assert f'serving the agent "echo" from {outside}' in out
+        assert "ECHO_GREETING is set (from the environment; not printed)" in out
+        status, _, reply = echo.request("POST", "/sessions/e/messages", message("hi"))
+        assert (status, reply["response"]) == (200, "hello from env")
+        # No dev stubs in this agent: /__dev/ is an ordinary unknown path.
+        assert echo.request("GET", "/__dev/ECHO_GREETING/x")[0] == 404
+    finally:
+        stubbed.kill_all()
+        echo.kill_all()
+
+
+def test_an_agent_module_that_breaks_the_protocol_stops_the_start_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    broken = tmp_path / "broken_agent.py"
+    broken.write_text("from durable_agents import Agent\nAGENT = Agent('broken')\n")
+    server = DevServer(tmp_path / "state", {}, agent=broken)
+    with pytest.raises(RuntimeError, match="did not start") as raised:
+        server.start()
+    assert "must define make_deps(env, http)" in str(raised.value)
+    assert server.process is not None
+    assert server.process.wait(10) == 1
