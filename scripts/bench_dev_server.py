@@ -5,8 +5,9 @@
     python3 scripts/bench_dev_server.py --url http://127.0.0.1:8787 --token dev-token
 
 Starts `scripts/dev` on a free port with a fresh state dir (unless `--url`
-names a running server), using the offline demo model and the dev server's
-stubs for the issue tracker and Slack, so what is measured is the kit: HTTP
+names a running server), serving the triage example (`--agent
+examples/triage/agent.py`) with its offline model and its dev stubs for the
+issue tracker and Slack, so what is measured is the kit: HTTP
 -> Worker -> Durable Object -> run() with D1 reads and atomic appends, plus
 the tools' HTTP calls to the stubs. Each request is a new session:
 
@@ -36,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 PROJECT = Path(__file__).resolve().parent.parent
+AGENT = PROJECT / "examples" / "triage" / "agent.py"
 SETTINGS = (
     "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
-    "ISSUES_API_URL", "SLACK_WEBHOOK_URL",
+    "ISSUES_API_URL", "SLACK_WEBHOOK_URL", "DEV_STUBS",
 )  # fmt: skip
 
 
@@ -47,7 +49,7 @@ def start_server(state_dir: str) -> tuple[subprocess.Popen[str], str, float]:
     started = time.perf_counter()
     process = subprocess.Popen(
         [str(PROJECT / "scripts" / "dev"), "--port", "0", "--persist-to", state_dir,
-         "--dev-vars", os.path.join(state_dir, "none")],
+         "--dev-vars", os.path.join(state_dir, "none"), "--agent", str(AGENT)],
         cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         start_new_session=True,
     )  # fmt: skip
@@ -112,7 +114,9 @@ def main() -> int:
                 url = args.url.rstrip("/")
             else:
                 process, url, start_s = start_server(state_dir)
-                print(f"dev server ready in {start_s:.1f} s (fresh state, demo model, dev stubs)")
+                print(
+                    f"dev server ready in {start_s:.1f} s (fresh state, triage example, dev stubs)"
+                )
             for label, text in (("triage", "triage issue {i}"), ("plain", "hello")):
                 r = measure(url, args.token, label, text, args.requests, args.warmup)
                 print(
