@@ -66,7 +66,7 @@ async def round_trip_keeps_every_field(store: Store) -> None:
         Message.tool_result(call, '{"error": "boom", "kind": "tool-failed"}'),
         Message.assistant("done ✓", usage=Usage(0, 7)),
     ]
-    assert await store.append_messages_atomic("s", 0, messages, agent_name="triage") == 4
+    assert await store.append_messages_atomic("s", 0, messages, agent_name="support") == 4
     assert await store.load_messages("s") == messages
 
 
@@ -180,16 +180,16 @@ async def sessions_are_isolated(store: Store) -> None:
 
 
 async def session_info_tracks_writes(store: Store) -> None:
-    await store.append_messages_atomic("s", 0, _step(0)[:1], agent_name="triage")
+    await store.append_messages_atomic("s", 0, _step(0)[:1], agent_name="support")
     info = await store.get_session("s")
     assert info is not None
-    assert (info.id, info.agent_name, info.message_count) == ("s", "triage", 1)
+    assert (info.id, info.agent_name, info.message_count) == ("s", "support", 1)
     assert info.state == "awaiting_tool_results"
     await store.append_messages_atomic("s", 1, _step(0)[1:])
     await store.append_messages_atomic("s", 3, [Message.assistant("bye")])
     later = await store.get_session("s")
     assert later is not None
-    assert (later.agent_name, later.message_count, later.state) == ("triage", 4, "idle")
+    assert (later.agent_name, later.message_count, later.state) == ("support", 4, "idle")
     assert later.created_at == info.created_at < later.updated_at
 
 
