@@ -2,8 +2,6 @@
 
 durable-agents sessions list --db PATH       the sessions in a SQLite store
 durable-agents sessions show ID --db PATH    one session's history (--json for machine use)
-
-(The crash-and-resume demo of the triage example is `python -m examples.triage.demo`.)
 """
 
 from __future__ import annotations
