@@ -21,7 +21,7 @@ once the turn's user message is stored, the message again if it is not
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,7 +37,7 @@ from durable_agents import (
     tool,
 )
 from durable_agents.stores import Store
-from durable_agents.testing import SimulatedCrash, count_writes, crash_on_write
+from durable_agents.testing import FunctionLLM, SimulatedCrash, count_writes, crash_on_write
 from history_checks import (
     Effect,
     assert_at_most_once,
@@ -66,7 +66,7 @@ def plan(turn: str, step: int) -> list[ToolCall]:
     return []
 
 
-def policy(messages: list[Message]) -> LLMResponse:
+def policy(messages: list[Message], tools: Sequence[ToolSpec] = ()) -> LLMResponse:
     """The model: reads the conversation, plays `plan`. Resumes like a real model would."""
     last_user = max(i for i, m in enumerate(messages) if m.role == "user")
     turn = messages[last_user].content
@@ -75,11 +75,9 @@ def policy(messages: list[Message]) -> LLMResponse:
     return LLMResponse(text="" if calls else f"{turn} done", tool_calls=calls)
 
 
-class PolicyLLM:
-    """`policy` as an LLM object (the adapter sweeps put a wire format in between)."""
-
-    async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
-        return policy(messages)
+def policy_llm() -> LLM:
+    """`policy` as an LLM (the adapter sweeps put a wire format in between instead)."""
+    return FunctionLLM(policy)
 
 
 @dataclass
@@ -149,7 +147,7 @@ async def play(
     store: Store,
     session_id: str,
     crash: Crash | None,
-    llm_factory: Callable[[], LLM] = PolicyLLM,
+    llm_factory: Callable[[], LLM] = policy_llm,
 ) -> Outcome:
     """Play both turns on `session_id`, crashing once at `crash`, resuming until done."""
     effects: list[Effect] = []
@@ -226,7 +224,7 @@ class SweepReport:
 
 
 async def sweep(
-    store: Store, prefix: str = "sweep", llm_factory: Callable[[], LLM] = PolicyLLM
+    store: Store, prefix: str = "sweep", llm_factory: Callable[[], LLM] = policy_llm
 ) -> SweepReport:
     """Run every crash point on `store` (one session each) and check every outcome."""
     baseline = await play(store, f"{prefix}-baseline", None, llm_factory)

@@ -13,8 +13,9 @@ Modes:
 - `send`: one `run(message=--message)`.
 
 The agent has a `safe_to_retry` tool (`lookup`) and two side-effecting ones
-(`post`, `charge`). The LLM is deterministic (`DeterministicLLM`): each turn is
-three tool-call steps (one with three parallel calls), then a final reply.
+(`post`, `charge`). The LLM is deterministic (`deterministic_llm()`, a
+`FunctionLLM` playing `next_action`): each turn is three tool-call steps (one
+with three parallel calls), then a final reply.
 Every handler records its side effect in the effects file (see
 `history_checks.append_effect`) between two short sleeps, which widen the
 windows a kill can land in.
@@ -26,7 +27,7 @@ complete, 3 on `SessionConflictError`, 1 on anything else. With `--gate-dir`,
 the first LLM call waits until `--gate-count` processes have reached theirs,
 so all of them hold the same view of the session before any writes.
 
-Importable too: the tests use `AGENT`, `DeterministicLLM` and `make_handlers`
+Importable too: the tests use `AGENT`, `deterministic_llm` and `make_handlers`
 in-process.
 """
 
@@ -58,6 +59,7 @@ from durable_agents import (
     tool,
 )
 from durable_agents.stores import sqlite_store
+from durable_agents.testing import FunctionLLM
 from history_checks import Turn, append_effect
 
 _TEXT = {"properties": {"text": {"type": "string"}}, "required": ["text"]}
@@ -85,49 +87,48 @@ def final_reply(turn: int) -> str:
     return f"done with turn {turn}"
 
 
-class DeterministicLLM:
-    """Decides the next action from the history it is sent, nothing else.
+def next_action(messages: list[Message], tools: Sequence[ToolSpec] = ()) -> LLMResponse:
+    """The next action, decided from the history alone.
 
     The step is the number of assistant messages since the last user message:
     step k < len(STEP_CALLS) asks for STEP_CALLS[k] (with empty ids, for the
     loop to assign), the step after answers `final_reply(turn)`. Whatever a
     crash did to the results (a durability error, a re-invoked lookup), the
     plan goes on, so a finished history always has the same shape.
-
-    `think` seconds of sleep per call stand for the LLM's latency. `gate`, if
-    given, is awaited once, on the first call.
     """
+    users = [i for i, m in enumerate(messages) if m.role == "user"]
+    turn = len(users) - 1
+    step = sum(1 for m in messages[users[-1] :] if m.role == "assistant")
+    usage = Usage(input_tokens=10 * len(messages), output_tokens=5)
+    if step < len(STEP_CALLS):
+        calls = [
+            ToolCall("", name, {"text": f"t{turn} s{step} {name} {n}"})
+            for n, name in enumerate(STEP_CALLS[step])
+        ]
+        return LLMResponse(text=f"step {step}", tool_calls=calls, usage=usage)
+    return LLMResponse(text=final_reply(turn), usage=usage)
 
-    def __init__(
-        self, think: float = 0.0, gate: Callable[[], Awaitable[None]] | None = None
-    ) -> None:
-        self.think = think
-        self.gate = gate
-        self.calls = 0
 
-    async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
-        self.calls += 1
-        if self.gate is not None:
-            gate, self.gate = self.gate, None
-            await gate()
-        if self.think:
-            await asyncio.sleep(self.think)
-        users = [i for i, m in enumerate(messages) if m.role == "user"]
-        turn = len(users) - 1
-        step = sum(1 for m in messages[users[-1] :] if m.role == "assistant")
-        usage = Usage(input_tokens=10 * len(messages), output_tokens=5)
-        if step < len(STEP_CALLS):
-            calls = [
-                ToolCall("", name, {"text": f"t{turn} s{step} {name} {n}"})
-                for n, name in enumerate(STEP_CALLS[step])
-            ]
-            return LLMResponse(text=f"step {step}", tool_calls=calls, usage=usage)
-        return LLMResponse(text=final_reply(turn), usage=usage)
+def deterministic_llm(
+    think: float = 0.0, gate: Callable[[], Awaitable[None]] | None = None
+) -> FunctionLLM:
+    """`next_action` as an LLM. `think` seconds of sleep per call stand for the
+    LLM's latency; `gate`, if given, is awaited once, on the first call."""
+    gates = [gate] if gate is not None else []
+
+    async def answer(messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        if gates:
+            await gates.pop()()
+        if think:
+            await asyncio.sleep(think)
+        return next_action(messages, tools)
+
+    return FunctionLLM(answer)
 
 
 def assert_plays_script(turns: Sequence[Turn], first: int = 0) -> None:
     """Assert finished turns (from `history_checks.assert_well_formed`) are exactly
-    what `DeterministicLLM` plays: its steps' tools in order, then its reply.
+    what `deterministic_llm()` plays: its steps' tools in order, then its reply.
     `first` is the number of the first turn given (the replies name it)."""
     for number, turn in enumerate(turns, first):
         tools = tuple(tuple(c.name for c in step.calls) for step in turn.steps)
@@ -175,7 +176,7 @@ def file_gate(directory: Path, count: int, timeout: float = 30.0) -> Callable[[]
 
 
 async def play_turns(
-    store: Any, session: str, llm: DeterministicLLM, handlers: dict[str, Any], turns: int
+    store: Any, session: str, llm: FunctionLLM, handlers: dict[str, Any], turns: int
 ) -> Any:
     """Finish the stored turn if needed, then play the remaining ones up to `turns`."""
     stored_users = sum(1 for m in await store.load_messages(session) if m.role == "user")
@@ -194,7 +195,7 @@ async def play_turns(
 
 async def main(args: argparse.Namespace) -> int:
     gate = file_gate(Path(args.gate_dir), args.gate_count) if args.gate_dir else None
-    llm = DeterministicLLM(think=args.think_ms / 1000, gate=gate)
+    llm = deterministic_llm(think=args.think_ms / 1000, gate=gate)
     handlers = make_handlers(args.effects, args.handler_ms / 1000)
     outcome: dict[str, Any] = {"pid": os.getpid(), "session": args.session, "mode": args.mode}
     outcome["message"] = args.message

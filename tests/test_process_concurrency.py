@@ -58,9 +58,9 @@ from process_agent import (
     CONFLICT_EXIT,
     SAFE_TOOLS,
     UNSAFE_TOOLS,
-    DeterministicLLM,
     assert_plays_script,
     child,
+    deterministic_llm,
     load_history,
     make_handlers,
     outcome_of,
@@ -84,7 +84,7 @@ async def make_orphaned_session(db: Path, effects: Path, session: str) -> list[T
         with pytest.raises(SimulatedCrash):
             await run(
                 AGENT,
-                llm=DeterministicLLM(),
+                llm=deterministic_llm(),
                 message=turn_message(0),
                 session_id=session,
                 store=crash_on_write(store, 3, when="after"),
@@ -102,7 +102,7 @@ async def make_idle_session(db: Path, effects: Path, session: str) -> list[Messa
     async with sqlite_store(db) as store:
         result = await run(
             AGENT,
-            llm=DeterministicLLM(),
+            llm=deterministic_llm(),
             message=turn_message(0),
             session_id=session,
             store=store,
@@ -270,7 +270,7 @@ async def race(
             *(
                 run(
                     AGENT,
-                    llm=DeterministicLLM(gate=barrier.wait if gated else None),
+                    llm=deterministic_llm(gate=barrier.wait if gated else None),
                     message=message,
                     session_id=SESSION,
                     store=store,
@@ -339,7 +339,7 @@ async def send_during_live_step(
         a = asyncio.create_task(
             run(
                 AGENT,
-                llm=DeterministicLLM(),
+                llm=deterministic_llm(),
                 message=turn_message(0),
                 session_id=SESSION,
                 store=store_a,
@@ -351,7 +351,7 @@ async def send_during_live_step(
         asyncio.get_running_loop().call_later(0.3, release.set)
         b = await run(
             AGENT,
-            llm=DeterministicLLM(),
+            llm=deterministic_llm(),
             message="a second message",
             session_id=SESSION,
             store=store_b,
