@@ -41,8 +41,7 @@ from durable_agents import (
     Usage,
     tool,
 )
-from durable_agents.llm import llm_from_env
-from durable_agents.llm.offline import FunctionLLM
+from durable_agents.llm import FunctionLLM, llm_from_env
 from durable_agents.llm.settings import setting
 
 SETTINGS = ("ISSUES_API_URL", "SLACK_WEBHOOK_URL")
@@ -85,9 +84,9 @@ class TriageDeps:
 
 
 @tool(safe_to_retry=True)
-async def get_issue(args: IssueRef, ctx: ToolContext) -> Issue:
+async def get_issue(args: IssueRef, ctx: ToolContext[TriageDeps]) -> Issue:
     """Fetch an issue by id: its title and status."""
-    deps: TriageDeps = ctx.deps
+    deps = ctx.deps
     url = f"{deps.issues_api_url.rstrip('/')}/issues/{quote(args.id, safe='')}"
     response = await deps.http.get(url)
     response.raise_for_status()
@@ -100,9 +99,9 @@ async def get_issue(args: IssueRef, ctx: ToolContext) -> Issue:
 
 
 @tool(timeout=30)
-async def post_slack(args: SlackPost, ctx: ToolContext) -> SlackReceipt:
+async def post_slack(args: SlackPost, ctx: ToolContext[TriageDeps]) -> SlackReceipt:
     """Post a message to a Slack channel. Side-effecting: each call posts once."""
-    deps: TriageDeps = ctx.deps
+    deps = ctx.deps
     response = await deps.http.post(
         deps.slack_webhook_url,
         json={"channel": args.channel, "text": args.text},
@@ -112,7 +111,7 @@ async def post_slack(args: SlackPost, ctx: ToolContext) -> SlackReceipt:
     return SlackReceipt(ok=True, status_code=response.status_code)
 
 
-AGENT = Agent("triage", INSTRUCTIONS, [get_issue, post_slack], max_steps=8)
+AGENT = Agent("triage", INSTRUCTIONS, [get_issue, post_slack], max_steps=8, deps_type=TriageDeps)
 
 
 def make_deps(env: Any, http: httpx.AsyncClient) -> TriageDeps:

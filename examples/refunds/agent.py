@@ -78,18 +78,18 @@ class PaymentsDeps:
 
 
 @tool(safe_to_retry=True, timeout=10)
-async def lookup_order(args: OrderRef, ctx: ToolContext) -> Order:
+async def lookup_order(args: OrderRef, ctx: ToolContext[PaymentsDeps]) -> Order:
     """Look an order up: what was paid, and how much of it is already refunded."""
-    deps: PaymentsDeps = ctx.deps
+    deps = ctx.deps
     response = await deps.http.get(f"{deps.api_url}/orders/{quote(args.order_id, safe='')}")
     response.raise_for_status()
     return Order.model_validate(response.json())
 
 
 @tool(timeout=30)
-async def issue_refund(args: RefundRequest, ctx: ToolContext) -> Refund:
+async def issue_refund(args: RefundRequest, ctx: ToolContext[PaymentsDeps]) -> Refund:
     """Refund (part of) an order. A side effect: each call refunds once."""
-    deps: PaymentsDeps = ctx.deps
+    deps = ctx.deps
     response = await deps.http.post(
         f"{deps.api_url}/refunds",
         json=args.model_dump(),
@@ -99,7 +99,9 @@ async def issue_refund(args: RefundRequest, ctx: ToolContext) -> Refund:
     return Refund.model_validate(response.json())
 
 
-AGENT = Agent("refunds", INSTRUCTIONS, [lookup_order, issue_refund], max_steps=8)
+AGENT = Agent(
+    "refunds", INSTRUCTIONS, [lookup_order, issue_refund], max_steps=8, deps_type=PaymentsDeps
+)
 
 
 def make_deps(env: Any, http: httpx.AsyncClient) -> PaymentsDeps:

@@ -22,7 +22,7 @@ from durable_agents import ConfigurationError, LLMResponse, ToolCall, ToolDurabi
 from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.agent_module import AgentModule
 from durable_agents.cloudflare.app import Command, serve_session
-from durable_agents.llm.offline import TestLLM
+from durable_agents.llm import TestLLM
 from durable_agents.stores import sqlite_store
 from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
 from durable_agents.testing.fake_d1 import FakeD1Database

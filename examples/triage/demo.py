@@ -26,8 +26,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from durable_agents import Message, Store, ToolContext, ToolDurabilityError, run
-from durable_agents.llm.offline import FunctionLLM
+from durable_agents import Agent, Message, Store, ToolContext, ToolDurabilityError, run
+from durable_agents.llm import FunctionLLM
 from durable_agents.stores import sqlite_store
 
 from .agent import AGENT, Issue, IssueRef, SlackPost, SlackReceipt, play_triage
@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]  # where `python -m examples.triage.d
 SESSION = "demo-triage-42"
 MESSAGE = "New issue came in: please triage issue 42."
 CRASH_BEFORE_WRITE = 4  # write #2 of step 2: the post has happened, its result is not stored
+# The demo swaps the HTTP handlers for offline ones, and their deps for a log file.
+OFFLINE_AGENT: Agent[Any] = AGENT
 ISSUES = {"42": Issue(id="42", title="Checkout fails with HTTP 500 for EU cards", status="open")}
 
 
@@ -92,12 +94,17 @@ async def phase(which: str, db: Path) -> int:
         if which == "crash":
             dying = Narrated(store, kill_before=CRASH_BEFORE_WRITE)
             await run(
-                AGENT, llm=llm, message=MESSAGE, session_id=SESSION, store=dying, tools=tools,
-                deps=slack,
+                OFFLINE_AGENT, llm=llm, message=MESSAGE, session_id=SESSION, store=dying,
+                tools=tools, deps=slack,
             )  # fmt: skip
             return 1  # not reached: the process kills itself
         result = await run(
-            AGENT, llm=llm, session_id=SESSION, store=Narrated(store), tools=tools, deps=slack
+            OFFLINE_AGENT,
+            llm=llm,
+            session_id=SESSION,
+            store=Narrated(store),
+            tools=tools,
+            deps=slack,
         )
         history = await store.load_messages(SESSION)
     finally:

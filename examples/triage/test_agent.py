@@ -21,8 +21,7 @@ from durable_agents import ConfigurationError, ToolDurabilityError, run
 from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.agent_module import AgentModule
 from durable_agents.cloudflare.app import Command, serve_session
-from durable_agents.llm import OpenAILLM
-from durable_agents.llm.offline import FunctionLLM
+from durable_agents.llm import FunctionLLM, OpenAILLM
 from durable_agents.stores import sqlite_store
 from durable_agents.testing import SimulatedCrash, crash_on_write
 from durable_agents.testing.fake_d1 import FakeD1Database
