@@ -7,7 +7,7 @@
 //   --request-timeout SECONDS (or DEV_REQUEST_TIMEOUT): for a request's headers, then
 //   for its body; a request that takes longer gets a 408 and its connection is closed
 //   --agent FILE: serve this Python file as the agent module (`agent`, which the
-//   Worker's main imports) instead of src/agent.py, e.g. examples/refunds/agent.py
+//   Worker's main imports) instead of src/agent.py, e.g. an agent under examples/
 //
 // What `wrangler dev` would do for a Python Worker if it could run offline:
 // - reads wrangler.toml: `main`, `[vars]`, the D1 databases and Durable

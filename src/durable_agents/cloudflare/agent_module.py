@@ -135,7 +135,7 @@ def _function(module: Any, name: str, parameters: str, arity: int, where: str) -
 def _settings(value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, tuple | list | frozenset | set):
         raise ConfigurationError(
-            f'{where}: SETTINGS must be a tuple of setting names, e.g. ("PAYMENTS_API_URL",)'
+            f'{where}: SETTINGS must be a tuple of setting names, e.g. ("MY_API_URL",)'
         )
     return tuple(_setting_name(name, "SETTINGS", where) for name in value)
 
