@@ -6,18 +6,20 @@ test is a plain (async) function; its parameters are pytest fixtures resolved
 on the CPython side and sent as JSON, except `env`, which is the Worker env
 as Python code sees it on Cloudflare (`from workers import env`).
 
-Test modules are imported the way pytest's default "prepend" mode imports
-them: the first directory above the file without `__init__.py` goes on
-sys.path, so helpers beside a test import as they do under pytest.
+Test modules are imported as pytest imports them (`--import-mode=importlib`):
+by path, adding nothing to sys.path; what they import comes from the same
+`pythonpath` list as under pytest, read from pyproject.toml's
+`[tool.pytest.ini_options]`, so helpers import alike in both places.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import inspect
 import json
 import sys
 import time
+import tomllib
 import traceback
 from pathlib import Path
 from types import ModuleType
@@ -27,19 +29,31 @@ PROJECT = Path("/project")
 RUNTIME_PARAMETERS = frozenset({"env"})
 
 
+def _pytest_pythonpath() -> list[Path]:
+    config = tomllib.loads((PROJECT / "pyproject.toml").read_text())
+    entries = config["tool"]["pytest"]["ini_options"].get("pythonpath", [])
+    return [(PROJECT / entry).resolve() for entry in entries]
+
+
 def _import_test_module(relative_path: str) -> ModuleType:
-    path = (PROJECT / relative_path).resolve()
-    base = path.parent
-    parts = [path.stem]
-    while (base / "__init__.py").exists():
-        parts.insert(0, base.name)
-        base = base.parent
-    # As under pytest: the test's own folder, and tests/ (where the shared
-    # helpers such as history_checks and crash_sweep live, beside conftest.py).
-    for folder in (PROJECT / "tests", base):
+    for folder in reversed(_pytest_pythonpath()):  # first entry first, as pytest does
         if str(folder) not in sys.path:
             sys.path.insert(0, str(folder))
-    return importlib.import_module(".".join(parts))
+    name = relative_path.removesuffix(".py").replace("/", ".")
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    spec = importlib.util.spec_from_file_location(name, PROJECT / relative_path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {relative_path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def _describe_failure(exc: BaseException) -> str:

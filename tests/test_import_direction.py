@@ -1,0 +1,219 @@
+"""Imports point one way: examples -> kit; cloudflare -> llm -> core; never back.
+
+    examples/*, src/agent.py   the public kit only (no `_private` module); an agent
+                               module never the testing kit (the Worker bundles it)
+    durable_agents.cloudflare  core and llm; never testing or the CLI
+    durable_agents.llm         core; never cloudflare, testing or the CLI;
+                               llm/base.py (the LLM protocol) only `messages`
+    core                       every other module of durable_agents (the run loop,
+                               tools, messages, errors, agent, limits, stores):
+                               neither cloudflare, nor llm beyond llm.base, nor
+                               testing, nor the CLI
+    all of durable_agents      never the user's `agent`, the Worker's `entry`,
+                               an example or a test helper
+
+Read with `ast` (every import statement, also those inside functions), so
+nothing is imported to check it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+KIT = SRC / "durable_agents"
+EXAMPLES = ROOT / "examples"
+HELPER_DIRS = [ROOT / "tests", ROOT / "tests" / "llm", ROOT / "tests" / "cloudflare"]
+
+APPLICATIONS = ("durable_agents.cli",)  # built on the kit, not part of the Worker's core
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str, *, is_package: bool) -> set[str]:
+    """Every module `source` (the module `module`) imports, as absolute dotted names.
+
+    `from M import a` counts as importing `M` and `M.a` (`a` may be a submodule);
+    relative imports are resolved against `module`'s package.
+    """
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names if alias.name != "*")
+    found.discard("__future__")
+    return found
+
+
+def within(name: str, *prefixes: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def kit_modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(KIT.rglob("*.py")):
+        yield module_name(path, SRC), path
+
+
+def kit_imports(path: Path, name: str) -> set[str]:
+    return imports_of(path.read_text(), name, is_package=path.name == "__init__.py")
+
+
+def helper_modules() -> set[str]:
+    return {p.stem for d in HELPER_DIRS for p in d.glob("*.py") if not p.stem.startswith("test_")}
+
+
+def is_core(name: str) -> bool:
+    return not within(
+        name,
+        "durable_agents.cloudflare",
+        "durable_agents.llm",
+        "durable_agents.testing",
+        *APPLICATIONS,
+    )
+
+
+# -- the checker itself -------------------------------------------------------------------
+
+
+def test_relative_imports_resolve_against_the_module_package() -> None:
+    source = "from ..llm.base import LLM\nfrom . import _sql\nfrom .base import Store\n"
+    found = imports_of(source, "durable_agents.stores.sqlite", is_package=False)
+    assert {"durable_agents.llm.base", "durable_agents.stores._sql"} <= found
+    assert "durable_agents.stores.base" in found
+    package = imports_of("from .d1 import d1_store", "durable_agents.cloudflare", is_package=True)
+    assert "durable_agents.cloudflare.d1" in package
+    inner = "def f():\n    from ..cloudflare import FetchTransport\n"
+    assert "durable_agents.cloudflare" in imports_of(
+        inner, "durable_agents.llm._http", is_package=False
+    )
+
+
+def test_the_kit_is_all_there() -> None:
+    names = {name for name, _ in kit_modules()}
+    assert {
+        "durable_agents.run",
+        "durable_agents.llm.base",
+        "durable_agents.cloudflare.d1",
+    } <= names
+    assert any(is_core(n) and n.startswith("durable_agents.stores") for n in names)
+
+
+# -- the kit ------------------------------------------------------------------------------
+
+
+def test_core_imports_neither_cloudflare_nor_llm_adapters_nor_testing() -> None:
+    offenders = {
+        name: sorted(
+            i
+            for i in kit_imports(path, name)
+            if within(i, "durable_agents.cloudflare", "durable_agents.testing", *APPLICATIONS)
+            or (within(i, "durable_agents.llm") and not within(i, "durable_agents.llm.base"))
+        )
+        for name, path in kit_modules()
+        if is_core(name)
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_llm_never_imports_cloudflare_testing_or_the_cli() -> None:
+    offenders = {
+        name: sorted(
+            i
+            for i in kit_imports(path, name)
+            if within(i, "durable_agents.cloudflare", "durable_agents.testing", *APPLICATIONS)
+        )
+        for name, path in kit_modules()
+        if within(name, "durable_agents.llm")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_llm_protocol_module_imports_only_messages() -> None:
+    path = KIT / "llm" / "base.py"
+    kit_names = {
+        i for i in kit_imports(path, "durable_agents.llm.base") if within(i, "durable_agents")
+    }
+    assert {i for i in kit_names if not within(i, "durable_agents.messages")} == set()
+
+
+def test_cloudflare_never_imports_testing_or_the_cli() -> None:
+    offenders = {
+        name: sorted(
+            i for i in kit_imports(path, name) if within(i, "durable_agents.testing", *APPLICATIONS)
+        )
+        for name, path in kit_modules()
+        if within(name, "durable_agents.cloudflare")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_nothing_in_the_kit_imports_the_user_agent_the_shell_examples_or_test_helpers() -> None:
+    outside = ("agent", "entry", "examples", "tests", *sorted(helper_modules()))
+    offenders = {
+        name: sorted(i for i in kit_imports(path, name) if within(i, *outside))
+        for name, path in kit_modules()
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+# -- the user's side ----------------------------------------------------------------------
+
+
+def user_files() -> list[Path]:
+    files = [SRC / "agent.py"] if (SRC / "agent.py").exists() else []
+    if EXAMPLES.is_dir():
+        files += sorted(EXAMPLES.rglob("*.py"))
+    return files
+
+
+def is_agent_module(path: Path) -> bool:
+    """What the Worker serves (and bundles): src/agent.py, examples/<name>/agent.py."""
+    return path.name == "agent.py"
+
+
+@pytest.mark.parametrize("path", user_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_user_code_imports_only_the_public_kit(path: Path) -> None:
+    if path.is_relative_to(EXAMPLES):
+        name = module_name(path, ROOT)
+        own = ".".join(name.split(".")[:2])  # examples.<name>: its own package
+    else:
+        name, own = path.stem, path.stem
+    found = imports_of(path.read_text(), name, is_package=path.name == "__init__.py")
+    problems = []
+    for imported in sorted(found):
+        parts = imported.split(".")
+        if parts[0] == "durable_agents" and any(p.startswith("_") for p in parts):
+            problems.append(f"{imported}: private to the kit")
+        if is_agent_module(path) and within(imported, "durable_agents.testing"):
+            problems.append(f"{imported}: the testing kit, in a module the Worker serves")
+        if within(imported, "examples") and not within(imported, own):
+            problems.append(f"{imported}: another example (each example stands alone)")
+        if within(imported, "agent", "entry", "tests", *sorted(helper_modules())):
+            problems.append(f"{imported}: not part of the kit")
+    assert problems == []
+
+
+def test_src_agent_and_the_examples_are_found() -> None:
+    if not EXAMPLES.is_dir():
+        pytest.skip("no examples/ yet")
+    agents = [p for p in user_files() if is_agent_module(p)]
+    assert SRC / "agent.py" in agents
+    assert len(agents) >= 3  # src/agent.py and at least two examples
