@@ -139,6 +139,12 @@ function readConfig(file) {
   const durableObjects = Object.fromEntries((config.durable_objects?.bindings ?? []).map((b) => [b.name, b.class_name]));
   return {
     module: main.slice("src/".length, -".py".length).replaceAll("/", "."),
+    // What the runtime compiles as workerd does (and checks against its Pyodide).
+    compatibility: {
+      workerName: config.name,
+      compatibilityDate: config.compatibility_date,
+      compatibilityFlags: config.compatibility_flags ?? [],
+    },
     vars: { ...(config.vars ?? {}) },
     databases,
     durableObjects,
@@ -466,6 +472,7 @@ async function main() {
   const applied = [];
   const runtime = await startRuntime({
     projectDir: PROJECT_DIR,
+    ...config.compatibility,
     persist: options.persistTo,
     d1Databases: Object.fromEntries(config.databases.map((db) => [db.binding, db.localId])),
     vars: env,

@@ -19,8 +19,19 @@
 // Local simplifications: no `ctx.storage` (the kit keeps state in D1), no
 // hibernation or eviction, and RPC values are passed by reference instead of
 // being structured-cloned.
+//
+// Ids are derived as workerd derives them (server/actor-id-impl.c++), from
+// the namespace's unique key: key = SHA-256(uniqueKey); an id is 16 bytes
+// (idFromName: HMAC-SHA256(key, name), truncated; newUniqueId: random)
+// followed by the first 16 bytes of HMAC-SHA256(key, those 16 bytes), as 64
+// hex chars. idFromString() checks that second half, so an id of another
+// namespace is refused. The runtime uses `wrangler dev`'s unique key,
+// "<worker name>-<class name>", so ids match `wrangler dev`'s; Cloudflare's
+// own namespaces have secret keys, so production ids differ.
 
-import { createHash, randomBytes } from "node:crypto";
+import { createHash, createHmac, randomBytes } from "node:crypto";
+
+const ID_HALF = 16;
 
 /** A Durable Object id: 64 hex chars; `name` is set when made by `idFromName`. */
 export class DurableObjectId {
@@ -146,6 +157,7 @@ class LiveObject {
     const started = this.startChain.then(async () => {
       await this.gate;
       if (this.instance === null) {
+        this.namespace.host.beginRequests?.();
         this.instance = this.namespace.host.instantiate(this.namespace.pythonClass, this.state, this.namespace.host.env);
         await this.gate; // the constructor may have called blockConcurrencyWhile()
       }
@@ -194,29 +206,45 @@ export class DurableObjectNamespace {
   #key;
 
   /**
-   * @param {object} host what runs Python: {instantiate(cls, ctx, env), invoke(instance, method, args), tasks, env}
+   * @param {object} host what runs Python: {instantiate(cls, ctx, env), invoke(instance, method, args),
+   *   beginRequests(), tasks, env}
    * @param {object} pythonClass the Durable Object class (a PyProxy)
-   * @param {string} className its name, part of every id so two namespaces never share ids
+   * @param {string} className its name
+   * @param {string} [uniqueKey] the namespace's unique key, which every id derives from
    */
-  constructor(host, pythonClass, className) {
+  constructor(host, pythonClass, className, uniqueKey = className) {
     this.host = host;
     this.pythonClass = pythonClass;
-    this.#key = `durable-agents-local:${className}:`;
+    this.className = className;
+    this.#key = createHash("sha256").update(uniqueKey).digest();
+  }
+
+  // The second half of an id: the first 16 bytes of HMAC(key, first half).
+  #mac(firstHalf) {
+    return createHmac("sha256", this.#key).update(firstHalf).digest().subarray(0, ID_HALF);
   }
 
   idFromName(name) {
-    const hex = createHash("sha256").update(this.#key + String(name)).digest("hex");
-    return new DurableObjectId(hex, String(name));
+    name = String(name);
+    const firstHalf = createHmac("sha256", this.#key).update(name, "utf8").digest().subarray(0, ID_HALF);
+    return new DurableObjectId(Buffer.concat([firstHalf, this.#mac(firstHalf)]).toString("hex"), name);
   }
 
   idFromString(hex) {
-    if (!/^[0-9a-f]{64}$/.test(String(hex))) throw new TypeError("Invalid Durable Object ID: must be 64 hex digits");
-    const known = this.#objects.get(String(hex));
-    return known ? known.id : new DurableObjectId(String(hex), undefined);
+    hex = String(hex);
+    if (!/^[0-9a-fA-F]{64}$/.test(hex)) throw new TypeError("Invalid Durable Object ID: must be 64 hex digits");
+    const bytes = Buffer.from(hex, "hex");
+    if (!this.#mac(bytes.subarray(0, ID_HALF)).equals(bytes.subarray(ID_HALF))) {
+      throw new TypeError("Durable Object ID is not valid for this namespace.");
+    }
+    hex = hex.toLowerCase();
+    const known = this.#objects.get(hex);
+    return known ? known.id : new DurableObjectId(hex, undefined);
   }
 
   newUniqueId() {
-    return new DurableObjectId(randomBytes(32).toString("hex"), undefined);
+    const firstHalf = randomBytes(ID_HALF);
+    return new DurableObjectId(Buffer.concat([firstHalf, this.#mac(firstHalf)]).toString("hex"), undefined);
   }
 
   get(id) {
@@ -250,6 +278,7 @@ export class DurableObjectNamespace {
  */
 export function workerEntrypoint(host, pythonClass) {
   async function call(method, args) {
+    host.beginRequests?.();
     const ctx = new ExecutionContext(host.tasks);
     const instance = host.instantiate(pythonClass, ctx, host.env);
     try {

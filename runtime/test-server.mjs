@@ -26,6 +26,7 @@ let capture = null;
 const runtime = await startRuntime({
   projectDir,
   persist: false,
+  forTests: true,
   stdout: (line) => (capture ? capture.stdout.push(line) : toStderr(line)),
   stderr: (line) => (capture ? capture.stderr.push(line) : toStderr(line)),
 });
