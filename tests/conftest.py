@@ -9,6 +9,7 @@ from durable_agents.cloudflare import d1_store
 from durable_agents.stores import Store, memory_store, sqlite_store
 from durable_agents.testing.conformance import ticking_clock
 from durable_agents.testing.fake_d1 import FakeD1Database
+from durable_agents.testing.pytest_plugin import dev_worker  # noqa: F401 - the Worker harness
 
 
 async def _make(kind: str, tmp_path: Path) -> tuple[Store, object]:

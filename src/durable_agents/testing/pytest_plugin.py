@@ -20,6 +20,14 @@ runtime. Plain or `async def` functions; no marks or parametrize decorators
 (parametrize a CPython fixture instead, as tests/runtime/conftest.py does).
 
 Needs `npm ci` and `python3 scripts/vendor.py` (both: `scripts/setup-runtime`).
+
+Also here, for ordinary CPython tests of the Worker over HTTP, the fixture
+`dev_worker`: a factory starting the project's Worker with `scripts/dev` on
+a free port (`durable_agents.testing.worker.DevWorker`: `post`, `get`,
+`kill()` (SIGKILL), `restart()` on the same D1 state, `rows(sql)` and
+`count(sql)` through `wrangler d1 execute`). Take it into a conftest.py:
+
+    from durable_agents.testing.pytest_plugin import dev_worker  # noqa: F401
 """
 
 from __future__ import annotations
@@ -42,8 +50,11 @@ from typing import IO, Any
 
 import pytest
 
+from .worker import DevWorker, find_project
+
 __all__ = [
     "WorkersRuntime",
+    "dev_worker",
     "pytest_pycollect_makemodule",
     "pytest_runtest_makereport",
     "pytest_terminal_summary",
@@ -183,6 +194,48 @@ def workers_runtime(request: pytest.FixtureRequest) -> Iterator[WorkersRuntime]:
         yield runtime
     finally:
         runtime.stop()
+
+
+@pytest.fixture
+def dev_worker(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., DevWorker]]:
+    """Start the project's Worker (`scripts/dev`) on a free port, each with its own D1 state.
+
+        worker = dev_worker(settings={"PAYMENTS_API_URL": url}, agent="examples/refunds/agent.py")
+
+    Keywords (all optional): `settings` (added to wrangler.toml's `[vars]`),
+    `agent` (an agent module file to serve instead of src/agent.py), `token`
+    (the `API_TOKEN`, default "test-token"), `env` (environment variables).
+    Returns the started `DevWorker`; every server started is closed (its
+    process group killed) when the test ends.
+    """
+    project = find_project(Path(str(request.config.rootpath)))
+    started: list[DevWorker] = []
+
+    def start(
+        *,
+        settings: dict[str, str] | None = None,
+        agent: str | Path | None = None,
+        token: str = "test-token",
+        env: dict[str, str] | None = None,
+    ) -> DevWorker:
+        worker = DevWorker(
+            project,
+            tmp_path / f"dev-worker-{len(started) + 1}",
+            settings=settings or {},
+            agent=agent,
+            token=token,
+            env=env or {},
+        )
+        started.append(worker)
+        return worker.start()
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.close()
 
 
 def _runtime_test_stub(

@@ -1,0 +1,318 @@
+"""The project's Worker in a test: `scripts/dev` on a free port, killed and restarted at will.
+
+    worker = DevWorker(project, tmp_path / "state", settings={"PAYMENTS_API_URL": url},
+                       agent="examples/refunds/agent.py").start()
+    reply = worker.post("/sessions/r1/messages", {"message": "refund order 7"})
+    worker.kill()                      # SIGKILL: a crash, nothing cleans up
+    worker.restart()                   # the same D1 state, settings and agent
+    worker.post("/sessions/r1/resume")
+    worker.count("SELECT * FROM agent_messages WHERE role = 'tool'")
+    worker.close()                     # every process it started, gone
+
+In pytest, the `dev_worker` fixture of `durable_agents.testing.pytest_plugin`
+makes them and closes them after the test.
+
+What the server gets: the project's wrangler.toml `[vars]`, then `settings`
+(written to a `.dev.vars` file of its own; the project's `.dev.vars` is not
+read), and `API_TOKEN` = `token` unless `settings` has one. Its environment
+holds only what a process needs (PATH, HOME, locale, temp, Node's and
+npm's variables) and `env`, so a setting exported in the developer's shell
+never reaches a test. D1 lives in the state directory: `rows()` and
+`count()` read it with `wrangler d1 execute --local`, as a user would, while
+the server runs or after it died. `scripts/dev` runs in a process group of
+its own; `close()` kills the group of every server started, so no workerd
+outlives the test, even one a SIGKILLed server left behind.
+
+No pytest import: usable from scripts too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json as jsonlib
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DevWorker", "WorkerResponse", "find_project"]
+
+START_TIMEOUT_S = float(os.environ.get("DURABLE_AGENTS_DEV_START_TIMEOUT", "120"))
+# What a process needs from the environment; nothing else reaches the dev server.
+_KEPT_ENV = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "TZ", "TMPDIR", "TEMP", "TMP"}
+)
+_KEPT_ENV_PREFIXES = ("LC_", "NODE_", "NPM_", "npm_", "XDG_")
+
+
+def find_project(start: Path | None = None) -> Path:
+    """The project root: the nearest directory above `start` (default: the current one)
+    holding wrangler.toml and scripts/dev."""
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        if (directory / "wrangler.toml").is_file() and (directory / "scripts" / "dev").is_file():
+            return directory
+    raise FileNotFoundError(f"no project (wrangler.toml and scripts/dev) above {here}")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerResponse:
+    """One answer of the Worker: `body` is the parsed JSON (None if the body is not JSON)."""
+
+    status: int
+    headers: Mapping[str, str]
+    text: str
+    body: Any = None
+
+
+@dataclass
+class DevWorker:
+    """`scripts/dev` serving the project's Worker, with its own state directory.
+
+    `agent`: an agent module file to serve instead of src/agent.py (`--agent`),
+    absolute or relative to the project. `settings`: added to wrangler.toml's
+    `[vars]`. `token`: the `API_TOKEN`, sent as `Authorization: Bearer` by
+    `post`/`get`/`request` unless they are given `token=`. `env`: extra
+    environment variables for the server process.
+    """
+
+    project: Path
+    state_dir: Path
+    settings: Mapping[str, str] = field(default_factory=dict)
+    agent: str | Path | None = None
+    token: str = "test-token"
+    env: Mapping[str, str] = field(default_factory=dict)
+    start_timeout: float = START_TIMEOUT_S
+    url: str = field(default="", init=False)
+    lines: list[str] = field(default_factory=list, init=False)
+    start_s: float = field(default=0.0, init=False)
+    process: subprocess.Popen[str] | None = field(default=None, init=False)
+    _started: list[tuple[subprocess.Popen[str], threading.Thread]] = field(
+        default_factory=list, init=False
+    )
+
+    # -- the server process -------------------------------------------------------
+
+    def start(self) -> DevWorker:
+        """Start the server and wait until it is ready; returns self."""
+        if self.running:
+            raise RuntimeError(f"the dev server is already running on {self.url}")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        dev_vars = self.state_dir / "dev-worker.dev.vars"
+        settings = {"API_TOKEN": self.token, **self.settings}
+        dev_vars.write_text("".join(f"{k}={_dotenv_value(v)}\n" for k, v in settings.items()))
+        command = [
+            str(self.project / "scripts" / "dev"), "--port", "0",
+            "--persist-to", str(self.state_dir), "--dev-vars", str(dev_vars),
+        ]  # fmt: skip
+        if self.agent is not None:
+            command += ["--agent", str(self.project / self.agent)]
+        self.url = ""
+        started = time.perf_counter()
+        self.process = subprocess.Popen(
+            command,
+            cwd=self.project,
+            env=_child_env(self.env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group: close() kills workerd with it
+        )
+        ready = threading.Event()
+        reader = threading.Thread(target=self._read, args=(self.process, ready), daemon=True)
+        reader.start()
+        self._started.append((self.process, reader))
+        if not ready.wait(self.start_timeout) or not self.url:
+            self.close()
+            raise RuntimeError(
+                f"the dev server did not start within {self.start_timeout:.0f} s:\n"
+                + "\n".join(self.lines[-40:])
+            )
+        self.start_s = time.perf_counter() - started
+        return self
+
+    def _read(self, process: subprocess.Popen[str], ready: threading.Event) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.lines.append(line.rstrip("\n"))
+            match = re.match(r"ready on (http://\S+)", line)
+            if match and process is self.process:
+                self.url = match.group(1)
+                ready.set()
+        ready.set()
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: no cleanup runs; the next start tidies up)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        """End the server cleanly (SIGTERM), as Ctrl-C would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def restart(self) -> DevWorker:
+        """Start the server again on the same state (stopping it first if it runs). The
+        port may change: `url` is the new one."""
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        """Stop the server and kill every process any of its starts left behind."""
+        self.stop()
+        for process, reader in self._started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            _wait_until_gone(process.pid)  # its workerd dies a moment after the signal
+            reader.join(10)
+            if process.stdout is not None:
+                process.stdout.close()
+        self._started.clear()
+
+    def __enter__(self) -> DevWorker:
+        return self if self.running else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_for_line(self, pattern: str, timeout: float = 10) -> str:
+        """The first output line matching `pattern` (a regex), waiting for it to be printed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in list(self.lines):
+                if re.search(pattern, line):
+                    return line
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no line matches {pattern!r}:\n" + "\n".join(self.lines))
+            time.sleep(0.02)
+
+    # -- HTTP ---------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        token: str | None = None,
+        timeout: float = 60,
+    ) -> WorkerResponse:
+        """One request to the Worker. `token=None` sends the worker's token; `""` none."""
+        if not self.url:
+            raise RuntimeError("the dev server is not running: start() it first")
+        token = self.token if token is None else token
+        all_headers = {"authorization": f"Bearer {token}"} if token else {}
+        all_headers.update(headers or {})
+        request = urllib.request.Request(
+            self.url + path, data=body, method=method, headers=all_headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return _response(response.status, dict(response.headers), response.read())
+        except urllib.error.HTTPError as error:
+            with error:
+                return _response(error.code, dict(error.headers), error.read())
+
+    def post(self, path: str, json: Any = None, **kwargs: Any) -> WorkerResponse:
+        """POST `json` as a JSON body (no body when None); `request`'s keywords."""
+        data = None if json is None else jsonlib.dumps(json).encode()
+        headers = {"content-type": "application/json", **kwargs.pop("headers", {})}
+        return self.request("POST", path, data, headers=headers, **kwargs)
+
+    def get(self, path: str, **kwargs: Any) -> WorkerResponse:
+        """GET `path`; `request`'s keywords."""
+        return self.request("GET", path, **kwargs)
+
+    # -- D1 -------------------------------------------------------------------------
+
+    def rows(self, sql: str) -> list[dict[str, Any]]:
+        """The rows of one SQL statement on the Worker's local D1 database, read by
+        `wrangler d1 execute --local` (the server may be running, or dead)."""
+        out = self.wrangler(
+            "d1", "execute", self.database, "--local", "--json", "--command", sql,
+            "--persist-to", str(self.state_dir),
+        )  # fmt: skip
+        rows: list[dict[str, Any]] = jsonlib.loads(out)[0]["results"]
+        return rows
+
+    def count(self, sql: str) -> int:
+        """How many rows the query `sql` returns."""
+        return int(self.rows(f"SELECT COUNT(*) AS n FROM ({sql})")[0]["n"])
+
+    @property
+    def database(self) -> str:
+        """The name of the first D1 database of wrangler.toml."""
+        config = tomllib.loads((self.project / "wrangler.toml").read_text())
+        databases = config.get("d1_databases") or [{}]
+        return str(databases[0].get("database_name") or databases[0].get("binding") or "DB")
+
+    def wrangler(self, *args: str, timeout: float = 120) -> str:
+        """`npx wrangler ...` in the project, offline; its stdout."""
+        command = ["npx", "--no-install", "wrangler", *args]
+        env = {**_child_env(self.env), "CI": "true", "WRANGLER_SEND_METRICS": "false"}
+        done = subprocess.run(
+            command,
+            cwd=self.project,
+            env={**env, "NO_COLOR": "1"},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
+        return done.stdout
+
+
+def _wait_until_gone(group: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.02)
+
+
+def _child_env(extra: Mapping[str, str]) -> dict[str, str]:
+    kept = {
+        k: v for k, v in os.environ.items() if k in _KEPT_ENV or k.startswith(_KEPT_ENV_PREFIXES)
+    }
+    return {**kept, **extra}
+
+
+def _dotenv_value(value: str) -> str:
+    """A value as the dev server's .dev.vars reader reads it back (double quotes, \\n)."""
+    if "\n" in value or "\r" in value:
+        raise ValueError("a setting cannot hold a line break in a .dev.vars file")
+    return f'"{value}"'
+
+
+def _response(status: int, headers: Mapping[str, str], data: bytes) -> WorkerResponse:
+    text = data.decode(errors="replace")
+    try:
+        body = jsonlib.loads(text) if text else None
+    except ValueError:
+        body = None
+    return WorkerResponse(status, {k.lower(): v for k, v in headers.items()}, text, body)

@@ -1,0 +1,205 @@
+"""The Worker harness (`dev_worker`, `DevWorker`) end to end, and the issue's acceptance on it:
+the refunds example killed with SIGKILL while the payments API holds the refund, restarted,
+`/resume`d: exactly one refund, with an Idempotency-Key, and a tool-durability-error stored.
+
+Real processes: `scripts/dev` (Pyodide + miniflare's D1) and a payments API on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import re
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from durable_agents.testing.worker import DevWorker
+
+pytestmark = pytest.mark.slow
+REFUNDS = "examples/refunds/agent.py"
+
+
+class PaymentsAPI:
+    """A payments API: every order was paid 49.99; `POST /refunds` records each request and,
+    with `hold` set, keeps its answer back until `release` is set (the server got it, acted,
+    and has not answered yet). A repeated Idempotency-Key returns the first refund."""
+
+    def __init__(self) -> None:
+        self.refund_requests: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.refunds: dict[str, dict[str, Any]] = {}
+        self.order_reads = 0
+        self.hold = False
+        self.received = threading.Event()
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> PaymentsAPI:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def handle(self) -> None:
+                with contextlib.suppress(ConnectionError):  # the killed Worker's connection
+                    super().handle()
+
+            def _json(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                with contextlib.suppress(OSError):  # the Worker may be dead by now
+                    self.send_response(status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                match = re.fullmatch(r"/orders/([^/]+)", self.path)
+                if match is None:
+                    self._json(404, {"error": "not found"})
+                    return
+                with api._lock:
+                    api.order_reads += 1
+                    refunded = sum(r["amount_cents"] for r in api.refunds.values())
+                order = {"id": match.group(1), "amount_cents": 4999, "currency": "usd",
+                         "status": "paid", "refunded_cents": refunded}  # fmt: skip
+                self._json(200, order)
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                key = headers.get("idempotency-key", "")
+                with api._lock:
+                    api.refund_requests.append((headers, body))
+                    refund = api.refunds.setdefault(
+                        key or f"no-key-{len(api.refunds)}",
+                        {"id": f"re_{len(api.refunds) + 1}", "order_id": body.get("order_id"),
+                         "amount_cents": body.get("amount_cents"), "status": "succeeded"},
+                    )  # fmt: skip
+                if api.hold:
+                    api.received.set()
+                    api.release.wait(60)
+                self._json(200, refund)
+
+        return Handler
+
+
+@pytest.fixture
+def payments() -> Iterator[PaymentsAPI]:
+    with PaymentsAPI() as api:
+        yield api
+
+
+def _post_in_background(worker: DevWorker, path: str, body: Any) -> threading.Thread:
+    def post() -> None:
+        # The server is killed under this request: no answer comes back.
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            worker.post(path, body, timeout=90)
+
+    thread = threading.Thread(target=post, daemon=True)
+    thread.start()
+    return thread
+
+
+def _tool_results(messages: list[dict[str, Any]], tool_name: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(m["content"]) if m["content"].startswith("{") else {"result": m["content"]}
+        for m in messages
+        if m["role"] == "tool" and m.get("tool_name") == tool_name
+    ]
+
+
+def test_kill_9_while_the_payments_api_holds_the_refund_then_resume_refunds_once(
+    dev_worker: Callable[..., DevWorker], payments: PaymentsAPI
+) -> None:
+    worker = dev_worker(settings={"PAYMENTS_API_URL": payments.url}, agent=REFUNDS)
+    payments.hold = True
+    turn = _post_in_background(worker, "/sessions/refund-7/messages", {"message": "Refund order 7"})
+    assert payments.received.wait(90), "the refund never reached the payments API"
+    worker.kill()  # the payments API has the refund; the Worker dies before its answer
+    payments.release.set()
+    turn.join(30)
+
+    worker.restart()
+    resumed = worker.post("/sessions/refund-7/resume")
+    assert resumed.status == 200, resumed.text
+    assert resumed.body["status"] == "complete"
+
+    assert len(payments.refund_requests) == 1  # exactly one refund...
+    headers, _ = payments.refund_requests[0]
+    assert re.fullmatch(r"da-[0-9a-f]{40}", headers["idempotency-key"])  # ...with its key
+    history = worker.get("/sessions/refund-7").body["messages"]
+    refund_results = _tool_results(history, "issue_refund")
+    assert [r.get("kind") for r in refund_results] == ["tool-durability-error"]
+    assert refund_results[0]["toolName"] == "issue_refund"
+    # lookup_order is safe_to_retry: its lost result was fetched again, and is a real one.
+    assert payments.order_reads == 2
+    assert [r.get("kind") for r in _tool_results(history, "lookup_order")] == [None]
+
+    # What D1 holds, read by wrangler: the turn's message once, one durability error.
+    assert worker.count("SELECT * FROM agent_messages WHERE role = 'user'") == 1
+    durability = (
+        "SELECT * FROM agent_messages WHERE role = 'tool' AND tool_name = 'issue_refund' "
+        "AND json_extract(content, '$.kind') = 'tool-durability-error'"
+    )
+    assert worker.count(durability) == 1
+
+    again = worker.post("/sessions/refund-7/resume")  # a finished turn: its reply, no new call
+    assert (again.status, again.body["response"]) == (200, resumed.body["response"])
+    assert len(payments.refund_requests) == 1
+
+
+def test_the_harness_isolates_settings_keeps_state_and_leaves_no_process(
+    dev_worker: Callable[..., DevWorker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A setting exported in the developer's shell never reaches the server.
+    monkeypatch.setenv("PAYMENTS_API_URL", "http://127.0.0.1:9/from-the-shell")
+    worker = dev_worker(agent=REFUNDS, token="s3cret")
+    worker.wait_for_line(r"PAYMENTS_API_URL.*dev stub")
+    assert worker.get("/sessions/x", token="wrong").status == 401
+    first = worker.post("/sessions/iso/messages", {"message": "refund order 1"})
+    assert (first.status, first.body["status"]) == (200, "complete"), first.text
+    assert worker.rows("SELECT role FROM agent_messages ORDER BY seq")[0] == {"role": "user"}
+
+    groups = []
+    for crash in (True, False):  # the state survives a SIGKILL and a clean stop
+        groups.append(os.getpgid(worker.process.pid) if worker.process else None)
+        if crash:
+            worker.kill()
+        worker.restart()
+        assert worker.get("/sessions/iso").body["messages"][0]["content"] == "refund order 1"
+    groups.append(os.getpgid(worker.process.pid) if worker.process else None)
+
+    worker.close()
+    assert not worker.running
+    for group in groups:
+        assert group is not None
+        with pytest.raises(ProcessLookupError):
+            os.killpg(group, signal.SIGCONT)  # no process of any start is left
