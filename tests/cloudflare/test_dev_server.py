@@ -13,7 +13,6 @@ Needs `scripts/setup-runtime` (node_modules/ and python_modules/).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -23,17 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import DURABILITY_REPLY, DevServer, FakeServices, d1_query, wrangler
+from worker_fakes import (
+    DURABILITY_REPLY,
+    DevServer,
+    FakeServices,
+    d1_query,
+    durable_object_id,
+    wrangler,
+)
 
 pytestmark = pytest.mark.slow
 
 TOKEN = "test-token"
 HEX_ID = re.compile(r"[0-9a-f]{64}")
-
-
-def durable_object_id(name: str) -> str:
-    """The id `SESSIONS.idFromName(name)` gives in the local runtime (durable-objects.mjs)."""
-    return hashlib.sha256(f"durable-agents-local:AgentSession:{name}".encode()).hexdigest()
 
 
 def message(text: str) -> bytes:

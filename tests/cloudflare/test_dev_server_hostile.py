@@ -17,7 +17,6 @@ Needs `scripts/setup-runtime` (node_modules/ and python_modules/).
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import socket
@@ -27,18 +26,13 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import pytest
-from worker_fakes import DevServer, FakeServices, d1_query
+from worker_fakes import DevServer, FakeServices, d1_query, durable_object_id
 
 pytestmark = pytest.mark.slow
 
 TOKEN = "test-token"
 REQUEST_TIMEOUT_S = 1.5
 MESSAGE = json.dumps({"message": "triage issue 9"}).encode()
-
-
-def durable_object_id(name: str) -> str:
-    """The id `SESSIONS.idFromName(name)` gives in the local runtime (durable-objects.mjs)."""
-    return hashlib.sha256(f"durable-agents-local:AgentSession:{name}".encode()).hexdigest()
 
 
 @dataclass

@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -41,6 +43,15 @@ CLEARED_SETTINGS = (
     "ISSUES_API_URL", "SLACK_WEBHOOK_URL", "PAYMENTS_API_URL", "DEV_STUBS",
 )  # fmt: skip
 DURABILITY_REPLY = "The post may already have gone out; I will not post again. Check #triage."
+
+
+def durable_object_id(name: str, namespace: str = "durable-agents-AgentSession") -> str:
+    """The id `SESSIONS.idFromName(name)` gives in the local runtime, derived as workerd
+    derives it (runtime/durable-objects.mjs) under `wrangler dev`'s unique key
+    `<worker name>-<class name>`."""
+    key = hashlib.sha256(namespace.encode()).digest()
+    first = hmac.new(key, name.encode(), "sha256").digest()[:16]
+    return (first + hmac.new(key, first, "sha256").digest()[:16]).hex()
 
 
 class FakeServices:
