@@ -268,7 +268,13 @@ load`,
     },
     close() {
       gated.delete(gate);
-      for (const module of runtimeModules.values()) module.destroy();
+      for (const module of runtimeModules.values()) {
+        try {
+          module.destroy();
+        } catch {
+          // Pyodide is gone (a fatal error, such as refused entropy at top level)
+        }
+      }
       runtimeModules.clear();
     },
     timings: {

@@ -463,6 +463,49 @@ def test_entrypoint_helper_has_workerds_members_only(probe: dict[str, Any]) -> N
     assert probe["request"]["patch_env"]["error"] == "AttributeError: patch_env_helper"
 
 
+FATAL_DRIVER = """
+import { startRuntime } from "../../runtime/index.mjs";
+const [workerDir] = process.argv.slice(2);
+const runtime = await startRuntime({
+  projectDir: process.cwd(), workerDir, d1Databases: {}, log: () => {}, stderr: () => {},
+});
+let outcome;
+try {
+  runtime.loadWorker({ main: "c_entropy" });
+  outcome = { started: true };
+} catch (error) {
+  outcome = { name: error.name, message: error.message };
+}
+await runtime.close();
+process.stdout.write(JSON.stringify(outcome) + "\\n");
+process.exit(0);
+"""
+
+
+@pytest.mark.slow
+@needs_runtime
+def test_c_level_entropy_at_top_level_is_refused(scratch: Path) -> None:
+    # _random.Random() seeds itself in C (getentropy), past the Python-level guards:
+    # workerd refuses the call and the Worker does not start; so does the local runtime.
+    worker = scratch / "c-entropy"
+    worker.mkdir()
+    (worker / "c_entropy.py").write_text("import _random\n\nGENERATOR = _random.Random()\n")
+    driver = scratch / "fatal_driver.mjs"
+    driver.write_text(FATAL_DRIVER)
+    done = subprocess.run(
+        [NODE or "node", str(driver.relative_to(PROJECT)), str(worker.relative_to(PROJECT))],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["name"] == "WorkerStartError"
+    assert "Disallowed operation called within global scope" in outcome["message"]
+
+
 def workerd_id(unique_key: str, name: str) -> str:
     """workerd's idFromName: HMAC-SHA256 with key SHA-256(unique key), then its MAC."""
     key = hashlib.sha256(unique_key.encode()).digest()
