@@ -17,9 +17,24 @@ one session safe.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .base import Lease, LeaseHolder, SessionInfo, Store
 from .memory import MemoryStore, memory_store
-from .sqlite import SQLiteStore, sqlite_store
+
+if TYPE_CHECKING:
+    from .sqlite import SQLiteStore, sqlite_store
+
+
+def __getattr__(name: str) -> Any:
+    # The SQLite store loads on first use: a Worker imports this package (every
+    # `import durable_agents` does) but never SQLite, and its bundle leaves it out.
+    if name in ("SQLiteStore", "sqlite_store"):
+        from . import sqlite
+
+        return getattr(sqlite, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Lease",
