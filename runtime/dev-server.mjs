@@ -128,7 +128,10 @@ function readConfig(file) {
   if (!existsSync(file)) fail(`${file} not found`);
   const config = parseToml(readFileSync(file, "utf8"));
   const main = String(config.main ?? "");
-  if (!/^src\/.+\.py$/.test(main)) fail(`${file}: main must be a Python module under src/, got ${JSON.stringify(main)}`);
+  // src/<module>.py, or build/worker/<module>.py: the copy of src/ that wrangler.toml's
+  // [build] stages for a deploy (scripts/build_worker.py). Either way it is served from src/.
+  const mainModule = main.match(/^(?:src|build\/worker)\/(.+)\.py$/)?.[1];
+  if (!mainModule) fail(`${file}: main must be a Python module under src/ (or build/worker/, staged from src/), got ${JSON.stringify(main)}`);
   const databases = (config.d1_databases ?? []).map((db) => ({
     binding: db.binding,
     name: db.database_name,
@@ -138,7 +141,7 @@ function readConfig(file) {
   }));
   const durableObjects = Object.fromEntries((config.durable_objects?.bindings ?? []).map((b) => [b.name, b.class_name]));
   return {
-    module: main.slice("src/".length, -".py".length).replaceAll("/", "."),
+    module: mainModule.replaceAll("/", "."),
     // What the runtime compiles as workerd does (and checks against its Pyodide).
     compatibility: {
       workerName: config.name,

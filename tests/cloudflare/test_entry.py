@@ -65,7 +65,10 @@ def test_wrangler_toml_points_at_the_entry_and_its_classes() -> None:
     import tomllib
 
     config = tomllib.loads((SRC.parent / "wrangler.toml").read_text())
-    assert config["main"] == "src/entry.py"
+    # wrangler uploads every .py under main's folder: main is src/entry.py staged, with
+    # only the modules it imports, by the [build] command (tests/test_bundle.py).
+    assert config["main"] == "build/worker/entry.py"
+    assert config["build"]["command"] == "python3 scripts/build_worker.py"
     assert set(config["compatibility_flags"]) == {"python_workers"}
     entry = ast.parse((SRC / "entry.py").read_text())
     classes = {node.name for node in entry.body if isinstance(node, ast.ClassDef)}

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Stage the Worker's modules: what src/entry.py imports from src/, into build/worker/.
+
+    python3 scripts/build_worker.py          # wrangler.toml's [build] command runs it
+
+`npx wrangler deploy` (and `--dry-run`, and `wrangler dev`) run this first,
+then upload `build/worker/` (wrangler.toml's `main` is `build/worker/entry.py`)
+and `python_modules/`. Why a staged copy: wrangler uploads every `.py` file
+under the directory of `main`, whatever the config says (it adds a rule
+`**/*.py` for a Python Worker, refuses `PythonModule` rules in the config,
+and always searches that directory). Pointed at `src/`, it would ship the
+testing kit, the CLI, the SQLite store and `durable_agents.egg-info/`.
+
+What is staged: `src/entry.py` and every module of `src/` it imports,
+directly or through others (`import agent` brings `src/agent.py` and what
+it imports), following every `import` statement, also inside functions (a
+Worker runs those too), except under `if TYPE_CHECKING:`; each package's
+`__init__.py` comes along. Left out even when a module names them: the
+CPython-only modules in `CPYTHON_ONLY`, which the Worker never imports
+(`durable_agents.stores` names `sqlite_store` lazily, for CPython users).
+If the Worker did import one, it would fail at once on deploy; the kit's
+tests/test_bundle.py imports the staged bundle inside the local runtime
+and serves a turn from it.
+
+stdlib only; Python >= 3.11.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no lock (two builds at once are unlikely there)
+    fcntl = None  # type: ignore[assignment]
+
+PROJECT = Path(__file__).resolve().parent.parent
+SRC = PROJECT / "src"
+OUT = PROJECT / "build" / "worker"
+ROOTS = ("entry",)
+# Modules (and packages) the Worker never imports, though Worker modules name them.
+CPYTHON_ONLY = (
+    "durable_agents.testing",  # test doubles, check_agent, the pytest plugin
+    "durable_agents.cli",  # the `durable-agents` command
+    "durable_agents.stores.sqlite",  # sqlite_store: SQLite files, not D1
+)
+
+
+def source_modules(src: Path) -> dict[str, Path]:
+    """Every module under `src`, by dotted name (a package by its `__init__.py`)."""
+    modules = {}
+    for path in sorted(src.rglob("*.py")):
+        parts = path.relative_to(src).with_suffix("").parts
+        if any(not part.isidentifier() for part in parts):  # *.egg-info, __pycache__-like
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts:
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imported_names(name: str, path: Path) -> set[str]:
+    """Every module name the module's import statements may load (outside TYPE_CHECKING)."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            if module:
+                found.add(module)
+            found.update(f"{module}.{alias.name}" if module else alias.name for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def _excluded(name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in CPYTHON_ONLY)
+
+
+def worker_modules(src: Path = SRC, roots: tuple[str, ...] = ROOTS) -> dict[str, Path]:
+    """The modules of `src` the Worker's `roots` import, transitively, minus CPYTHON_ONLY."""
+    available = source_modules(src)
+    wanted: dict[str, Path] = {}
+    queue = list(roots)
+    while queue:
+        name = queue.pop()
+        if name in wanted or _excluded(name):
+            continue
+        parts = name.split(".")
+        # `import a.b.c` loads a, a.b and a.b.c; a name that is not a module of src/
+        # (the stdlib, python_modules/, an attribute like `from x import y`) is skipped.
+        for i in range(1, len(parts)):
+            queue.append(".".join(parts[:i]))
+        path = available.get(name)
+        if path is None:
+            continue
+        wanted[name] = path
+        queue.extend(imported_names(name, path))
+    missing = [root for root in roots if root not in wanted]
+    if missing:
+        raise SystemExit(f"build_worker: no module {missing} in {src}")
+    return dict(sorted(wanted.items()))
+
+
+def stage(out: Path = OUT, src: Path = SRC) -> dict[str, Path]:
+    """Replace `out` with the Worker's modules. A failed build leaves `out` as it was; two
+    builds at once (two dry runs, two `wrangler dev`) take turns."""
+    modules = worker_modules(src)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(out.parent / f".{out.name}.lock"):
+        _replace(out, src, modules)
+    return modules
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _replace(out: Path, src: Path, modules: dict[str, Path]) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        for path in modules.values():
+            target = staging / path.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=OUT, help="where to stage (build/worker)")
+    parser.add_argument("--list", action="store_true", help="print the modules, stage nothing")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, path in worker_modules().items():
+            print(f"{name}\t{path.relative_to(SRC)}")
+        return 0
+    modules = stage(args.out)
+    size = sum(path.stat().st_size for path in modules.values())
+    unused = sorted(set(source_modules(SRC)) - set(modules))
+    print(
+        f"build_worker: {len(modules)} modules of src/ ({size / 1024:.1f} KiB) staged in "
+        f"{args.out.relative_to(PROJECT) if args.out.is_relative_to(PROJECT) else args.out}; "
+        f"left out: {', '.join(unused) or 'nothing'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

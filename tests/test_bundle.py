@@ -1,0 +1,123 @@
+"""The Worker's deploy bundle holds only what the Worker imports, and the Worker runs from it alone.
+
+The bundle is what `npx wrangler deploy --dry-run --outdir DIR` makes, offline
+(wrangler.toml's `[build]` stages the Worker's modules with
+scripts/build_worker.py first). Needs `scripts/setup-runtime`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+CONFIG = PROJECT / "wrangler.toml"
+FREE_PLAN_GZIP_KIB = 3 * 1024
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, PROJECT / "scripts" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+build_worker = _script("build_worker")
+bundle_size = _script("bundle_size")
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return bundle_size.dry_run(tmp_path_factory.mktemp("bundle") / "dist", CONFIG)
+
+
+def test_the_bundle_holds_the_workers_modules_and_nothing_else(bundle: Any) -> None:
+    assert bundle.worker_modules == set(build_worker.worker_modules())
+    assert {
+        "entry",
+        "agent",
+        "durable_agents",
+        "durable_agents.run",
+        "durable_agents.stores.base",
+        "durable_agents.cloudflare.app",
+        "durable_agents.cloudflare.d1",
+        "durable_agents.cloudflare.fetch_transport",
+        "durable_agents.llm.settings",
+    } <= bundle.worker_modules
+    not_for_the_worker = re.compile(
+        r"(^|/)(testing|tests|examples)/|(^|/)cli\.py$|stores/sqlite\.py$|egg-info|\.txt$"
+    )
+    assert [f for f in bundle.worker_files if not_for_the_worker.search(f)] == []
+    assert all(f.endswith(".py") for f in bundle.worker_files), bundle.worker_files
+    vendored_but_never_imported = re.compile(r"^python_modules/pydantic/v1/|\.pyi$|\.pyc$")
+    assert [f for f in bundle.vendored_files if vendored_but_never_imported.search(f)] == []
+    assert "python_modules/pydantic_core/core_schema.py" in bundle.vendored_files
+    assert bundle.gzip_kib < FREE_PLAN_GZIP_KIB
+
+
+def test_the_worker_imports_and_serves_a_turn_from_its_bundle_alone(bundle: Any) -> None:
+    agent = importlib.import_module("agent")
+    wanted = [*getattr(agent, "SETTINGS", ()), *getattr(agent, "DEV_STUBS", {})]
+    echo = {name: "{{echo}}" for name in wanted if name.endswith("_URL")}
+    ran = bundle_size.run_from_bundle(
+        bundle, CONFIG, bundle_size.check_vars(CONFIG, echo), starts=1
+    )
+    assert (ran["status"], ran["body"]["status"]) == (200, "complete"), ran["body"]
+    own = {m for m in ran["modules"] if m.split(".")[0] in ("entry", "agent", "durable_agents")}
+    assert own <= bundle.worker_modules
+    assert {"entry", "agent", "durable_agents.cloudflare.d1", "durable_agents.run"} <= own
+    assert ran["importEntryMs"] > 0
+
+
+def test_build_worker_follows_every_import_but_type_checking_and_cpython_only(
+    tmp_path: Path,
+) -> None:
+    files = {
+        "entry.py": "import agent\nfrom durable_agents.cloudflare import app\n",
+        "agent.py": (
+            "from typing import TYPE_CHECKING\n"
+            "from helpers import util\n"
+            "if TYPE_CHECKING:\n    import typed_only\n"
+            "def make_deps(env, http):\n    import lazy\n"
+        ),
+        "helpers/__init__.py": "",
+        "helpers/util.py": "from . import sibling\nfrom ..outside import nothing  # not in src\n",
+        "helpers/sibling.py": "import json\n",
+        "typed_only.py": "",
+        "lazy.py": "",
+        "unused.py": "",
+        "durable_agents/__init__.py": "from .stores import base\n",
+        "durable_agents/stores/__init__.py": (
+            "from .base import Store\n"
+            "def __getattr__(name):\n    from .sqlite import sqlite_store\n"
+        ),
+        "durable_agents/stores/base.py": "",
+        "durable_agents/stores/sqlite.py": "",
+        "durable_agents/cloudflare/__init__.py": "",
+        "durable_agents/cloudflare/app.py": "from ..testing import check_agent\n",
+        "durable_agents/testing/__init__.py": "",
+        "durable_agents.egg-info/top_level.txt": "durable_agents\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    staged = build_worker.stage(tmp_path / "out", tmp_path)
+    assert set(staged) == {
+        "entry", "agent", "helpers", "helpers.util", "helpers.sibling", "lazy",
+        "durable_agents", "durable_agents.stores", "durable_agents.stores.base",
+        "durable_agents.cloudflare", "durable_agents.cloudflare.app",
+    }  # fmt: skip
+    written = sorted(
+        p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.*")
+    )
+    assert written == sorted(str(path.relative_to(tmp_path)) for path in staged.values())
