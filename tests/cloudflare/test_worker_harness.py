@@ -117,17 +117,6 @@ def payments() -> Iterator[PaymentsAPI]:
         yield api
 
 
-def _post_in_background(worker: DevWorker, path: str, body: Any) -> threading.Thread:
-    def post() -> None:
-        # The server is killed under this request: no answer comes back.
-        with contextlib.suppress(OSError, http.client.HTTPException):
-            worker.post(path, body, timeout=90)
-
-    thread = threading.Thread(target=post, daemon=True)
-    thread.start()
-    return thread
-
-
 def _tool_results(messages: list[dict[str, Any]], tool_name: str) -> list[dict[str, Any]]:
     return [
         json.loads(m["content"]) if m["content"].startswith("{") else {"result": m["content"]}
@@ -141,11 +130,12 @@ def test_kill_9_while_the_payments_api_holds_the_refund_then_resume_refunds_once
 ) -> None:
     worker = dev_worker(settings={"PAYMENTS_API_URL": payments.url}, agent=REFUNDS)
     payments.hold = True
-    turn = _post_in_background(worker, "/sessions/refund-7/messages", {"message": "Refund order 7"})
+    turn = worker.start_post("/sessions/refund-7/messages", {"message": "Refund order 7"})
     assert payments.received.wait(90), "the refund never reached the payments API"
     worker.kill()  # the payments API has the refund; the Worker dies before its answer
     payments.release.set()
-    turn.join(30)
+    with pytest.raises((OSError, http.client.HTTPException)):
+        turn.result(30)  # the client never got an answer
 
     worker.restart()
     resumed = worker.post("/sessions/refund-7/resume")

@@ -2,7 +2,7 @@
 
     worker = DevWorker(project, tmp_path / "state", settings={"PAYMENTS_API_URL": url},
                        agent="examples/refunds/agent.py").start()
-    reply = worker.post("/sessions/r1/messages", {"message": "refund order 7"})
+    pending = worker.start_post("/sessions/r1/messages", {"message": "refund order 7"})
     worker.kill()                      # SIGKILL: a crash, nothing cleans up
     worker.restart()                   # the same D1 state, settings and agent
     worker.post("/sessions/r1/resume")
@@ -40,6 +40,7 @@ import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,20 @@ class DevWorker:
         data = None if json is None else jsonlib.dumps(json).encode()
         headers = {"content-type": "application/json", **kwargs.pop("headers", {})}
         return self.request("POST", path, data, headers=headers, **kwargs)
+
+    def start_post(self, path: str, json: Any = None, **kwargs: Any) -> Future[WorkerResponse]:
+        """`post` in a background thread: for a request the test kills the server under.
+        Its `result()` is the answer, or raises if the server died before answering."""
+        future: Future[WorkerResponse] = Future()
+
+        def send() -> None:
+            try:
+                future.set_result(self.post(path, json, **kwargs))
+            except BaseException as exc:  # handed to the test through the future
+                future.set_exception(exc)
+
+        threading.Thread(target=send, daemon=True).start()
+        return future
 
     def get(self, path: str, **kwargs: Any) -> WorkerResponse:
         """GET `path`; `request`'s keywords."""
