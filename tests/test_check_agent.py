@@ -139,6 +139,22 @@ def test_env_is_the_configs_vars_as_attributes(tmp_path: Path) -> None:
         _ = env.API_TOKEN  # like a binding or setting a Worker does not have
 
 
+def test_the_default_config_is_found_above_the_agent_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[Any] = []
+
+    def make_deps(env: Any, http: httpx.AsyncClient) -> Any:
+        seen.append(env)
+        return SimpleNamespace(http=http)
+
+    module = agent_module(count, make_deps=make_deps)
+    module.__file__ = str(Path(__file__).resolve().parents[1] / "src" / "agent.py")
+    monkeypatch.chdir(tmp_path)  # no wrangler.toml here: the project's, above src/, is used
+    check_agent(module, turns=1)
+    assert seen[0].MAX_BODY_BYTES == "65536"
+
+
 def test_a_missing_config_or_setting_is_said_plainly(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="config"):
         check_agent(agent_module(count), config=tmp_path / "nope.toml")

@@ -635,11 +635,11 @@ def format_history(messages: Sequence[Message]) -> str:
 
 
 def _settings(
-    config: str | os.PathLike[str] | None, env: Mapping[str, Any] | None
+    config: str | os.PathLike[str] | None, env: Mapping[str, Any] | None, module_file: str | None
 ) -> dict[str, Any]:
     settings: dict[str, Any] = {}
     if config is not None:
-        path = Path(config)
+        path = _find_config(Path(config), module_file)
         if not path.is_file():
             raise FileNotFoundError(
                 f"check_agent: no config at {path.resolve()}; pass config= (the project's "
@@ -651,12 +651,25 @@ def _settings(
     return settings
 
 
+def _find_config(config: Path, module_file: str | None) -> Path:
+    """A relative config path from the current directory, else from the nearest folder above
+    the agent module that has it (src/agent.py finds the project's wrangler.toml)."""
+    if config.is_absolute() or config.exists() or module_file is None:
+        return config
+    for directory in Path(module_file).resolve().parents:
+        if (directory / config).is_file():
+            return directory / config
+    return config
+
+
 def _placeholder(name: str) -> str:
     host = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "setting"
     return f"https://{host}.check.invalid"
 
 
-def _load(module: ModuleType | str) -> tuple[Agent, Callable[..., Any], Mapping[str, Any]]:
+def _load(
+    module: ModuleType | str,
+) -> tuple[Agent, Callable[..., Any], Mapping[str, Any], str | None]:
     if isinstance(module, str):
         module = importlib.import_module(module)
     where = getattr(module, "__file__", None) or module.__name__
@@ -667,7 +680,7 @@ def _load(module: ModuleType | str) -> tuple[Agent, Callable[..., Any], Mapping[
     if not callable(make_deps):
         raise ConfigurationError(f"{where}: make_deps(env, http) is missing")
     stubs = getattr(module, "DEV_STUBS", None) or {}
-    return agent, make_deps, stubs
+    return agent, make_deps, stubs, getattr(module, "__file__", None)
 
 
 async def check_agent_async(
@@ -681,8 +694,8 @@ async def check_agent_async(
     store: Callable[[Path], Store] | None = None,
 ) -> AgentCheckReport:
     """`check_agent`, awaitable (for async tests). Same arguments, same report."""
-    agent, make_deps, stubs = _load(module)
-    settings = _settings(config, env)
+    agent, make_deps, stubs, module_file = _load(module)
+    settings = _settings(config, env, module_file)
     answering = {}
     for name in {*settings, *stubs}:
         value = settings.get(name, "")
@@ -771,8 +784,9 @@ def check_agent(
 
     `module`: the agent module (or its import name), e.g.
     `importlib.import_module("agent")` for `src/agent.py`. `config`: the
-    wrangler.toml whose `[vars]` make the env (None: no settings); `env`:
-    settings added or overriding them. `turns`: turns per session.
+    wrangler.toml whose `[vars]` make the env (None: no settings; a relative
+    path not found from the current directory is looked for in the folders
+    above the module); `env`: settings added or overriding them. `turns`: turns per session.
     `respond(request) -> httpx.Response` answers the handlers' requests
     (default: the module's `DEV_STUBS` for the settings they serve, else
     `200 {}`). `arguments`: `{tool name: arguments}` for tools whose schema
