@@ -7,10 +7,11 @@
   `issue_bodies[id]` replaces an issue's answer with raw bytes) and a Slack
   webhook (`/hook`) that records every post and can hold its answer until
   released.
-- `DevServer`: `scripts/dev` started as a child process on a free port with
-  its own state dir, serving an agent module given by path (`--agent`; the
-  triage example by default, never the template's src/agent.py, which is the
-  user's to replace); `crash()` SIGKILLs it, `stop()` ends it with SIGTERM.
+- `DevServer`: `scripts/dev` on a free port with its own state dir (the
+  shipped `durable_agents.testing.worker.DevWorker`, whose child gets none of
+  the developer's settings), serving an agent module given by path (`--agent`;
+  the triage example by default, never the template's src/agent.py, which is
+  the user's to replace); `crash()` SIGKILLs it, `stop()` ends it with SIGTERM.
 """
 
 from __future__ import annotations
@@ -21,27 +22,19 @@ import hmac
 import json
 import os
 import re
-import signal
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from durable_agents.testing.worker import DevWorker
 
 PROJECT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90.0
 TRIAGE_AGENT = PROJECT / "examples" / "triage" / "agent.py"
 REFUNDS_AGENT = PROJECT / "examples" / "refunds" / "agent.py"
-# Settings the dev server reads from the environment (the kit's, and those the
-# examples declare): cleared for every child, so a developer's shell cannot
-# change what a test runs.
-CLEARED_SETTINGS = (
-    "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
-    "ISSUES_API_URL", "SLACK_WEBHOOK_URL", "PAYMENTS_API_URL", "DEV_STUBS",
-)  # fmt: skip
 DURABILITY_REPLY = "The post may already have gone out; I will not post again. Check #triage."
 
 
@@ -200,111 +193,67 @@ def _handler_for(services: FakeServices) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Worker(DevWorker):
+    """A DevWorker whose .dev.vars file holds exactly the text a test gives."""
+
+    raw_dev_vars = ""
+
+    def dev_vars_text(self) -> str:
+        return self.raw_dev_vars
+
+
 class DevServer:
     """`scripts/dev` on a free port, with its own state dir and .dev.vars file
-    (`dev_vars`, its text; none by default), serving the agent module `agent`."""
+    (`dev_vars`, its text; none by default), serving the agent module `agent`;
+    settings (`env`) go into its environment. The shipped `DevWorker` underneath
+    (`worker`), in the shape these tests use: `request` answers (status, headers,
+    JSON body), `crash()` is `kill()`, `kill_all()` is `close()`."""
 
     def __init__(
         self, state_dir: Path, env: dict[str, str], dev_vars: str = "",
         agent: Path = TRIAGE_AGENT,
     ) -> None:  # fmt: skip
-        self.state_dir = state_dir
         self.env = env
-        self.dev_vars = dev_vars
-        self.agent = agent
-        self.url = ""
-        self.lines: list[str] = []
-        self.start_s = 0.0
-        self.process: subprocess.Popen[str] | None = None
-        self._started: list[tuple[subprocess.Popen[str], threading.Thread]] = []
+        self.worker = _Worker(
+            PROJECT, state_dir, agent=agent, env=env, start_timeout=START_TIMEOUT_S
+        )
+        self.worker.raw_dev_vars = dev_vars
+
+    state_dir = property(lambda self: self.worker.state_dir)
+    url = property(lambda self: self.worker.url)
+    lines = property(lambda self: self.worker.lines)
+    start_s = property(lambda self: self.worker.start_s)
+    process = property(lambda self: self.worker.process)
 
     def start(self) -> DevServer:
-        child_env = {k: v for k, v in os.environ.items() if k not in CLEARED_SETTINGS}
-        child_env.update(self.env)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        dev_vars = self.state_dir / "test.dev.vars"
-        dev_vars.write_text(self.dev_vars)
-        started = time.perf_counter()
-        self.process = subprocess.Popen(
-            [str(PROJECT / "scripts" / "dev"), "--port", "0", "--persist-to", str(self.state_dir),
-             "--dev-vars", str(dev_vars), "--agent", str(self.agent)],
-            cwd=PROJECT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
-        )  # fmt: skip
-        ready = threading.Event()
-        reader = threading.Thread(target=self._read, args=(self.process, ready), daemon=True)
-        reader.start()
-        self._started.append((self.process, reader))
-        if not ready.wait(START_TIMEOUT_S) or not self.url:
-            self.kill_all()
-            raise RuntimeError("the dev server did not start:\n" + "\n".join(self.lines[-40:]))
-        self.start_s = time.perf_counter() - started
+        self.worker.start()
         return self
-
-    def _read(self, process: subprocess.Popen[str], ready: threading.Event) -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            self.lines.append(line.rstrip("\n"))
-            match = re.match(r"ready on (http://\S+)", line)
-            if match:
-                self.url = match.group(1)
-                ready.set()
-        ready.set()
 
     def wait_for_line(self, pattern: str, timeout: float = 10) -> str:
         """The first output line matching `pattern` (a regex), waiting for it to be printed."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for line in list(self.lines):
-                if re.search(pattern, line):
-                    return line
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no line matches {pattern!r}:\n" + "\n".join(self.lines))
-            time.sleep(0.02)
+        return self.worker.wait_for_line(pattern, timeout)
 
     def request(
         self, method: str, path: str, body: bytes | None = None, *,
         token: str | None = "test-token", headers: dict[str, str] | None = None,
         timeout: float = 60,
-    ) -> tuple[int, dict[str, str], dict[str, Any]]:  # fmt: skip
-        """(status, headers, JSON body) of one request."""
-        all_headers = {"authorization": f"Bearer {token}"} if token is not None else {}
-        all_headers.update(headers or {})
-        request = urllib.request.Request(
-            self.url + path, data=body, method=method, headers=all_headers
+    ) -> tuple[int, dict[str, str], Any]:  # fmt: skip
+        """(status, headers, JSON body) of one request; `token=None` sends no Authorization."""
+        answer = self.worker.request(
+            method, path, body, headers=headers, token=token or "", timeout=timeout
         )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, dict(response.headers), json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            with error:
-                return error.code, dict(error.headers), json.loads(error.read())
+        return answer.status, dict(answer.headers), answer.body
 
     def crash(self) -> None:
         """SIGKILL the dev server process (a crash: no cleanup runs)."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
+        self.worker.kill()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self.worker.stop()
 
     def kill_all(self) -> None:
         """Kill every process this handle's servers started (workerd included)."""
-        self.stop()
-        for process, reader in self._started:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            reader.join(10)
-            if process.stdout is not None:
-                process.stdout.close()
+        self.worker.close()
 
 
 def wrangler(*args: str, persist_to: Path | None = None) -> str:

@@ -109,8 +109,7 @@ class DevWorker:
             raise RuntimeError(f"the dev server is already running on {self.url}")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         dev_vars = self.state_dir / "dev-worker.dev.vars"
-        settings = {"API_TOKEN": self.token, **self.settings}
-        dev_vars.write_text("".join(f"{k}={_dotenv_value(v)}\n" for k, v in settings.items()))
+        dev_vars.write_text(self.dev_vars_text())
         command = [
             str(self.project / "scripts" / "dev"), "--port", "0",
             "--persist-to", str(self.state_dir), "--dev-vars", str(dev_vars),
@@ -140,6 +139,12 @@ class DevWorker:
             )
         self.start_s = time.perf_counter() - started
         return self
+
+    def dev_vars_text(self) -> str:
+        """What the server's own .dev.vars file holds: `API_TOKEN` and `settings`, as
+        dotenv lines. (Override it to test how the server reads such a file.)"""
+        settings = {"API_TOKEN": self.token, **self.settings}
+        return "".join(f"{k}={_dotenv_value(v)}\n" for k, v in settings.items())
 
     def _read(self, process: subprocess.Popen[str], ready: threading.Event) -> None:
         assert process.stdout is not None
