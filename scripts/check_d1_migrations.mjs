@@ -60,7 +60,7 @@ from durable_agents.messages import Message
 
 names = {name for (name,) in await env.DB.prepare(
     "SELECT name FROM sqlite_master WHERE name LIKE 'agent_%'").raw()}
-expected = {"agent_sessions", "agent_messages", "agent_leases", "agent_messages_one_result_per_call",
+expected = {"agent_sessions", "agent_messages", "agent_leases", "agent_approvals", "agent_approvals_one_decision", "agent_messages_one_result_per_call",
             "agent_messages_one_turn_per_request_key", "agent_sessions_by_update",
             "agent_messages_append_only_in_order"}
 assert names == expected, f"the migrated schema differs: {sorted(names)}"

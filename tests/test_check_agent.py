@@ -307,8 +307,8 @@ def test_fails_if_the_kit_ran_unsafe_orphans_again(monkeypatch: pytest.MonkeyPat
     run_module = importlib.import_module("durable_agents.run")
     dispatch = run_module._Session.dispatch
 
-    async def forgetful(self: Any, calls: Any, *, resuming: bool = False) -> Any:
-        return await dispatch(self, calls, resuming=False)  # as if every orphan were safe
+    async def forgetful(self: Any, calls: Any, *, resuming: bool = False, **kw: Any) -> Any:
+        return await dispatch(self, calls, resuming=False, **kw)  # as if every orphan were safe
 
     monkeypatch.setattr(run_module._Session, "dispatch", forgetful)
     # First found: a crash right after write #1, then the resume ran the post's orphan.

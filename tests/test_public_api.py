@@ -20,10 +20,13 @@ PUBLIC = {
         "RequestKeyReusedError", "ToolErrorKind", "ToolArgumentsError",
         "Store", "StoreError",
         "idempotency_key", "pending_tool_calls",
+        "approve", "approval_digest", "pending_approvals", "PendingApproval", "ApprovalError",
+        "ApprovalNotFoundError", "ApprovalDigestMismatchError", "ApprovalAlreadyDecidedError",
+        "ApprovalPendingError",
     },
     "durable_agents.stores": {
         "memory_store", "sqlite_store", "MemoryStore", "SQLiteStore", "SessionInfo", "Store",
-        "Lease", "LeaseHolder",
+        "Lease", "LeaseHolder", "ApprovalChange", "ApprovalEvent",
     },
     "durable_agents.testing": {
         "ScriptedLLM", "SimulatedCrash", "crash_on_write", "crash_after_tool_results",
@@ -53,6 +56,11 @@ def test_every_error_has_a_stable_code_under_one_root() -> None:
         durable_agents.SessionNotFoundError,
         durable_agents.RequestKeyReusedError,
         durable_agents.ToolArgumentsError,
+        durable_agents.ApprovalError,
+        durable_agents.ApprovalNotFoundError,
+        durable_agents.ApprovalDigestMismatchError,
+        durable_agents.ApprovalAlreadyDecidedError,
+        durable_agents.ApprovalPendingError,
     ]
     codes = [error.code for error in errors]
     assert len(set(codes)) == len(codes)

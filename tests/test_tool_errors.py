@@ -16,6 +16,7 @@ WIRE = {
     "tool-timeout",
     "invalid-output",
     "result-too-large",
+    "tool-denied",
     "tool-durability-error",
 }
 

@@ -9,7 +9,13 @@ See README.md for the contract and the crash-window table.
 """
 
 from .agent import Agent
+from .approvals import PendingApproval, approval_digest, approve, pending_approvals
 from .errors import (
+    ApprovalAlreadyDecidedError,
+    ApprovalDigestMismatchError,
+    ApprovalError,
+    ApprovalNotFoundError,
+    ApprovalPendingError,
     ConfigurationError,
     DurableAgentsError,
     MemoryStoreNotDurableError,
@@ -39,6 +45,11 @@ from .tools import Tool, ToolContext, tool
 __all__ = [
     "LLM",
     "Agent",
+    "ApprovalAlreadyDecidedError",
+    "ApprovalDigestMismatchError",
+    "ApprovalError",
+    "ApprovalNotFoundError",
+    "ApprovalPendingError",
     "ConfigurationError",
     "DurableAgentsError",
     "LLMResponse",
@@ -46,6 +57,7 @@ __all__ = [
     "MemoryStoreNotDurableError",
     "Message",
     "MessageTooLargeError",
+    "PendingApproval",
     "RequestKeyReusedError",
     "RunResult",
     "SessionBusyError",
@@ -62,7 +74,10 @@ __all__ = [
     "ToolErrorKind",
     "ToolSpec",
     "Usage",
+    "approval_digest",
+    "approve",
     "idempotency_key",
+    "pending_approvals",
     "pending_tool_calls",
     "run",
     "tool",

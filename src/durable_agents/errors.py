@@ -21,6 +21,17 @@
     │       another live run holds the session's lease; nothing was written
     ├── StoreError                       "store"
     │       the store failed or is unreachable
+    ├── ApprovalError                    "approval"
+    │   │   a decision on a call that needs approval was refused;
+    │   │   nothing was written (see `durable_agents.approvals`)
+    │   ├── ApprovalNotFoundError        "approval-not-found"
+    │   │       no such call waits for a decision
+    │   ├── ApprovalDigestMismatchError  "approval-digest-mismatch"
+    │   │       the digest is not the stored call's
+    │   ├── ApprovalAlreadyDecidedError  "approval-already-decided"
+    │   │       a decision exists (of racing approvers, one wins)
+    │   └── ApprovalPendingError         "approval-pending"
+    │           a new message while calls wait for a decision
     ├── ToolDurabilityError              "tool-durability-error"
     │       a tool call whose result was lost in a crash and which was
     │       not re-invoked (not `safe_to_retry`)
@@ -114,6 +125,79 @@ class SessionBusyError(DurableAgentsError):
         super().__init__(
             f"session {session_id!r} is busy: another run ({owner}) holds its lease; waited "
             f"{waited:.1f} s. Nothing was written; try again when that run has finished"
+        )
+
+
+class ApprovalError(DurableAgentsError):
+    """A decision on a call that needs approval was refused; nothing was written."""
+
+    code = "approval"
+
+    def __init__(self, session_id: str, tool_call_id: str, message: str) -> None:
+        self.session_id = session_id
+        self.tool_call_id = tool_call_id
+        super().__init__(message)
+
+
+class ApprovalNotFoundError(ApprovalError):
+    """No call with this id waits for a decision in the session (never asked, or
+    already answered). List what waits with `pending_approvals()`."""
+
+    code = "approval-not-found"
+
+    def __init__(self, session_id: str, tool_call_id: str) -> None:
+        super().__init__(
+            session_id,
+            tool_call_id,
+            f"no call {tool_call_id!r} waits for approval in session {session_id!r}",
+        )
+
+
+class ApprovalDigestMismatchError(ApprovalError):
+    """The digest sent with the decision is not the stored call's: the approver
+    saw other arguments (or another call) than the ones that would run."""
+
+    code = "approval-digest-mismatch"
+
+    def __init__(self, session_id: str, tool_call_id: str) -> None:
+        super().__init__(
+            session_id,
+            tool_call_id,
+            f"the digest does not match call {tool_call_id!r} of session {session_id!r}: "
+            "the decision is for other arguments than the stored call's; nothing was decided. "
+            "Show the approver the call from pending_approvals() and send its digest",
+        )
+
+
+class ApprovalAlreadyDecidedError(ApprovalError):
+    """The call was decided already; of racing approvers exactly one wins."""
+
+    code = "approval-already-decided"
+
+    def __init__(self, session_id: str, tool_call_id: str, decision: str) -> None:
+        self.decision = decision
+        super().__init__(
+            session_id,
+            tool_call_id,
+            f"call {tool_call_id!r} of session {session_id!r} was already {decision}; "
+            "a decision is final",
+        )
+
+
+class ApprovalPendingError(ApprovalError):
+    """A new message was sent while calls of the session wait for a decision.
+
+    Decide them (`approve`), then continue the turn with `run(..., message=None)`."""
+
+    code = "approval-pending"
+
+    def __init__(self, session_id: str, tool_call_ids: list[str]) -> None:
+        self.tool_call_ids = tool_call_ids
+        super().__init__(
+            session_id,
+            tool_call_ids[0],
+            f"session {session_id!r} has calls waiting for approval ({', '.join(tool_call_ids)}); "
+            "decide them before sending a new message; nothing was written",
         )
 
 

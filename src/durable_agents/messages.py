@@ -238,6 +238,8 @@ class ToolErrorKind(StrEnum):
                                was lost in a crash, or it timed out or lost its
                                connection): `ToolDurabilityError`, with the keys
                                `toolName` and `toolCallId` besides
+        TOOL_DENIED            a person denied the call (it needed approval); with
+                               `toolName`, `toolCallId` and the decision's `reason`
     """
 
     UNKNOWN_TOOL = "unknown-tool"
@@ -247,9 +249,10 @@ class ToolErrorKind(StrEnum):
     INVALID_OUTPUT = "invalid-output"
     RESULT_TOO_LARGE = "result-too-large"
     TOOL_DURABILITY_ERROR = "tool-durability-error"
+    TOOL_DENIED = "tool-denied"
 
 
-def tool_error_content(kind: ToolErrorKind, text: str, **fields: str) -> str:
+def tool_error_content(kind: ToolErrorKind, text: str, **fields: str | None) -> str:
     """The stored content of a failed call: `{"error": text, "kind": kind, **fields}` as JSON."""
     return json.dumps({"error": text, "kind": kind.value, **fields}, ensure_ascii=False)
 
@@ -287,3 +290,19 @@ def decode_tool_calls(raw: str | None) -> tuple[ToolCall, ...]:
     if not raw:
         return ()
     return tuple(ToolCall.from_dict(c) for c in _json.loads(raw, max_depth=_json.STORED_MAX_DEPTH))
+
+
+def pending_tool_calls(history: Sequence[Message]) -> list[ToolCall]:
+    """The calls of the last assistant message that have no stored result.
+
+    Only the last assistant message can hold them: every step stores its results
+    before the next LLM call, so an earlier step's calls are always answered.
+    After a crash they are orphans; while a call waits for approval, it is one
+    of these too (`durable_agents.approvals`).
+    """
+    for index in range(len(history) - 1, -1, -1):
+        message = history[index]
+        if message.role == "assistant":
+            answered = {m.tool_call_id for m in history[index + 1 :] if m.role == "tool"}
+            return [c for c in message.tool_calls if c.id not in answered]
+    return []

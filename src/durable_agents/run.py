@@ -40,7 +40,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,7 +48,15 @@ import httpx
 
 from . import _json
 from .agent import Agent
+from .approvals import (
+    ApprovalState,
+    PendingApproval,
+    approval_digest,
+    approval_states,
+    waiting_calls,
+)
 from .errors import (
+    ApprovalPendingError,
     ConfigurationError,
     MemoryStoreNotDurableError,
     MessageTooLargeError,
@@ -68,11 +76,14 @@ from .messages import (
     Usage,
     tool_error_content,
 )
-from .stores.base import Lease, LeaseHolder, Store
+from .messages import (
+    pending_tool_calls as pending_tool_calls,  # re-exported: it lived here first
+)
+from .stores.base import ApprovalChange, Lease, LeaseHolder, Store
 from .stores.memory import memory_store
 from .tools import DepsT, Handler, Tool, ToolContext
 
-RunStatus = Literal["complete", "max_steps", "error"]
+RunStatus = Literal["complete", "max_steps", "error", "awaiting_approval"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +91,12 @@ class RunResult:
     """What `run()` returns.
 
     `status` is `"complete"` (the LLM gave a final reply, in `response`),
-    `"max_steps"` (stopped after `agent.max_steps` LLM calls), or `"error"`
-    (the LLM call failed; `error` says why). In the last two cases the stored
-    history is consistent and `run(..., message=None)` continues the turn.
+    `"max_steps"` (stopped after `agent.max_steps` LLM calls), `"error"`
+    (the LLM call failed; `error` says why), or `"awaiting_approval"` (calls
+    of tools declared `requires_approval` wait for a person's decision; they
+    are in `pending`, see `durable_agents.approvals`). In the last three cases
+    the stored history is consistent and `run(..., message=None)` continues
+    the turn (once the waiting calls are decided).
     `messages` is the whole conversation as the LLM sees it, system message
     first. `steps` counts this run's LLM calls and `usage` their tokens.
     """
@@ -94,6 +108,7 @@ class RunResult:
     steps: int
     usage: Usage
     error: str | None = None
+    pending: list[PendingApproval] = field(default_factory=list)
 
 
 async def run(
@@ -142,8 +157,9 @@ async def run(
     random UUIDs, drawn at call time).
 
     Raises, before any LLM call, `ConfigurationError` (bad agent, tools or
-    arguments; `SessionNotFoundError` for `message=None` on an empty session)
-    and `MessageTooLargeError` (a message over `agent.max_message_bytes`);
+    arguments; `SessionNotFoundError` for `message=None` on an empty session),
+    `MessageTooLargeError` (a message over `agent.max_message_bytes`) and
+    `ApprovalPendingError` (a new message while calls wait for approval);
     later, `SessionBusyError`, `SessionConflictError` (another run wrote to
     the session first; nothing of this write landed) and `StoreError`. LLM failures do not raise:
     they end the run with status `"error"`. Tool failures are results.
@@ -293,20 +309,6 @@ def _bind_tools(agent: Agent[Any], handlers: Mapping[str, Handler]) -> dict[str,
     return bound
 
 
-def pending_tool_calls(history: Sequence[Message]) -> list[ToolCall]:
-    """The calls of the last assistant message that have no stored result (orphans).
-
-    Only the last assistant message can hold them: every step stores its results
-    before the next LLM call, so an earlier step's calls are always answered.
-    """
-    for index in range(len(history) - 1, -1, -1):
-        message = history[index]
-        if message.role == "assistant":
-            answered = {m.tool_call_id for m in history[index + 1 :] if m.role == "tool"}
-            return [c for c in message.tool_calls if c.id not in answered]
-    return []
-
-
 def idempotency_key(session_id: str, tool_call_id: str) -> str:
     """The key handed to a tool call's handler: stable per call, distinct across calls."""
     digest = hashlib.sha256(f"{session_id}\x00{tool_call_id}".encode()).hexdigest()
@@ -359,7 +361,9 @@ class _Session:
     async def run(self, message: str | None, llm: LLM, request_key: str | None = None) -> RunResult:
         orphans = pending_tool_calls(self.history)
         if orphans:
-            await self.append(await self.dispatch(orphans, resuming=True))
+            waiting = await self.settle(orphans, message)
+            if waiting:
+                return self.result("awaiting_approval", "", 0, Usage(), pending=waiting)
         if message is None and self.history[-1].is_final_reply:
             return self.result("complete", self.history[-1].content, 0, Usage())
 
@@ -382,15 +386,83 @@ class _Session:
             usage += response.usage or Usage()
             calls = self.assign_ids(response.tool_calls)
             assistant = Message.assistant(response.text, calls, response.usage)
-            # write #1 (the lease held through the handlers' timeouts), or the final write
-            hold = self.step_seconds(calls)
-            await self.append([*unstored, assistant], hold=hold, release=not calls)
+            gated = self.needing_approval(calls)
+            free = [c for c in calls if c.id not in gated]
+            # write #1 (with the approval requests; the lease held through the
+            # handlers' timeouts), or the final write
+            await self.append(
+                [*unstored, assistant],
+                hold=self.step_seconds(free),
+                release=not free,
+                approvals=list(gated.values()),
+            )
             unstored = []
             if not calls:
                 return self.result("complete", response.text, steps, usage)
-            last = steps >= self.agent.max_steps
-            await self.append(await self.dispatch(calls), release=last)  # write #2
+            if free:  # write #2 (of the calls that need no approval, when some do)
+                last = steps >= self.agent.max_steps or bool(gated)
+                await self.append(await self.dispatch(free), release=last)
+            if gated:
+                pending = [
+                    PendingApproval(c.id, c.name, dict(c.arguments), gated[c.id].digest)
+                    for c in calls
+                    if c.id in gated
+                ]
+                return self.result("awaiting_approval", "", steps, usage, pending=pending)
         return self.result("max_steps", "", steps, usage)
+
+    def needing_approval(self, calls: Sequence[ToolCall]) -> dict[str, ApprovalChange]:
+        """The `requested` events of the calls that wait for a person: those of tools
+        declared `requires_approval` whose arguments are valid (a call that cannot
+        run is answered at once, with nothing to approve)."""
+        requests = {}
+        for call in calls:
+            tool = self.tools.get(call.name)
+            if tool is None or not tool.requires_approval or isinstance(call, MalformedToolCall):
+                continue
+            try:
+                tool.parse_arguments(call.arguments)
+            except ToolArgumentsError:
+                continue
+            digest = approval_digest(self.session_id, call.id, call.name, call.arguments)
+            requests[call.id] = ApprovalChange(call.id, "requested", digest, tool_name=call.name)
+        return requests
+
+    async def settle(self, orphans: list[ToolCall], message: str | None) -> list[PendingApproval]:
+        """Answer the last step's unanswered calls, or say which wait for a decision.
+
+        An undecided call waits (never an orphan): then only the step's other
+        orphans are repaired, and the waiting calls are returned. Otherwise an
+        approved, unclaimed call is claimed (one write) and run; a denied one
+        gets its `tool-denied` result; a claimed one (it may have run) and a
+        call that needed no approval are repaired as orphans. All of their
+        results land in one write.
+        """
+        states = approval_states(await self.store.load_approvals(self.session_id))
+        waiting = waiting_calls(self.session_id, orphans, states)
+        if waiting and message is not None:
+            raise ApprovalPendingError(self.session_id, [p.tool_call_id for p in waiting])
+        if waiting:
+            plain = [c for c in orphans if c.id not in states or states[c.id].claimed]
+            if plain:
+                await self.append(await self.dispatch(plain, resuming=True))
+            return waiting
+        decided = {
+            c.id: states[c.id] for c in orphans if c.id in states and not states[c.id].claimed
+        }
+        runnable = [
+            c
+            for c in orphans
+            if c.id in decided
+            and decided[c.id].decision == "approved"
+            and approval_digest(self.session_id, c.id, c.name, c.arguments) == decided[c.id].digest
+        ]
+        if runnable:  # the claim: from here on, a crash leaves them as orphans
+            claims = [ApprovalChange(c.id, "claimed", decided[c.id].digest) for c in runnable]
+            await self.append([], approvals=claims, hold=self.step_seconds(runnable))
+        claimed = {c.id for c in runnable}
+        await self.append(await self.dispatch(orphans, resuming=True, decided=decided, run=claimed))
+        return []
 
     def step_seconds(self, calls: Sequence[ToolCall]) -> float:
         """How long a step's handlers may run, as far as their tools declare it."""
@@ -398,14 +470,24 @@ class _Session:
         return max(timeouts, default=0.0)
 
     async def append(
-        self, messages: list[Message], *, hold: float = 0.0, release: bool = False
+        self,
+        messages: list[Message],
+        *,
+        hold: float = 0.0,
+        release: bool = False,
+        approvals: Sequence[ApprovalChange] = (),
     ) -> None:
         """One atomic append, renewing the run's lease (or releasing it) in the same write."""
         lease = None
         if self.lease is not None:
             lease = Lease(self.lease.owner, self.lease.ttl_ms + int(hold * 1000), release)
         await self.store.append_messages_atomic(
-            self.session_id, len(self.history), messages, agent_name=self.agent.name, lease=lease
+            self.session_id,
+            len(self.history),
+            messages,
+            agent_name=self.agent.name,
+            lease=lease,
+            approvals=approvals,
         )
         self.history.extend(messages)
         if self.lease is not None and release:
@@ -421,9 +503,25 @@ class _Session:
             assigned.append(call)
         return assigned
 
-    async def dispatch(self, calls: list[ToolCall], *, resuming: bool = False) -> list[Message]:
-        """One result per call, in call order. Handlers of one step run concurrently."""
-        jobs = [self.result_content(call, resuming) for call in calls]
+    async def dispatch(
+        self,
+        calls: list[ToolCall],
+        *,
+        resuming: bool = False,
+        decided: Mapping[str, ApprovalState] | None = None,
+        run: set[str] | None = None,
+    ) -> list[Message]:
+        """One result per call, in call order. Handlers of one step run concurrently.
+
+        With `decided` (calls a person decided on): those in `run` (claimed just
+        now) run as new calls, the others get their `tool-denied` result."""
+        decided, run = decided or {}, run or set()
+        jobs = [
+            self.result_content(call, resuming and call.id not in run)
+            if call.id not in decided or call.id in run
+            else _denied(call, decided[call.id])
+            for call in calls
+        ]
         contents = [await jobs[0]] if len(jobs) == 1 else await _all_or_crash(jobs)
         return [Message.tool_result(c, text) for c, text in zip(calls, contents, strict=True)]
 
@@ -511,7 +609,14 @@ class _Session:
         return content
 
     def result(
-        self, status: RunStatus, response: str, steps: int, usage: Usage, error: str | None = None
+        self,
+        status: RunStatus,
+        response: str,
+        steps: int,
+        usage: Usage,
+        error: str | None = None,
+        *,
+        pending: list[PendingApproval] | None = None,
     ) -> RunResult:
         return RunResult(
             status=status,
@@ -521,7 +626,25 @@ class _Session:
             steps=steps,
             usage=usage,
             error=error,
+            pending=pending or [],
         )
+
+
+async def _denied(call: ToolCall, state: ApprovalState) -> str:
+    """The result of a call that a person denied (or whose stored arguments no
+    longer match what was approved: then it is not run either)."""
+    if state.decision == "approved":  # approved, but for another digest: refuse it
+        reason: str | None = "the stored call does not match the approved digest"
+    else:
+        reason = state.reason
+    return tool_error_content(
+        ToolErrorKind.TOOL_DENIED,
+        f"The call to {call.name!r} (call {call.id}) was denied by a person and did not run. "
+        "Do not make it again unless the user asks for it; say what was not done.",
+        toolName=call.name,
+        toolCallId=call.id,
+        reason=reason,
+    )
 
 
 def _outcome_unknown(exc: BaseException) -> bool:

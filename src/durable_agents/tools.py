@@ -72,6 +72,7 @@ class Tool:
     safe_to_retry: bool = False
     handler: Handler | None = None
     timeout: float | None = None
+    requires_approval: bool = False
 
     @property
     def spec(self) -> ToolSpec:
@@ -139,6 +140,7 @@ def tool(
     safe_to_retry: bool = False,
     handler: Handler | None = None,
     timeout: float | None = None,
+    requires_approval: bool = False,
 ) -> Tool: ...
 
 
@@ -149,6 +151,7 @@ def tool(
     description: str | None = None,
     safe_to_retry: bool = False,
     timeout: float | None = None,
+    requires_approval: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -163,6 +166,7 @@ def tool(
     safe_to_retry: bool = False,
     handler: Handler | None = None,
     timeout: float | None = None,
+    requires_approval: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool, or decorate a handler into one.
 
@@ -175,13 +179,18 @@ def tool(
       the handler may come later through `run(..., tools={name: handler})`.
 
     `timeout` (seconds) turns an async handler that runs too long into an error
-    result. A sync handler runs to completion on the event loop (keep it quick;
-    Workers have no threads to move it to).
+    result. `requires_approval=True`: the call waits for a person's decision
+    (`durable_agents.approve`) bound to its exact arguments before it runs;
+    `run()` returns `status="awaiting_approval"` meanwhile. A sync handler runs
+    to completion on the event loop (keep it quick; Workers have no threads to
+    move it to).
     """
     if fn is not None:
-        return _from_function(fn, name, description, safe_to_retry, timeout)
+        return _from_function(fn, name, description, safe_to_retry, timeout, requires_approval)
     if input is None and handler is None:
-        return lambda f: _from_function(f, name, description, safe_to_retry, timeout)
+        return lambda f: _from_function(
+            f, name, description, safe_to_retry, timeout, requires_approval
+        )
     if not name:
         raise ConfigurationError("a tool declaration needs a name")
     model, schema = _input_schema(name, input if input is not None else {})
@@ -194,6 +203,7 @@ def tool(
         safe_to_retry=safe_to_retry,
         handler=handler,
         timeout=timeout,
+        requires_approval=requires_approval,
     )
 
 
@@ -203,6 +213,7 @@ def _from_function(
     description: str | None,
     safe_to_retry: bool,
     timeout: float | None,
+    requires_approval: bool = False,
 ) -> Tool:
     tool_name = _check_name(name or fn.__name__)
     params = list(inspect.signature(fn).parameters.values())
@@ -232,6 +243,7 @@ def _from_function(
         safe_to_retry=safe_to_retry,
         handler=_normalise_handler(fn, len(params)),
         timeout=timeout,
+        requires_approval=requires_approval,
     )
 
 

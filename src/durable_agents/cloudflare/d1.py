@@ -31,7 +31,7 @@ from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
 from ..stores import _sql
-from ..stores.base import Lease, LeaseHolder, SessionInfo
+from ..stores.base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo
 
 __all__ = ["D1Binding", "D1PreparedStatement", "D1Store", "d1_store"]
 
@@ -110,24 +110,20 @@ class D1Store:
         *,
         agent_name: str | None = None,
         lease: Lease | None = None,
+        approvals: Sequence[ApprovalChange] = (),
     ) -> int:
-        now = self._now_ms()
-        rows = _sql.append_rows(session_id, expected_seq, messages, now, self._max_row_bytes)
-        count = expected_seq + len(messages)
-        statements = [self._db.prepare(_sql.INSERT_MESSAGE).bind(*row) for row in rows]
-        statements.append(
-            self._db.prepare(_sql.UPSERT_SESSION).bind(
-                *_sql.session_row(session_id, agent_name, messages, count, now)
+        statements = [
+            self._db.prepare(sql).bind(*params)
+            for sql, params in _sql.append_statements(
+                session_id, expected_seq, messages, self._now_ms(),
+                agent_name=agent_name, lease=lease, approvals=approvals,
+                max_row_bytes=self._max_row_bytes,
             )
-        )
-        lease_statement = _sql.lease_statement(session_id, lease, now)
-        if lease_statement is not None:
-            sql, params = lease_statement
-            statements.append(self._db.prepare(sql).bind(*params))
+        ]  # fmt: skip
         try:
             await self._db.batch(statements)
         except Exception as exc:
-            if _sql.is_conflict(str(exc)):
+            if _sql.is_conflict(str(exc)) or _sql.is_approval_conflict(str(exc)):
                 raise SessionConflictError(session_id, expected_seq, _d1_message(exc)) from exc
             text = _d1_message(exc)
             # A D1_ERROR is a statement that failed, and D1 rolled the whole batch
@@ -144,7 +140,13 @@ class D1Store:
                 f"position {expected_seq}; {outcome}: {text}",
                 session_id=session_id,
             ) from exc
-        return count
+        return expected_seq + len(messages)
+
+    async def load_approvals(self, session_id: str) -> list[ApprovalEvent]:
+        rows = await self._read(
+            _sql.SELECT_APPROVALS, (session_id,), f"load the approvals of session {session_id!r}"
+        )
+        return [_sql.row_approval_event(row) for row in rows]
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None
@@ -187,6 +189,7 @@ class D1Store:
                 [
                     self._db.prepare(_sql.DELETE_MESSAGES).bind(session_id),
                     self._db.prepare(_sql.DELETE_LEASE).bind(session_id),
+                    self._db.prepare(_sql.DELETE_APPROVALS).bind(session_id),
                     self._db.prepare(_sql.DELETE_SESSION).bind(session_id),
                 ]
             )
@@ -195,7 +198,7 @@ class D1Store:
                 f"D1 failed to delete session {session_id!r}: {_d1_message(exc)}",
                 session_id=session_id,
             ) from exc
-        deleted_messages, _, deleted_session = results
+        deleted_messages, _, _, deleted_session = results
         return any(int(r["meta"]["changes"]) > 0 for r in (deleted_messages, deleted_session))
 
     async def _read(self, sql: str, params: tuple[Any, ...], what: str) -> Sequence[Sequence[Any]]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import Lease, LeaseHolder, SessionInfo, Store
+from .base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo, Store
 from .memory import MemoryStore, memory_store
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ApprovalChange",
+    "ApprovalEvent",
     "Lease",
     "LeaseHolder",
     "MemoryStore",

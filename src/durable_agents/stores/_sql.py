@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import ConfigurationError, MessageTooLargeError, SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls
-from .base import Lease
+from .base import ApprovalChange, ApprovalEvent, Lease
 
 _INIT: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS agent_sessions (
@@ -75,10 +75,32 @@ _LEASES: tuple[str, ...] = (
 )""",
 )
 
+# Approvals (approvals.py): an insert-only log of what happened to each call
+# that needs a person's yes. The conditions live in the statements: a decision
+# or a claim takes its tool_name from the row it depends on through a scalar
+# subquery, so when that row is missing (no such request, another digest, not
+# approved) the value is NULL and NOT NULL fails the write, batch and all; the
+# unique keys let exactly one decision and one claim per call land.
+_APPROVALS: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS agent_approvals (
+    session_id TEXT NOT NULL,
+    tool_call_id TEXT NOT NULL,
+    event TEXT NOT NULL CHECK (event IN ('requested', 'approved', 'denied', 'claimed')),
+    tool_name TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    reason TEXT,
+    created_at INTEGER NOT NULL,
+    UNIQUE (session_id, tool_call_id, event)
+)""",
+    """CREATE UNIQUE INDEX IF NOT EXISTS agent_approvals_one_decision
+    ON agent_approvals (session_id, tool_call_id) WHERE event IN ('approved', 'denied')""",
+)
+
 # (file name in migrations/, statements). Append; never edit one that shipped.
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("0001_init.sql", _INIT),
     ("0002_session_leases.sql", _LEASES),
+    ("0003_approvals.sql", _APPROVALS),
 )
 SCHEMA: tuple[str, ...] = tuple(s for _, statements in MIGRATIONS for s in statements)
 
@@ -121,6 +143,20 @@ SELECT_LEASE = "SELECT owner, expires_at FROM agent_leases WHERE session_id = ?"
 RENEW_LEASE = "UPDATE agent_leases SET expires_at = ? WHERE session_id = ? AND owner = ?"
 RELEASE_LEASE = "DELETE FROM agent_leases WHERE session_id = ? AND owner = ?"
 DELETE_SESSION = "DELETE FROM agent_sessions WHERE id = ?"
+DELETE_APPROVALS = "DELETE FROM agent_approvals WHERE session_id = ?"
+
+_APPROVAL_COLUMNS = "session_id, tool_call_id, event, tool_name, digest, reason, created_at"
+REQUEST_APPROVAL = f"INSERT INTO agent_approvals ({_APPROVAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+_OF_EVENT = "FROM agent_approvals WHERE session_id = ? AND tool_call_id = ? AND event = ?"
+# A decision needs the request with the same digest; a claim needs an approval.
+DEPENDENT_APPROVAL = (
+    f"INSERT INTO agent_approvals ({_APPROVAL_COLUMNS}) VALUES (?, ?, ?, "
+    f"(SELECT tool_name {_OF_EVENT} AND digest = ?), ?, ?, ?)"
+)
+SELECT_APPROVALS = (
+    "SELECT tool_call_id, event, tool_name, digest, reason, created_at FROM agent_approvals "
+    "WHERE session_id = ? ORDER BY rowid"
+)
 
 
 def session_state(last: Message) -> str:
@@ -160,17 +196,51 @@ def append_rows(
     messages: Sequence[Message],
     now_ms: int,
     max_row_bytes: int = MAX_ROW_BYTES,
+    approvals: Sequence[ApprovalChange] = (),
 ) -> list[tuple[Any, ...]]:
     """The rows of one append, all built (and size-checked) before anything is
     written, so a bad message fails the whole append with nothing landed."""
-    if not messages:
-        raise ConfigurationError("append_messages_atomic needs at least one message")
+    if not messages and not approvals:
+        raise ConfigurationError(
+            "append_messages_atomic needs at least one message or approval change"
+        )
     if expected_seq < 0:
         raise SessionConflictError(session_id, expected_seq, "a position cannot be negative")
     return [
         message_row(session_id, expected_seq + i, m, now_ms, max_row_bytes)
         for i, m in enumerate(messages)
     ]
+
+
+Statement = tuple[str, tuple[Any, ...]]
+
+
+def append_statements(
+    session_id: str,
+    expected_seq: int,
+    messages: Sequence[Message],
+    now_ms: int,
+    *,
+    agent_name: str | None,
+    lease: Lease | None,
+    approvals: Sequence[ApprovalChange],
+    max_row_bytes: int = MAX_ROW_BYTES,
+) -> list[Statement]:
+    """Every statement of one atomic append, in order, all built (and checked)
+    before anything is written: the messages, the session row, the approval
+    events, the lease. The SQLite store runs them in one transaction, D1 in one batch."""
+    rows = append_rows(session_id, expected_seq, messages, now_ms, max_row_bytes, approvals)
+    statements: list[Statement] = [(INSERT_MESSAGE, row) for row in rows]
+    if messages:
+        count = expected_seq + len(messages)
+        statements.append(
+            (UPSERT_SESSION, session_row(session_id, agent_name, messages, count, now_ms))
+        )
+    statements += [approval_statement(session_id, change, now_ms) for change in approvals]
+    renew_or_release = lease_statement(session_id, lease, now_ms)
+    if renew_or_release is not None:
+        statements.append(renew_or_release)
+    return statements
 
 
 def session_row(
@@ -231,6 +301,38 @@ def lease_statement(
     if lease.release:
         return RELEASE_LEASE, (session_id, lease.owner)
     return RENEW_LEASE, (now_ms + lease.ttl_ms, session_id, lease.owner)
+
+
+def approval_statement(
+    session_id: str, change: ApprovalChange, now_ms: int
+) -> tuple[str, tuple[Any, ...]]:
+    """The statement that records one approval change (see _APPROVALS for its conditions)."""
+    if change.event == "requested":
+        return REQUEST_APPROVAL, (
+            session_id, change.tool_call_id, "requested", change.tool_name, change.digest,
+            None, now_ms,
+        )  # fmt: skip
+    depends_on = "approved" if change.event == "claimed" else "requested"
+    return DEPENDENT_APPROVAL, (
+        session_id, change.tool_call_id, change.event,
+        session_id, change.tool_call_id, depends_on, change.digest,
+        change.digest, change.reason, now_ms,
+    )  # fmt: skip
+
+
+def row_approval_event(row: Sequence[Any]) -> ApprovalEvent:
+    tool_call_id, event, tool_name, digest, reason, created_at = row
+    return ApprovalEvent(
+        str(tool_call_id), event, str(tool_name), str(digest),
+        None if reason is None else str(reason), int(created_at),
+    )  # fmt: skip
+
+
+def is_approval_conflict(error_text: str) -> bool:
+    """Whether a failed append broke an approval's condition (decided or claimed
+    already, or what it depends on is missing)."""
+    text = error_text.lower()
+    return "constraint failed: agent_approvals" in text
 
 
 def is_conflict(error_text: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from ..messages import Message
 
@@ -19,6 +19,40 @@ class SessionInfo:
     message_count: int
     created_at: int
     updated_at: int
+
+
+ApprovalEventName = Literal["requested", "approved", "denied", "claimed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalChange:
+    """One approval event an append records (see `durable_agents.approvals`).
+
+    `requested` (with write #1 of the step that made the call) stores the
+    call's `digest`; `approved` / `denied` land only if the call was requested
+    with that same digest and not decided yet; `claimed` (written just before
+    an approved call runs) lands only once, and only for an approved call.
+    A change whose condition fails fails its whole append with
+    `SessionConflictError`, nothing written.
+    """
+
+    tool_call_id: str
+    event: ApprovalEventName
+    digest: str
+    tool_name: str = ""
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalEvent:
+    """A stored approval event, as `load_approvals` returns it. Times are Unix ms."""
+
+    tool_call_id: str
+    event: ApprovalEventName
+    tool_name: str
+    digest: str
+    reason: str | None
+    created_at: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +96,16 @@ class Store(Protocol):
         *,
         agent_name: str | None = None,
         lease: Lease | None = None,
+        approvals: Sequence[ApprovalChange] = (),
     ) -> int:
         """Append all of `messages` at positions `expected_seq...`, or nothing.
 
         Creates the session on its first write. Returns the new message count.
         With `lease`, the same transaction renews or releases that lease (a
-        no-op if its owner no longer holds it).
+        no-op if its owner no longer holds it). `approvals` are recorded in
+        the same transaction, each only if its condition holds (see
+        `ApprovalChange`); an append of approval changes alone (no messages)
+        is not positional: `expected_seq` is returned unchanged.
         Raises `SessionConflictError` if the session does not hold exactly
         `expected_seq` messages and `MessageTooLargeError` for a row over the
         limit (nothing landed), `StoreError` if the store fails (nothing landed,
@@ -86,6 +124,10 @@ class Store(Protocol):
         nothing is written and the holder is returned. The session need not
         exist; a lease creates no session.
         """
+        ...
+
+    async def load_approvals(self, session_id: str) -> list[ApprovalEvent]:
+        """The session's approval events, in the order they were written."""
         ...
 
     async def release_lease(self, session_id: str, owner: str) -> None:

@@ -10,7 +10,7 @@ from ..errors import SessionConflictError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
 from ._sql import append_rows, session_state
-from .base import Lease, LeaseHolder, SessionInfo
+from .base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo
 
 
 @dataclass
@@ -38,6 +38,7 @@ class MemoryStore:
     ) -> None:
         self._sessions: dict[str, _Session] = {}
         self._leases: dict[str, LeaseHolder] = {}
+        self._approvals: dict[str, list[ApprovalEvent]] = {}
         self._clock = clock
         self._max_row_bytes = max_row_bytes
 
@@ -53,14 +54,16 @@ class MemoryStore:
         *,
         agent_name: str | None = None,
         lease: Lease | None = None,
+        approvals: Sequence[ApprovalChange] = (),
     ) -> int:
         now = int(self._clock() * 1000)
         # Built for their checks only (empty, position, size), as the SQL stores do.
-        append_rows(session_id, expected_seq, messages, now, self._max_row_bytes)
+        append_rows(session_id, expected_seq, messages, now, self._max_row_bytes, approvals)
         session = self._sessions.get(session_id)
         stored = len(session.messages) if session else 0
-        if stored != expected_seq:
+        if messages and stored != expected_seq:
             raise SessionConflictError(session_id, expected_seq, f"{stored} messages are stored")
+        events = self._approval_events(session_id, approvals, now)  # checked, not yet kept
         # The same two uniqueness rules the SQL schema enforces with indexes.
         for taken, new, what in (
             (session.answered if session else set(),
@@ -72,6 +75,12 @@ class MemoryStore:
         ):  # fmt: skip
             if not taken.isdisjoint(new) or len(set(new)) < len(new):
                 raise SessionConflictError(session_id, expected_seq, what)
+        # Every check passed: keep it all.
+        if events:
+            self._approvals.setdefault(session_id, []).extend(events)
+        self._renew_or_release(session_id, lease, now)
+        if not messages:
+            return expected_seq
         if session is None:
             session = self._sessions[session_id] = _Session(agent_name, now, now)
         session.answered.update(m.tool_call_id for m in messages if m.tool_call_id)
@@ -79,13 +88,51 @@ class MemoryStore:
         session.messages.extend(messages)
         session.updated_at = now
         session.agent_name = agent_name or session.agent_name
+        return len(session.messages)
+
+    def _approval_events(
+        self, session_id: str, changes: Sequence[ApprovalChange], now: int
+    ) -> list[ApprovalEvent]:
+        """The events of `changes`, each checked against what is stored (and the ones
+        before it) as the SQL schema checks them; nothing is kept if one fails."""
+        known = list(self._approvals.get(session_id, ()))
+        for change in changes:
+
+            def has(event: str, call_id: str = change.tool_call_id) -> ApprovalEvent | None:
+                return next(
+                    (e for e in known if e.tool_call_id == call_id and e.event == event), None
+                )
+
+            depends = {"requested": None, "claimed": "approved"}.get(change.event, "requested")
+            basis = has(depends) if depends else None
+            decided = has("approved") or has("denied")
+            broken = (
+                has(change.event) is not None
+                or (change.event in ("approved", "denied") and decided is not None)
+                or (depends is not None and (basis is None or basis.digest != change.digest))
+            )
+            if broken:
+                raise SessionConflictError(
+                    session_id, -1, f"approval {change.event} of {change.tool_call_id} refused"
+                )
+            name = basis.tool_name if basis is not None else change.tool_name
+            known.append(
+                ApprovalEvent(
+                    change.tool_call_id, change.event, name, change.digest, change.reason, now
+                )
+            )
+        return known[len(self._approvals.get(session_id, ())) :]
+
+    def _renew_or_release(self, session_id: str, lease: Lease | None, now: int) -> None:
         held = self._leases.get(session_id)
         if lease is not None and held is not None and held.owner == lease.owner:
             if lease.release:
                 del self._leases[session_id]
             else:
                 self._leases[session_id] = LeaseHolder(lease.owner, now + lease.ttl_ms)
-        return len(session.messages)
+
+    async def load_approvals(self, session_id: str) -> list[ApprovalEvent]:
+        return list(self._approvals.get(session_id, ()))
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None
@@ -113,6 +160,7 @@ class MemoryStore:
 
     async def delete_session(self, session_id: str) -> bool:
         self._leases.pop(session_id, None)
+        self._approvals.pop(session_id, None)
         return self._sessions.pop(session_id, None) is not None
 
     @staticmethod

@@ -21,7 +21,7 @@ from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
 from . import _sql
-from .base import Lease, LeaseHolder, SessionInfo
+from .base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo
 
 T = TypeVar("T")
 
@@ -72,28 +72,33 @@ class SQLiteStore:
         *,
         agent_name: str | None = None,
         lease: Lease | None = None,
+        approvals: Sequence[ApprovalChange] = (),
     ) -> int:
-        now = int(self._clock() * 1000)
-        rows = _sql.append_rows(session_id, expected_seq, messages, now, self._max_row_bytes)
-        count = expected_seq + len(messages)
-        session = _sql.session_row(session_id, agent_name, messages, count, now)
-        lease_statement = _sql.lease_statement(session_id, lease, now)
+        statements = _sql.append_statements(
+            session_id, expected_seq, messages, int(self._clock() * 1000),
+            agent_name=agent_name, lease=lease, approvals=approvals,
+            max_row_bytes=self._max_row_bytes,
+        )  # fmt: skip
 
         def write(conn: sqlite3.Connection) -> None:
-            conn.executemany(_sql.INSERT_MESSAGE, rows)
-            conn.execute(_sql.UPSERT_SESSION, session)
-            if lease_statement is not None:
-                conn.execute(*lease_statement)
+            for sql, params in statements:
+                conn.execute(sql, params)
 
         try:
             await self._call(lambda conn: _transaction(conn, lambda: write(conn)), session_id)
         except sqlite3.IntegrityError as exc:
-            if _sql.is_conflict(str(exc)):
+            if _sql.is_conflict(str(exc)) or _sql.is_approval_conflict(str(exc)):
                 raise SessionConflictError(session_id, expected_seq, str(exc)) from None
             raise StoreError(
                 f"append to session {session_id!r} failed: {exc}", session_id=session_id
             ) from exc
-        return count
+        return expected_seq + len(messages)
+
+    async def load_approvals(self, session_id: str) -> list[ApprovalEvent]:
+        rows = await self._call(
+            lambda c: c.execute(_sql.SELECT_APPROVALS, (session_id,)).fetchall(), session_id
+        )
+        return [_sql.row_approval_event(row) for row in rows]
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None
@@ -208,6 +213,7 @@ def _transaction(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
 def _delete(conn: sqlite3.Connection, session_id: str) -> bool:
     conn.execute(_sql.DELETE_MESSAGES, (session_id,))
     conn.execute(_sql.DELETE_LEASE, (session_id,))
+    conn.execute(_sql.DELETE_APPROVALS, (session_id,))
     return conn.execute(_sql.DELETE_SESSION, (session_id,)).rowcount > 0
 
 

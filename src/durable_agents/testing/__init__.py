@@ -25,7 +25,7 @@ from typing import Any, Literal
 from ..errors import ConfigurationError
 from ..llm.offline import FunctionLLM, TestLLM
 from ..messages import LLMResponse, Message, ToolSpec
-from ..stores.base import Lease, LeaseHolder, SessionInfo, Store
+from ..stores.base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo, Store
 
 Step = (
     LLMResponse
@@ -122,14 +122,16 @@ class CrashingStore:
         *,
         agent_name: str | None = None,
         lease: Lease | None = None,
+        approvals: Sequence[ApprovalChange] = (),
     ) -> int:
         self.appends += 1
         crash = self.appends == self.crash_on
         if crash and self.when == "before":
             raise SimulatedCrash(f"simulated crash before atomic append #{self.appends}")
         count = await self.inner.append_messages_atomic(
-            session_id, expected_seq, messages, agent_name=agent_name, lease=lease
-        )
+            session_id, expected_seq, messages, agent_name=agent_name, lease=lease,
+            approvals=approvals,
+        )  # fmt: skip
         if crash:
             raise SimulatedCrash(f"simulated crash after atomic append #{self.appends}")
         return count
@@ -141,6 +143,9 @@ class CrashingStore:
 
     async def release_lease(self, session_id: str, owner: str) -> None:
         await self.inner.release_lease(session_id, owner)
+
+    async def load_approvals(self, session_id: str) -> list[ApprovalEvent]:
+        return await self.inner.load_approvals(session_id)
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         return await self.inner.get_session(session_id)

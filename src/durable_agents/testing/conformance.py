@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from ..errors import MessageTooLargeError, SessionConflictError
 from ..messages import Message, ToolCall, Usage
-from ..stores.base import Lease, Store
+from ..stores.base import ApprovalChange, Lease, Store
 
 Check = Callable[[Store], Awaitable[None]]
 
@@ -285,6 +285,81 @@ async def delete_removes_the_lease(store: Store) -> None:
     assert await store.acquire_lease("s", "b", HOUR_MS) is None
 
 
+def _request(call_id: str, digest: str = "d1") -> ApprovalChange:
+    return ApprovalChange(call_id, "requested", digest, tool_name="refund")
+
+
+async def approval_events_land_only_when_their_condition_holds(store: Store) -> None:
+    call = ToolCall("r1", "refund", {"amount": 5})
+    await store.append_messages_atomic(
+        "s", 0, [Message.user("go"), Message.assistant("", [call])], approvals=[_request("r1")]
+    )
+    refused = [
+        ApprovalChange("r1", "approved", "other-digest"),  # not what was requested
+        ApprovalChange("r9", "approved", "d1"),  # never requested
+        ApprovalChange("r1", "claimed", "d1"),  # not approved yet
+    ]
+    for change in refused:
+        await _expect_conflict(store.append_messages_atomic("s", 2, [], approvals=[change]))
+    assert [e.event for e in await store.load_approvals("s")] == ["requested"]
+    # A decision alone is not positional: it lands whatever the position given.
+    decided = ApprovalChange("r1", "approved", "d1", reason="ok by ann")
+    assert await store.append_messages_atomic("s", 2, [], approvals=[decided]) == 2
+    await _expect_conflict(
+        store.append_messages_atomic("s", 2, [], approvals=[ApprovalChange("r1", "denied", "d1")])
+    )
+    claim = ApprovalChange("r1", "claimed", "d1")
+    await store.append_messages_atomic("s", 2, [], approvals=[claim])
+    await _expect_conflict(store.append_messages_atomic("s", 2, [], approvals=[claim]))
+    events = await store.load_approvals("s")
+    assert [(e.tool_call_id, e.event, e.tool_name, e.digest, e.reason) for e in events] == [
+        ("r1", "requested", "refund", "d1", None),
+        ("r1", "approved", "refund", "d1", "ok by ann"),
+        ("r1", "claimed", "refund", "d1", None),
+    ]
+    assert await store.load_messages("s") == [Message.user("go"), Message.assistant("", [call])]
+    # A denied call cannot be claimed.
+    await store.append_messages_atomic("t", 0, [Message.user("x")], approvals=[_request("r2")])
+    await store.append_messages_atomic("t", 1, [], approvals=[ApprovalChange("r2", "denied", "d1")])
+    await _expect_conflict(
+        store.append_messages_atomic("t", 1, [], approvals=[ApprovalChange("r2", "claimed", "d1")])
+    )
+
+
+async def an_append_with_a_refused_approval_writes_nothing(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("go")], approvals=[_request("r1")])
+    # The request repeats: the messages of the same append do not land either.
+    await _expect_conflict(
+        store.append_messages_atomic("s", 1, [Message.assistant("x")], approvals=[_request("r1")])
+    )
+    assert await store.load_messages("s") == [Message.user("go")]
+    assert len(await store.load_approvals("s")) == 1
+
+
+async def racing_deciders_one_wins(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("go")], approvals=[_request("r1")])
+    outcomes = await asyncio.gather(
+        *(
+            store.append_messages_atomic(
+                "s", 1, [], approvals=[ApprovalChange("r1", event, "d1", reason=str(i))]
+            )
+            for i, event in enumerate(["approved", "denied"] * 3)
+        ),
+        return_exceptions=True,
+    )
+    assert sum(not isinstance(o, BaseException) for o in outcomes) == 1, outcomes
+    assert all(
+        isinstance(o, SessionConflictError) for o in outcomes if isinstance(o, BaseException)
+    ), outcomes
+    assert len(await store.load_approvals("s")) == 2
+
+
+async def delete_removes_the_approvals(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("go")], approvals=[_request("r1")])
+    assert await store.delete_session("s") is True
+    assert await store.load_approvals("s") == []
+
+
 CHECKS: tuple[Check, ...] = (
     unknown_session_is_empty,
     round_trip_keeps_every_field,
@@ -306,4 +381,8 @@ CHECKS: tuple[Check, ...] = (
     racing_lease_takers_one_wins,
     appends_renew_and_release_the_lease,
     delete_removes_the_lease,
+    approval_events_land_only_when_their_condition_holds,
+    an_append_with_a_refused_approval_writes_nothing,
+    racing_deciders_one_wins,
+    delete_removes_the_approvals,
 )

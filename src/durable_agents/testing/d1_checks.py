@@ -51,9 +51,11 @@ async def schema_applies_statement_by_statement(db: Any) -> None:
         "SELECT type, name FROM sqlite_master WHERE name LIKE 'agent_%' ORDER BY type, name"
     ).raw()
     assert [list(r) for r in rows] == [
+        ["index", "agent_approvals_one_decision"],
         ["index", "agent_messages_one_result_per_call"],
         ["index", "agent_messages_one_turn_per_request_key"],
         ["index", "agent_sessions_by_update"],
+        ["table", "agent_approvals"],
         ["table", "agent_leases"],
         ["table", "agent_messages"],
         ["table", "agent_sessions"],

@@ -1,0 +1,189 @@
+"""Human approval bound to the exact call: approve once, run once, never run what was not approved.
+
+A tool declared `requires_approval=True` does not run when the model calls
+it. Its call is stored with write #1 of the step as usual, together with a
+`requested` event carrying the call's digest; the step's other calls run;
+`run()` returns `status="awaiting_approval"` with the waiting calls as
+`PendingApproval`s. A person sees a call's name and arguments and decides
+with `approve(store, session_id, tool_call_id, digest=..., approved=...)`,
+sending the digest of what they saw: a decision for other arguments than the
+stored ones is refused. When every waiting call of the step is decided,
+`run(..., message=None)` continues the turn: an approved call is *claimed*
+(one write saying it is about to run), then runs through the normal path; a
+denied one gets a `tool-denied` result the model sees.
+
+Every event is one insert into `agent_approvals`, conditional in SQL on the
+event it depends on (see `stores/_sql.py`), written through the store's
+atomic append, so `testing.crash_on_write` counts it:
+
+    requested   with write #1 of the step                  the call and its digest
+    approved /  `approve()`: one write; lands only if the call was requested
+    denied      with that digest and is undecided (racing approvers: one wins)
+    claimed     before an approved call's handler runs; lands only once
+
+After a crash: an undecided call waits (it is never an orphan); an approved,
+unclaimed one is claimed and run once; a claimed one without a result is an
+orphan, answered as any orphan is (a `tool-durability-error` unless the tool
+is `safe_to_retry`): an approved call never runs twice.
+
+The digest is the hex SHA-256 of the UTF-8 bytes of the JSON array
+`[session_id, tool_call_id, tool_name, arguments]` written with sorted object
+keys, no whitespace (`","` and `":"` as separators), non-ASCII characters as
+themselves (not `\\u` escapes), and no NaN or infinities: in Python,
+`json.dumps([...], sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+allow_nan=False)`. Integers are written as digits; give approval-bound tools
+integer, string and boolean arguments (a float's shortest form differs
+between languages).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import (
+    ApprovalAlreadyDecidedError,
+    ApprovalDigestMismatchError,
+    ApprovalNotFoundError,
+    SessionConflictError,
+)
+from .messages import ToolCall, pending_tool_calls
+from .stores.base import ApprovalChange, ApprovalEvent, Store
+
+
+def approval_digest(session_id: str, tool_call_id: str, tool_name: str, arguments: Any) -> str:
+    """The digest a decision must carry: see the module docstring for its exact definition."""
+    canonical = json.dumps(
+        [session_id, tool_call_id, tool_name, arguments],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """A call waiting for a person's decision: what to show them, and the digest to send back."""
+
+    tool_call_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+    digest: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tool_call_id": self.tool_call_id,
+            "tool_name": self.tool_name,
+            "arguments": self.arguments,
+            "digest": self.digest,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalState:
+    """What the stored events say about one call that needed approval."""
+
+    tool_call_id: str
+    tool_name: str
+    digest: str
+    decision: str | None  # "approved" | "denied" | None (waiting)
+    reason: str | None
+    claimed: bool
+
+
+def approval_states(events: Iterable[ApprovalEvent]) -> dict[str, ApprovalState]:
+    """Fold a session's approval events into one state per call."""
+    states: dict[str, ApprovalState] = {}
+    for e in events:
+        if e.event == "requested":
+            states[e.tool_call_id] = ApprovalState(
+                e.tool_call_id, e.tool_name, e.digest, None, None, False
+            )
+            continue
+        state = states.get(e.tool_call_id)
+        if state is None:
+            continue
+        if e.event == "claimed":
+            states[e.tool_call_id] = _replace(state, claimed=True)
+        else:
+            states[e.tool_call_id] = _replace(state, decision=e.event, reason=e.reason)
+    return states
+
+
+def _replace(state: ApprovalState, **changes: Any) -> ApprovalState:
+    fields = {f: getattr(state, f) for f in ApprovalState.__slots__}
+    fields.update(changes)
+    return ApprovalState(**fields)
+
+
+def waiting_calls(
+    session_id: str, calls: Sequence[ToolCall], states: dict[str, ApprovalState]
+) -> list[PendingApproval]:
+    """The calls among `calls` (unanswered ones) that wait for a decision, in call order."""
+    return [
+        PendingApproval(c.id, c.name, dict(c.arguments), states[c.id].digest)
+        for c in calls
+        if c.id in states and states[c.id].decision is None
+    ]
+
+
+async def pending_approvals(store: Store, session_id: str) -> list[PendingApproval]:
+    """The calls of the session that wait for a decision (none, unless the last
+    step asked for approval)."""
+    history = await store.load_messages(session_id)
+    unanswered = pending_tool_calls(history)
+    if not unanswered:
+        return []
+    return waiting_calls(
+        session_id, unanswered, approval_states(await store.load_approvals(session_id))
+    )
+
+
+async def approve(
+    store: Store,
+    session_id: str,
+    tool_call_id: str,
+    *,
+    digest: str,
+    approved: bool,
+    reason: str | None = None,
+) -> None:
+    """Store a person's decision on a waiting call, in one atomic conditional write.
+
+    `digest` is the one the approver was shown with the call (`PendingApproval.
+    digest`, or computed by `approval_digest`); a decision for other
+    arguments is refused. `reason` is kept with the decision (who decided,
+    and why) and, for a denial, shown to the model. Raises, with nothing
+    written: `ApprovalNotFoundError` (no such call waits), `ApprovalDigestMismatchError`,
+    `ApprovalAlreadyDecidedError` (a decision exists; of racing approvers
+    exactly one wins and the others get this). The turn goes on with
+    `run(..., message=None)` once every waiting call of the step is decided.
+    """
+    states = approval_states(await store.load_approvals(session_id))
+    state = states.get(tool_call_id)
+    history = await store.load_messages(session_id)
+    if state is None or tool_call_id not in {c.id for c in pending_tool_calls(history)}:
+        if state is not None and state.decision is not None:
+            raise ApprovalAlreadyDecidedError(session_id, tool_call_id, state.decision)
+        raise ApprovalNotFoundError(session_id, tool_call_id)
+    if state.decision is not None:
+        raise ApprovalAlreadyDecidedError(session_id, tool_call_id, state.decision)
+    if not hmac.compare_digest(digest.encode(), state.digest.encode()):
+        raise ApprovalDigestMismatchError(session_id, tool_call_id)
+    change = ApprovalChange(
+        tool_call_id, "approved" if approved else "denied", state.digest, reason=reason
+    )
+    try:
+        await store.append_messages_atomic(session_id, len(history), [], approvals=[change])
+    except SessionConflictError:
+        # Another approver got there first (the schema let exactly one decision land).
+        now = approval_states(await store.load_approvals(session_id)).get(tool_call_id)
+        raise ApprovalAlreadyDecidedError(
+            session_id, tool_call_id, (now.decision if now else None) or "decided"
+        ) from None
