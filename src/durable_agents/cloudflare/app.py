@@ -14,6 +14,11 @@ Endpoints (JSON in and out; `Authorization: Bearer <API_TOKEN>` on every one):
                                     (Idempotency-Key: K makes a retry return or finish K's turn)
     POST /sessions/{name}/resume    (no body, or {})    -> the same, finishing an interrupted turn
     GET  /sessions/{name}                               -> {"session_id", "messages": [...]}
+    GET  /sessions/{name}/approvals                     -> {"session_id", "pending": [...]}
+    POST /sessions/{name}/approvals/{tool_call_id}
+                    {"approved": bool, "digest": "...", "reason": "..."}
+                    -> the turn's result once the step's last call is decided,
+                       else {"status": "awaiting_approval", "pending": [...]}
 
 Every error is `{"error": {"code", "message"}}` with a 4xx/5xx status; the
 code of an error the kit raises is that error's own `code` (`ERROR_STATUS`
@@ -48,7 +53,12 @@ import httpx
 from .. import _json
 from .._http_json import refuse_deep_json
 from ..agent import Agent
+from ..approvals import approve, pending_approvals
 from ..errors import (
+    ApprovalAlreadyDecidedError,
+    ApprovalDigestMismatchError,
+    ApprovalNotFoundError,
+    ApprovalPendingError,
     ConfigurationError,
     DurableAgentsError,
     MessageTooLargeError,
@@ -84,8 +94,10 @@ __all__ = [
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 SESSION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 REQUEST_KEY = re.compile(r"[!-~]{1,255}")  # printable ASCII, as Stripe-style keys are
-_SESSION_PATH = re.compile(r"/sessions/([^/]+)(?:/(messages|resume))?")
-_ALLOWED = {None: "GET", "messages": "POST", "resume": "POST"}
+TOOL_CALL_ID = re.compile(r"[A-Za-z0-9_.:~-]{1,255}")
+DIGEST = re.compile(r"[0-9a-f]{64}")
+_SESSION_PATH = re.compile(r"/sessions/([^/]+)(?:/(messages|resume|approvals)(?:/([^/]+))?)?")
+_ALLOWED = {None: "GET", "messages": "POST", "resume": "POST", "approvals": "GET"}
 _JSON = {"content-type": "application/json"}
 HTTP_TIMEOUT_S = 30.0
 
@@ -96,7 +108,11 @@ Dispatch = Callable[[str, "Command"], Awaitable["Reply"]]
 # subclass not listed here takes its nearest listed base's status.
 ERROR_STATUS: Mapping[type[DurableAgentsError], int] = {
     SessionNotFoundError: 404,
+    ApprovalNotFoundError: 404,
     SessionConflictError: 409,
+    ApprovalDigestMismatchError: 409,
+    ApprovalAlreadyDecidedError: 409,
+    ApprovalPendingError: 409,
     SessionBusyError: 409,
     MessageTooLargeError: 413,
     RequestKeyReusedError: 422,
@@ -136,20 +152,27 @@ class Command:
     """What the Worker asks a session's Durable Object to do, after validation.
 
     `action` is `"message"` (run a turn with `message`), `"resume"` (finish an
-    interrupted turn) or `"history"` (read the stored messages). It crosses
-    from the Worker to the object as JSON (`to_json` / `from_json`).
+    interrupted turn), `"history"` (read the stored messages), `"approvals"`
+    (read the calls waiting for a decision) or `"approve"` (decide
+    `decision["tool_call_id"]`, then go on with the turn if it was the step's
+    last). It crosses from the Worker to the object as JSON (`to_json` / `from_json`).
     """
 
-    action: Literal["message", "resume", "history"]
+    action: Literal["message", "resume", "history", "approvals", "approve"]
     message: str | None = None
     request_key: str | None = None  # the client's Idempotency-Key, with a message
+    decision: Mapping[str, Any] | None = None  # tool_call_id, approved, digest, reason
 
     @property
     def writes(self) -> bool:
-        return self.action != "history"
+        return self.action not in ("history", "approvals")
 
     def to_json(self) -> str:
-        data = {"action": self.action, "message": self.message, "request_key": self.request_key}
+        data: dict[str, Any] = {
+            "action": self.action, "message": self.message, "request_key": self.request_key,
+        }  # fmt: skip
+        if self.decision is not None:
+            data["decision"] = dict(self.decision)
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
@@ -162,9 +185,24 @@ class Command:
         key_ok = key is None or (isinstance(key, str) and REQUEST_KEY.fullmatch(key) is not None)
         if action == "message" and isinstance(message, str) and message.strip() and key_ok:
             return cls("message", message, key)
-        if action in ("resume", "history") and message is None and key is None:
+        if action in ("resume", "history", "approvals") and message is None and key is None:
             return cls(action)
+        decision = data.get("decision")
+        if action == "approve" and isinstance(decision, dict) and _valid_decision(decision):
+            return cls("approve", decision=decision)
         raise ValueError(f"not a command: {text[:200]!r}")
+
+
+def _valid_decision(decision: Mapping[str, Any]) -> bool:
+    call_id, reason = decision.get("tool_call_id"), decision.get("reason")
+    return (
+        set(decision) <= {"tool_call_id", "approved", "digest", "reason"}
+        and isinstance(call_id, str)
+        and TOOL_CALL_ID.fullmatch(call_id) is not None
+        and isinstance(decision.get("approved"), bool)
+        and isinstance(decision.get("digest"), str)
+        and (reason is None or isinstance(reason, str))
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,8 +271,10 @@ async def handle_request(
         return error_reply(
             404, "not-found", f"no endpoint at {path[:200]!r}; the API serves /sessions/{{name}}"
         )
-    name, endpoint = match.group(1), match.group(2)
-    allowed = _ALLOWED[endpoint]
+    name, endpoint, call_id = match.group(1), match.group(2), match.group(3)
+    if call_id is not None and endpoint != "approvals":
+        return error_reply(404, "not-found", f"no endpoint at {path[:200]!r}")
+    allowed = "POST" if call_id is not None else _ALLOWED[endpoint]
     if method.upper() != allowed:
         return error_reply(
             405, "method-not-allowed", f"{path} accepts {allowed} only", Allow=allowed
@@ -247,6 +287,10 @@ async def handle_request(
         )
     if endpoint is None:
         return await _forward(dispatch, name, Command("history"))
+    if endpoint == "approvals" and call_id is None:
+        return await _forward(dispatch, name, Command("approvals"))
+    if call_id is not None:
+        return await _approval_request(headers, body, settings, dispatch, name, call_id)
 
     data = await _read_json(headers, body, settings.max_body_bytes, required=endpoint == "messages")
     if isinstance(data, Reply):
@@ -277,6 +321,39 @@ async def handle_request(
             400, "invalid-request", "Idempotency-Key must be 1 to 255 printable ASCII characters"
         )
     return await _forward(dispatch, name, Command("message", message, request_key))
+
+
+async def _approval_request(
+    headers: Mapping[str, str],
+    body: bytes | BodyReader,
+    settings: ApiSettings,
+    dispatch: Dispatch,
+    name: str,
+    call_id: str,
+) -> Reply:
+    if TOOL_CALL_ID.fullmatch(call_id) is None:
+        return error_reply(
+            400, "invalid-request", "a tool call id is 1 to 255 of A-Z a-z 0-9 _ . : ~ -"
+        )
+    data = await _read_json(headers, body, settings.max_body_bytes, required=True)
+    if isinstance(data, Reply):
+        return data
+    shape = "the body is {'approved': true|false, 'digest': '<64 hex>', 'reason'?: str}"
+    extra = sorted(set(data) - {"approved", "digest", "reason"})
+    if extra:
+        return error_reply(422, "invalid-body", f"unknown field(s) {extra[:10]}; {shape}")
+    if not isinstance(data.get("approved"), bool):
+        return error_reply(422, "invalid-body", f"'approved' must be true or false; {shape}")
+    digest = data.get("digest")
+    if not isinstance(digest, str) or DIGEST.fullmatch(digest) is None:
+        return error_reply(422, "invalid-body", f"'digest' must be 64 lower-case hex; {shape}")
+    reason = data.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        return error_reply(422, "invalid-body", f"'reason' must be a string; {shape}")
+    decision = {"tool_call_id": call_id, "approved": data["approved"], "digest": digest}
+    if reason is not None:
+        decision["reason"] = reason
+    return await _forward(dispatch, name, Command("approve", decision=decision))
 
 
 async def _forward(dispatch: Dispatch, name: str, command: Command) -> Reply:
@@ -433,10 +510,30 @@ async def serve_session(
             history = await store.load_messages(session_id)
             if not history:
                 return _no_session(session_id)
+            if command.action == "approvals":
+                pending = await pending_approvals(store, session_id)
+                return Reply(
+                    200, {"session_id": session_id, "pending": [p.to_dict() for p in pending]}
+                )
             return Reply(
                 200, {"session_id": session_id, "messages": [m.to_dict() for m in history]}
             )
         async with lock:
+            if command.action == "approve":
+                assert command.decision is not None  # from_json guarantees it
+                decision = command.decision
+                await approve(
+                    store,
+                    session_id,
+                    str(decision["tool_call_id"]),
+                    digest=str(decision["digest"]),
+                    approved=bool(decision["approved"]),
+                    reason=decision.get("reason"),
+                )
+                rest = await pending_approvals(store, session_id)
+                if rest:  # the step waits for more decisions
+                    return Reply(200, _awaiting(session_id, rest))
+                command = Command("resume")  # the step's last decision: go on with the turn
             return await _run_turn(
                 command, session_id, store, env, agent, llm, make_llm, make_deps, http_client
             )
@@ -486,6 +583,8 @@ async def _run_turn(
         "steps": result.steps,
         "usage": result.usage.to_dict(),
     }
+    if result.status == "awaiting_approval":
+        body["pending"] = [p.to_dict() for p in result.pending]
     if result.status == "error":
         message = (
             f"the LLM call failed; the session is intact, POST .../resume to retry: {result.error}"
@@ -493,6 +592,14 @@ async def _run_turn(
         body["error"] = {"code": "llm-error", "message": message}
         return Reply(502, body)
     return Reply(200, body)
+
+
+def _awaiting(session_id: str, pending: list[Any]) -> dict[str, Any]:
+    return {
+        "session_id": session_id,
+        "status": "awaiting_approval",
+        "pending": [p.to_dict() for p in pending],
+    }
 
 
 def _no_session(session_id: str) -> Reply:

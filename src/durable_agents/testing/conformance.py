@@ -338,13 +338,12 @@ async def an_append_with_a_refused_approval_writes_nothing(store: Store) -> None
 
 async def racing_deciders_one_wins(store: Store) -> None:
     await store.append_messages_atomic("s", 0, [Message.user("go")], approvals=[_request("r1")])
+    decisions = [
+        ApprovalChange("r1", "approved" if i % 2 else "denied", "d1", reason=str(i))
+        for i in range(6)
+    ]
     outcomes = await asyncio.gather(
-        *(
-            store.append_messages_atomic(
-                "s", 1, [], approvals=[ApprovalChange("r1", event, "d1", reason=str(i))]
-            )
-            for i, event in enumerate(["approved", "denied"] * 3)
-        ),
+        *(store.append_messages_atomic("s", 1, [], approvals=[d]) for d in decisions),
         return_exceptions=True,
     )
     assert sum(not isinstance(o, BaseException) for o in outcomes) == 1, outcomes
