@@ -83,7 +83,7 @@ export class D1Bridge {
    * @param {Record<string, string>} options.databases binding name -> database_id
    * @param {string | false} options.persistDir where D1 data lives (wrangler's `.wrangler/state/v3/d1`), or false for memory
    */
-  static async start({ databases, persistDir }) {
+  static async start({ databases, persistDir, kvNamespaces = {}, kvPersistDir = false }) {
     const mf = new Miniflare({
       name: "durable-agents-d1-bridge",
       modules: true,
@@ -91,6 +91,9 @@ export class D1Bridge {
       compatibilityDate: "2026-04-01",
       d1Databases: databases,
       d1Persist: persistDir,
+      // KV namespaces (binding -> id) are served by the same miniflare (runtime/kv.mjs).
+      kvNamespaces,
+      kvPersist: kvPersistDir,
     });
     const url = await mf.ready;
     return new D1Bridge(mf, String(url));

@@ -8,9 +8,13 @@
 //   for its body; a request that takes longer gets a 408 and its connection is closed
 //   --agent FILE: serve this Python file as the agent module (`agent`, which the
 //   Worker's main imports) instead of src/agent.py, e.g. an agent under examples/
+//   --config FILE: any Python Worker's wrangler.json, .jsonc or .toml (default: the first
+//   found from the repo upward, as wrangler looks); main, migrations, .dev.vars and the
+//   state dir are relative to it; another project's Worker is served without an agent
+//   GET /__scheduled?cron=PATTERN[&time=MS]: runs the Worker's scheduled() handler
 //
 // What `wrangler dev` would do for a Python Worker if it could run offline:
-// - reads wrangler.toml: `main`, `[vars]`, the D1 databases and Durable
+// - reads the config (runtime/wrangler-config.mjs): `main`, `[vars]`, the D1 databases and Durable
 //   Object bindings;
 // - settings: `[vars]`, then `.dev.vars`, then process environment variables
 //   of the same names, of the agent module's SETTINGS and DEV_STUBS, or of the
@@ -43,8 +47,9 @@ import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync
 import http from "node:http";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { parse as parseToml } from "smol-toml";
 import { PROJECT_MOUNT, startRuntime } from "./index.mjs";
+import { ScheduledController } from "./durable-objects.mjs";
+import { findWranglerConfig, readWorkerConfig, unservedMessage } from "./wrangler-config.mjs";
 
 const PROJECT_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const DEV_TOKEN = "dev-token";
@@ -64,8 +69,8 @@ function parseArgs(argv) {
     port: 8787,
     ip: "127.0.0.1",
     persistTo: null,
-    config: "wrangler.toml",
-    devVars: ".dev.vars",
+    config: null,
+    devVars: null,
     requestTimeout: process.env.DEV_REQUEST_TIMEOUT || String(DEFAULT_REQUEST_TIMEOUT_S),
     agent: null,
   };
@@ -94,8 +99,13 @@ function parseArgs(argv) {
   const timeout = Number(options.requestTimeout);
   if (!(timeout > 0 && timeout <= 3600)) fail(`--request-timeout (DEV_REQUEST_TIMEOUT) must be over 0 and at most 3600 (seconds), got ${JSON.stringify(options.requestTimeout)}`);
   options.requestTimeoutMs = Math.round(timeout * 1000);
-  options.config = path.resolve(PROJECT_DIR, options.config);
-  options.persistTo = path.resolve(PROJECT_DIR, options.persistTo ?? path.join(".wrangler", "state"));
+  // As wrangler finds it (wrangler.json, .jsonc, .toml, upward), or the file of --config;
+  // .dev.vars beside it unless --dev-vars says otherwise.
+  options.config = options.config === null ? findWranglerConfig(PROJECT_DIR) : path.resolve(PROJECT_DIR, options.config);
+  if (!options.config) fail(`no wrangler.json, wrangler.jsonc or wrangler.toml in ${PROJECT_DIR} or above; pass --config`);
+  // State beside the config by default, as wrangler dev keeps it (.wrangler/state of the project).
+  options.persistTo = path.resolve(PROJECT_DIR, options.persistTo ?? path.join(path.dirname(options.config), ".wrangler", "state"));
+  options.devVars = path.resolve(options.devVars === null ? path.dirname(options.config) : PROJECT_DIR, options.devVars ?? ".dev.vars");
   if (options.agent !== null) {
     options.agent = path.resolve(PROJECT_DIR, options.agent);
     if (!options.agent.endsWith(".py") || !existsSync(options.agent)) fail(`--agent: no Python file at ${options.agent}`);
@@ -124,33 +134,39 @@ function readDevVars(file) {
   return vars;
 }
 
+// The Worker's config (runtime/wrangler-config.mjs): paths relative to its directory.
+// This kit's own Worker (main src/ or build/worker/, staged from src/) is served from
+// src/; any other Worker from the directory of its main, in the config's directory.
 function readConfig(file) {
   if (!existsSync(file)) fail(`${file} not found`);
-  const config = parseToml(readFileSync(file, "utf8"));
-  const main = String(config.main ?? "");
-  // src/<module>.py, or build/worker/<module>.py: the copy of src/ that wrangler.toml's
-  // [build] stages for a deploy (scripts/build_worker.py). Either way it is served from src/.
-  const mainModule = main.match(/^(?:src|build\/worker)\/(.+)\.py$/)?.[1];
-  if (!mainModule) fail(`${file}: main must be a Python module under src/ (or build/worker/, staged from src/), got ${JSON.stringify(main)}`);
-  const databases = (config.d1_databases ?? []).map((db) => ({
-    binding: db.binding,
-    name: db.database_name,
-    // The id wrangler's `d1 ... --local` keys local data by.
-    localId: db.preview_database_id ?? db.database_id ?? db.binding,
-    migrations: db.migrations_dir ?? "migrations",
-  }));
-  const durableObjects = Object.fromEntries((config.durable_objects?.bindings ?? []).map((b) => [b.name, b.class_name]));
+  let config;
+  try {
+    config = readWorkerConfig(file);
+  } catch (error) {
+    fail(error.message);
+  }
+  const relativeMain = path.relative(config.projectDir, config.main).split(path.sep).join("/");
+  const kitModule = config.projectDir === PROJECT_DIR && relativeMain.match(/^(?:src|build\/worker)\/(.+)\.py$/)?.[1];
+  let workerDir = "src";
+  let module = kitModule;
+  if (!kitModule) {
+    if (relativeMain.startsWith("../")) fail(`${file}: main ${relativeMain} is outside the config's directory`);
+    if (!existsSync(config.main)) fail(`${file}: main ${relativeMain} not found`);
+    workerDir = path.posix.dirname(relativeMain);
+    module = path.posix.basename(relativeMain, ".py");
+  }
   return {
-    module: mainModule.replaceAll("/", "."),
+    ...config,
+    isKit: Boolean(kitModule),
+    workerDir,
+    module: module.replaceAll("/", "."),
     // What the runtime compiles as workerd does (and checks against its Pyodide).
     compatibility: {
       workerName: config.name,
-      compatibilityDate: config.compatibility_date,
-      compatibilityFlags: config.compatibility_flags ?? [],
+      compatibilityDate: config.compatibilityDate,
+      compatibilityFlags: config.compatibilityFlags,
     },
-    vars: { ...(config.vars ?? {}) },
-    databases,
-    durableObjects,
+    databases: config.d1Databases,
   };
 }
 
@@ -252,6 +268,8 @@ async function claimStateDir(lockFile) {
 // --- migrations: wrangler's own command, so its d1_migrations table stays the record ---
 
 function applyMigrations(options, database) {
+  // A database without a migrations folder: nothing to apply (wrangler would fail on it).
+  if (!existsSync(database.migrationsDir)) return Promise.resolve([]);
   const wrangler = path.join(PROJECT_DIR, "node_modules", ".bin", "wrangler");
   const args = ["d1", "migrations", "apply", database.name, "--local", "--persist-to", options.persistTo, "--config", options.config];
   return new Promise((resolve, reject) => {
@@ -384,6 +402,8 @@ async function serve(whenReady, request, response, { origin, requestTimeoutMs, e
     return sendError(response, 400, "invalid-request", `the request cannot be given to the Worker: ${error?.message ?? error}`);
   }
   const worker = await whenReady;
+  const scheduled = scheduledEvent(request);
+  if (scheduled) return fireScheduled(worker, scheduled, response);
   let jsResponse;
   try {
     jsResponse = await worker.fetch(jsRequest);
@@ -396,6 +416,29 @@ async function serve(whenReady, request, response, { origin, requestTimeoutMs, e
   for (const [name, value] of jsResponse.headers) if (name !== "content-length") outHeaders[name] = value;
   outHeaders["content-length"] = String(payload.length);
   response.writeHead(jsResponse.status, outHeaders).end(request.method === "HEAD" ? undefined : payload);
+}
+
+// --- cron: `wrangler dev --test-scheduled`'s GET /__scheduled?cron=...&time=..., and
+// miniflare's /cdn-cgi/handler/scheduled: the Worker's scheduled() handler, answered
+// "ok" (200) or "exception" (500) as miniflare answers ---
+
+function scheduledEvent(request) {
+  if (request.method !== "GET") return null;
+  const url = new URL(request.url, "http://localhost");
+  if (url.pathname !== "/__scheduled" && url.pathname !== "/cdn-cgi/handler/scheduled") return null;
+  const time = url.searchParams.get("time");
+  return { cron: url.searchParams.get("cron") ?? "", scheduledTime: time ? Number.parseInt(time, 10) : Date.now() };
+}
+
+async function fireScheduled(worker, event, response) {
+  try {
+    await worker.scheduled(new ScheduledController(event));
+  } catch (error) {
+    process.stderr.write(`dev: the Worker's scheduled handler threw: ${error?.stack ?? error}\n`);
+    response.writeHead(500, { "content-type": "text/plain;charset=UTF-8" }).end("exception");
+    return;
+  }
+  response.writeHead(200, { "content-type": "text/plain;charset=UTF-8" }).end("ok");
 }
 
 async function main() {
@@ -474,10 +517,13 @@ async function main() {
   let migrationsMs = 0;
   const applied = [];
   const runtime = await startRuntime({
-    projectDir: PROJECT_DIR,
     ...config.compatibility,
     persist: options.persistTo,
     d1Databases: Object.fromEntries(config.databases.map((db) => [db.binding, db.localId])),
+    kvNamespaces: Object.fromEntries(config.kvNamespaces.map((kv) => [kv.binding, kv.id])),
+    unservedBindings: config.unserved,
+    projectDir: config.projectDir,
+    workerDir: config.workerDir,
     vars: env,
     beforeD1: async () => {
       const t = performance.now();
@@ -486,8 +532,14 @@ async function main() {
     },
   });
   const tWorker = performance.now();
-  const agent = describeAgent(runtime, options.agent);
-  const notes = settle(runtime.env, config, devVars, agent, origin, options.agent);
+  // Another project's Worker (--config elsewhere) has no agent module: its settings as they are.
+  const servesAgent = config.isKit || options.agent !== null;
+  const agent = servesAgent ? describeAgent(runtime, options.agent) : null;
+  const notes = servesAgent
+    ? settle(runtime.env, config, devVars, agent, origin, options.agent)
+    : [`serving the Worker ${shownPath(config.main)} (${shownPath(config.file)})`];
+  for (const binding of config.unserved) notes.push(unservedMessage(binding));
+  if (config.crons.length) notes.push(`cron triggers ${config.crons.join(", ")}: fire one with GET ${origin}/__scheduled?cron=<pattern>`);
   const worker = runtime.loadWorker({ main: config.module, durableObjects: config.durableObjects });
   const workerMs = Math.round(performance.now() - tWorker);
   writeFileSync(lockFile, JSON.stringify({ pid: process.pid, workerd: childWorkerdPids() }) + "\n");
@@ -511,6 +563,12 @@ async function main() {
   );
   ready(worker);
   console.log(`ready on ${origin}`);
+}
+
+// A path relative to this repo when it is in it, else absolute.
+function shownPath(file) {
+  const relative = path.relative(PROJECT_DIR, file);
+  return relative && !relative.startsWith("..") && !path.isAbsolute(relative) ? relative : file;
 }
 
 // The agent's settings into the Worker's env (from the environment too), its dev stubs

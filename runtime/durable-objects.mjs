@@ -16,8 +16,8 @@
 // handler awaits I/O (D1, fetch), except while `ctx.blockConcurrencyWhile()`
 // runs. A strict queue would deadlock an object that calls itself, and would
 // hide races that production has (two requests on one object awaiting D1).
-// Local simplifications: no `ctx.storage` (the kit keeps state in D1), no
-// hibernation or eviction, and RPC values are passed by reference instead of
+// `ctx.storage` is SQLite-backed storage (runtime/storage.mjs), one database per
+// object. Local simplifications: no alarms, no hibernation or eviction, and RPC values are passed by reference instead of
 // being structured-cloned.
 //
 // Ids are derived as workerd derives them (server/actor-id-impl.c++), from
@@ -30,6 +30,7 @@
 // own namespaces have secret keys, so production ids differ.
 
 import { createHash, createHmac, randomBytes } from "node:crypto";
+import { DurableObjectStorage, storageFile } from "./storage.mjs";
 
 const ID_HALF = 16;
 
@@ -96,6 +97,16 @@ export class ExecutionContext {
   passThroughOnException() {}
 }
 
+/** What a `scheduled` handler gets, as on workerd: the cron pattern and the time it fired for (ms). */
+export class ScheduledController {
+  constructor({ cron = "", scheduledTime = Date.now() } = {}) {
+    this.cron = cron;
+    this.scheduledTime = scheduledTime;
+  }
+
+  noRetry() {}
+}
+
 /** The `ctx` of a Durable Object (`self.ctx` in Python, wrapped in the SDK's DurableObjectContext). */
 export class DurableObjectState {
   #object;
@@ -107,6 +118,11 @@ export class DurableObjectState {
 
   get [Symbol.toStringTag]() {
     return "DurableObjectState";
+  }
+
+  /** The object's SQLite-backed storage (runtime/storage.mjs), opened on first use. */
+  get storage() {
+    return this.#object.storage();
   }
 
   waitUntil(promise) {
@@ -134,6 +150,14 @@ class LiveObject {
     // START (not finish), and for any blockConcurrencyWhile() in progress.
     this.startChain = Promise.resolve();
     this.gate = Promise.resolve();
+    this.storageApi = null;
+  }
+
+  storage() {
+    this.storageApi ??= new DurableObjectStorage(
+      storageFile(this.namespace.host.storageRoot, this.namespace.uniqueKey, this.id.toString()),
+    );
+    return this.storageApi;
   }
 
   blockConcurrencyWhile(callback) {
@@ -216,6 +240,7 @@ export class DurableObjectNamespace {
     this.host = host;
     this.pythonClass = pythonClass;
     this.className = className;
+    this.uniqueKey = uniqueKey;
     this.#key = createHash("sha256").update(uniqueKey).digest();
   }
 
@@ -267,7 +292,10 @@ export class DurableObjectNamespace {
 
   /** Harness only: destroy every live instance's Python proxy. */
   dispose() {
-    for (const object of this.#objects.values()) object.instance?.destroy?.();
+    for (const object of this.#objects.values()) {
+      object.instance?.destroy?.();
+      object.storageApi?.close();
+    }
     this.#objects.clear();
   }
 }
@@ -289,6 +317,8 @@ export function workerEntrypoint(host, pythonClass) {
   }
   return {
     fetch: (request) => call("fetch", [request]),
+    // A cron event: `controller` is a ScheduledController ({cron, scheduledTime, noRetry()}).
+    scheduled: (controller) => call("scheduled", [controller]),
     call,
   };
 }

@@ -24,6 +24,7 @@ import { createRequire } from "node:module";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { D1Bridge } from "./d1.mjs";
+import { kvBindings } from "./kv.mjs";
 import { BackgroundTasks, DurableObjectNamespace, workerEntrypoint } from "./durable-objects.mjs";
 import { compileCompatibility, readWranglerToml } from "./compat.mjs";
 import { PROJECT_MOUNT, loadPythonRuntime } from "./pyodide-host.mjs";
@@ -77,6 +78,10 @@ export function wranglerD1PersistDir(projectDir, persistRoot = path.join(project
  * @param {string} [options.workerName] the Worker's `name` (part of Durable Object ids, as in
  *   `wrangler dev`); default: that of <projectDir>/wrangler.toml
  * @param {string} [options.workerDir] the Worker's own modules, relative to projectDir (default src)
+ * @param {string} [options.pythonModulesDir] the packages (default `<projectDir>/python_modules`)
+ * @param {Record<string, string>} [options.kvNamespaces] KV binding name -> namespace id (miniflare's KV)
+ * @param {{binding: string | null, kind: string, key: string}[]} [options.unservedBindings] bindings of
+ *   the config the runtime does not serve: `env.<binding>` raises an Error naming it
  * @param {boolean} [options.forTests] for the in-runtime test runner: register `_local_runtime`
  *   (bind Python classes from test code) and start in request context
  * @param {() => Promise<void>} [options.beforeD1] awaited before miniflare opens D1, while
@@ -96,6 +101,9 @@ export async function startRuntime({
   compatibilityFlags,
   workerName,
   workerDir = "src",
+  pythonModulesDir,
+  kvNamespaces = {},
+  unservedBindings = [],
   forTests = false,
   beforeD1,
   stdout,
@@ -126,11 +134,18 @@ export async function startRuntime({
 
   let persistDir = false;
   if (persist) persistDir = wranglerD1PersistDir(projectDir, persist === true ? undefined : path.resolve(persist));
+  // KV and Durable Object storage beside D1, in wrangler dev's layout (<persist>/v3/kv, v3/do).
+  const stateRoot = persistDir ? path.dirname(persistDir) : null;
 
   const timeD1 = (async () => {
     if (beforeD1) await beforeD1();
     const t = performance.now();
-    const bridge = await D1Bridge.start({ databases: d1Databases, persistDir });
+    const bridge = await D1Bridge.start({
+      databases: d1Databases,
+      persistDir,
+      kvNamespaces,
+      kvPersistDir: stateRoot ? path.join(stateRoot, "kv") : false,
+    });
     return { bridge, ms: Math.round(performance.now() - t) };
   })();
   let python;
@@ -140,6 +155,7 @@ export async function startRuntime({
       loadPythonRuntime({
         projectDir,
         workerDir,
+        pythonModulesDir,
         cloudflareWorkersModule,
         compatFlags: compatibility.module,
         pyodideVersion: compatibility.python.pyodide,
@@ -157,11 +173,24 @@ export async function startRuntime({
   const { pyodide } = python;
   const { bridge } = d1;
   for (const binding of Object.keys(d1Databases)) env[binding] = bridge.database(binding);
+  Object.assign(env, await kvBindings(bridge.miniflare, Object.keys(kvNamespaces)));
+  for (const { binding, kind, key } of unservedBindings) {
+    if (!binding) continue;
+    Object.defineProperty(env, binding, {
+      enumerable: true,
+      configurable: true,
+      get() {
+        throw new Error(`env.${binding}: the ${kind} binding ${binding} ([${key}] in the config) is not served by the local runtime`);
+      },
+    });
+  }
 
   const harness = python.loadRuntimeModule("_workers_harness");
   const host = {
     env,
     tasks,
+    // Durable Object storage: <persist>/v3/do/<worker>-<class>/<id>.sqlite, or in memory.
+    storageRoot: stateRoot ? path.join(stateRoot, "do") : null,
     log,
     beginRequests: () => python.beginRequests(),
     instantiate: (cls, ctx, hostEnv) => harness.instantiate(cls, ctx, hostEnv),

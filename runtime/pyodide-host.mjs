@@ -35,6 +35,9 @@ import { loadPyodide } from "pyodide";
 export const PROJECT_MOUNT = "/project";
 export const RUNTIME_MOUNT = "/runtime";
 const RUNTIME_DIR = path.dirname(fileURLToPath(import.meta.url));
+// This kit: its python_modules/ serves a Worker project that has none of its own.
+const KIT_DIR = path.dirname(RUNTIME_DIR);
+const KIT_MOUNT = "/kit";
 const HOME = "/session";
 // What `time.time()` reads while the runtime runs a Worker's top level (workerd's
 // clock does not move outside a request; it read 0.335 s in one measurement).
@@ -77,11 +80,13 @@ nodeCrypto.randomFillSync = function randomFillSync(buffer, ...rest) {
  * @param {string} options.projectDir where `python_modules/...` JS imports resolve
  * @param {Record<string, boolean>} options.compatFlags the compiled flags
  */
-function entrypointHelperModule({ cloudflareWorkersModule, projectDir, compatFlags }) {
+function entrypointHelperModule({ cloudflareWorkersModule, modulesDir, compatFlags }) {
   const patched = new WeakSet();
   return {
     doAnImport(name) {
-      const target = name.startsWith("python_modules/") ? pathToFileURL(path.join(projectDir, name)).href : name;
+      const target = name.startsWith("python_modules/")
+        ? pathToFileURL(path.join(modulesDir, name.slice("python_modules/".length))).href
+        : name;
       return import(target);
     },
     cloudflareWorkersModule,
@@ -136,6 +141,8 @@ function installCloudflarePackage(pyodide) {
  * @param {object} options
  * @param {string} options.projectDir holds python_modules/ and the Worker's modules
  * @param {string} [options.workerDir] the Worker's modules, relative to projectDir
+ * @param {string} [options.pythonModulesDir] the packages: default the project's python_modules/
+ *   if it has one (with the workers SDK), else this kit's
  * @param {object} options.cloudflareWorkersModule
  * @param {Record<string, boolean>} options.compatFlags `_cloudflare_compat_flags`, compiled
  * @param {string} options.pyodideVersion the version the config selects (checked)
@@ -145,6 +152,7 @@ function installCloudflarePackage(pyodide) {
 export async function loadPythonRuntime({
   projectDir,
   workerDir = "src",
+  pythonModulesDir,
   cloudflareWorkersModule,
   compatFlags,
   pyodideVersion,
@@ -152,7 +160,10 @@ export async function loadPythonRuntime({
   stderr = (line) => process.stderr.write(line + "\n"),
   log,
 }) {
-  const modules = path.join(projectDir, "python_modules");
+  const ownModules = path.join(projectDir, "python_modules");
+  const modules = path.resolve(
+    pythonModulesDir ?? (existsSync(path.join(ownModules, "workers")) ? ownModules : path.join(KIT_DIR, "python_modules")),
+  );
   if (!existsSync(path.join(modules, "workers"))) {
     throw new Error(`${modules} has no vendored packages; run scripts/setup-runtime (or python3 scripts/vendor.py)`);
   }
@@ -163,8 +174,17 @@ export async function loadPythonRuntime({
     throw new Error(`loaded Pyodide ${pyodide.version}, but the config selects ${pyodideVersion}`);
   }
 
-  mkdirSync(path.join(projectDir, ".cache", "pyodide-pycache"), { recursive: true });
-  for (const [mount, dir] of [[PROJECT_MOUNT, projectDir], [RUNTIME_MOUNT, RUNTIME_DIR]]) {
+  // Another project's Worker (a --config elsewhere): the kit's python_modules/ if the
+  // project has none, and the kit's bytecode cache (nothing written into that project).
+  const ownProject = path.resolve(projectDir) === KIT_DIR;
+  const pycacheDir = path.join(KIT_DIR, ".cache", "pyodide-pycache");
+  mkdirSync(pycacheDir, { recursive: true });
+  const mounts = [[PROJECT_MOUNT, projectDir], [RUNTIME_MOUNT, RUNTIME_DIR]];
+  const pythonModules = modules === ownModules ? `${PROJECT_MOUNT}/python_modules` : `${KIT_MOUNT}/python_modules`;
+  if (modules !== ownModules) mounts.push([pythonModules, modules]);
+  const pycache = ownProject ? `${PROJECT_MOUNT}/.cache/pyodide-pycache` : `${KIT_MOUNT}/pycache`;
+  if (!ownProject) mounts.push([pycache, pycacheDir]);
+  for (const [mount, dir] of mounts) {
     pyodide.FS.mkdirTree(mount);
     pyodide.mountNodeFS(mount, dir);
   }
@@ -172,7 +192,7 @@ export async function loadPythonRuntime({
   pyodide.registerJsModule("_cloudflare_compat_flags", { ...compatFlags });
   pyodide.registerJsModule(
     "_pyodide_entrypoint_helper",
-    entrypointHelperModule({ cloudflareWorkersModule, projectDir, compatFlags }),
+    entrypointHelperModule({ cloudflareWorkersModule, modulesDir: modules, compatFlags }),
   );
 
   // The Worker's top level: from here to its first event. Python code the
@@ -189,13 +209,12 @@ export async function loadPythonRuntime({
       Date.now = now;
     }
   };
-  const pythonModules = `${PROJECT_MOUNT}/python_modules`;
   const workerModules = path.posix.join(PROJECT_MOUNT, workerDir.split(path.sep).join("/"));
   topLevel(() => {
     gate.allowanceAddress = pyodide.runPython(`
 import sys
 sys.dont_write_bytecode = False
-sys.pycache_prefix = "${PROJECT_MOUNT}/.cache/pyodide-pycache"
+sys.pycache_prefix = ${JSON.stringify(pycache)}
 from _cloudflare import allow_entropy, top_level
 top_level.before_top_level()
 allow_entropy.allowance_address()

@@ -548,10 +548,10 @@ process.stdout.write(Buffer.concat([first, mac]).toString("hex"));
 def test_scripts_dev_refuses_a_worker_using_random_at_import_and_says_why(
     tmp_path: Path,
 ) -> None:
-    # The dev server resolves `main` under this repo's src/ (for now): the throwaway
-    # Worker goes there under a git-ignored name, its config in a temp dir.
+    # The dev server resolves `main` against the config's directory: a throwaway project.
     module = f"_tmp_random_at_import_{uuid.uuid4().hex[:8]}"
-    worker = PROJECT / "src" / f"{module}.py"
+    (tmp_path / "src").mkdir()
+    worker = tmp_path / "src" / f"{module}.py"
     worker.write_text(
         textwrap.dedent(
             """\

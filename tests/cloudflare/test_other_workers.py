@@ -1,0 +1,426 @@
+"""Other people's Python Workers under the dev server (issue 10, items 3 and 4).
+
+Each Worker under tests/workers/<name>/ is written for these tests in the shape
+of one of Cloudflare's python-workers-examples (hello, D1, Durable Objects with
+ctx.storage, KV, cron, FastAPI without jinja2), each with its own config
+(wrangler.toml, .json, .jsonc),
+and is served unmodified by `node runtime/dev-server.mjs --config <its config>`
+(what `scripts/dev --config` runs), then tested over HTTP. The servers start
+in parallel, once per module.
+
+Needs `scripts/setup-runtime` (node_modules/ and python_modules/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = ROOT / "tests" / "workers"
+CONFIGS = {
+    "hello": "wrangler.toml",
+    "d1": "wrangler.jsonc",
+    "durable_objects": "wrangler.json",
+    "kv": "wrangler.jsonc",
+    "cron": "wrangler.toml",
+}
+# The FastAPI Worker vendors its own packages, as `pywrangler sync` would: this kit's
+# python_modules/ plus these pure-Python wheels (fastapi 0.135: later ones need
+# opentelemetry-api), fetched from PyPI once into .cache/.
+FASTAPI_WHEELS = ["fastapi==0.135.0", "starlette==1.10.0", "annotated-doc==0.0.7"]
+WHEEL_CACHE = ROOT / ".cache" / "test-wheels"
+
+
+def fastapi_project(directory: Path) -> Path:
+    """A copy of tests/workers/fastapi with its own python_modules/; its config."""
+    wheels = {w.split("==")[0].replace("-", "_"): w for w in FASTAPI_WHEELS}
+    cached = {p.name.split("-")[0].lower(): p for p in WHEEL_CACHE.glob("*.whl")}
+    if set(wheels) - set(cached):
+        fetched = subprocess.run(
+            [
+                *[str(ROOT / ".venv" / "bin" / "python"), "-m", "pip", "download", "-q"],
+                *["--no-deps", "--only-binary=:all:", "-d", str(WHEEL_CACHE), *FASTAPI_WHEELS],
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if fetched.returncode != 0:
+            pytest.skip(f"cannot fetch {FASTAPI_WHEELS} from PyPI: {fetched.stderr[-500:]}")
+        cached = {p.name.split("-")[0].lower(): p for p in WHEEL_CACHE.glob("*.whl")}
+    project = directory / "fastapi"
+    shutil.copytree(WORKERS / "fastapi", project)
+    shutil.copytree(ROOT / "python_modules", project / "python_modules")
+    for name, pin in wheels.items():
+        assert cached[name].name.startswith(f"{name}-{pin.split('==')[1]}-"), cached[name]
+        with zipfile.ZipFile(cached[name]) as wheel:
+            wheel.extractall(project / "python_modules")
+    return project / "wrangler.jsonc"
+
+
+class Served:
+    """One `dev-server.mjs --config ...` process (its own process group), its output, its URL."""
+
+    def __init__(self, config: Path, state: Path) -> None:
+        self.config = config
+        self.state = state
+        self.lines: list[str] = []
+        self.origin = ""
+        self.process: subprocess.Popen[str] | None = None
+        self.reader: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.lines = []
+        self.origin = ""
+        self.process = subprocess.Popen(
+            [
+                *["node", "runtime/dev-server.mjs", "--config", str(self.config)],
+                *["--port", "0", "--persist-to", str(self.state)],
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.reader = threading.Thread(target=self._read, args=(self.process,), daemon=True)
+        self.reader.start()
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if match := re.match(r"ready on (http://\S+)", line):
+                self.origin = match[1]
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        assert self.process is not None
+        while not self.origin:
+            if self.process.poll() is not None:
+                if self.reader is not None:
+                    self.reader.join(10)
+                raise AssertionError(f"{self.config} did not start:\n" + "\n".join(self.lines))
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.config}: not ready in {timeout} s:\n{self.output}")
+            time.sleep(0.05)
+
+    def wait_exit(self, timeout: float = 60) -> int:
+        assert self.process is not None
+        code = self.process.wait(timeout)
+        if self.reader is not None:
+            self.reader.join(10)  # the last lines
+        return code
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.origin + path, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    def get_json(self, path: str) -> object:
+        status, body = self.get(path)
+        assert status == 200, body
+        return json.loads(body)
+
+    def kill(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        if self.reader is not None:
+            self.reader.join(10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
+    state = tmp_path_factory.mktemp("other-workers")
+    served = {
+        name: Served(WORKERS / name / config, state / name) for name, config in CONFIGS.items()
+    }
+    served["fastapi"] = Served(fastapi_project(state), state / "fastapi-state")
+    try:
+        for server in served.values():
+            server.start()
+        for server in served.values():
+            server.wait_ready()
+        yield served
+    finally:
+        for server in served.values():
+            server.kill()
+
+
+def start_and_fail(config: Path, tmp_path: Path) -> Served:
+    server = Served(config, tmp_path / "state")
+    server.start()
+    try:
+        assert server.wait_exit() != 0, server.output
+    finally:
+        server.kill()
+    return server
+
+
+# --- hello: wrangler.toml, main and .dev.vars relative to the config ---
+
+
+def test_hello_is_served_from_its_own_directory(workers: dict[str, Served]) -> None:
+    hello = workers["hello"]
+    assert hello.get("/") == (200, "Hello, world!")  # [vars] and a module beside main
+    assert hello.get("/secret") == (200, "swordfish")  # its own .dev.vars
+    assert hello.get("/nope")[0] == 404
+    assert "serving the Worker tests/workers/hello/src/entry.py" in hello.output
+    path = hello.get_json("/path")
+    assert isinstance(path, list)
+    # The kit's vendored packages (the project has no python_modules/), main's folder last.
+    assert path[-2:] == ["/kit/python_modules", "/project/src"]
+
+
+# --- D1 from a wrangler.jsonc, no migrations/ folder ---
+
+
+def test_d1_without_migrations_folder(workers: dict[str, Served]) -> None:
+    d1 = workers["d1"]
+    assert not (WORKERS / "d1" / "migrations").exists()
+    assert d1.get("/add?author=Ada&text=Hello") == (201, "added")
+    assert d1.get("/add?author=Alan&text=Hi") == (201, "added")
+    assert d1.get_json("/quotes") == [
+        {"author": "Ada", "text": "Hello"},
+        {"author": "Alan", "text": "Hi"},
+    ]
+    # Keyed by database_id, where `wrangler d1 ... --local` looks.
+    assert (d1.state / "v3" / "d1").is_dir()
+
+
+# --- Durable Objects with ctx.storage (wrangler.json) ---
+
+
+def test_durable_object_kv_storage(workers: dict[str, Served]) -> None:
+    do = workers["durable_objects"]
+    assert do.get_json("/groceries/add/milk") == {"count": 1}
+    assert do.get_json("/groceries/add/eggs") == {"count": 2}
+    assert do.get("/groceries/show") == (200, "milk\neggs")
+    assert do.get("/other/show") == (200, "No notes")  # another object, other storage
+    assert do.get_json("/groceries/keys") == {"keys": ["note:001", "note:002"], "deleted": False}
+
+
+def test_durable_object_sql_storage_and_transaction_sync(workers: dict[str, Served]) -> None:
+    do = workers["durable_objects"]
+    assert do.get_json("/counter/a/bump") == {"n": 1}
+    assert do.get_json("/counter/a/bump") == {"n": 2}
+    assert do.get_json("/counter/b/bump") == {"n": 1}
+    # Both writes of a transactionSync whose callback raises are rolled back.
+    assert do.get("/counter/a/bump-twice-then-fail") == (200, "failed: True")
+    report = do.get_json("/counter/a")
+    assert report == {
+        "rows": [{"name": "a", "n": 2}],
+        "columns": ["name", "n"],
+        "rowsRead": 1,
+        "rowsWritten": 1,
+        "all": [{"name": "a"}],  # object b's rows are in its own database
+    }
+
+
+def test_durable_object_storage_persists_across_a_restart(workers: dict[str, Served]) -> None:
+    do = workers["durable_objects"]
+    assert do.get_json("/counter/p/bump") == {"n": 1}
+    assert do.get_json("/journal/add/first") == {"count": 1}
+    files = list((do.state / "v3" / "do" / "notes-do-Counter").glob("*.sqlite"))
+    assert files, "one SQLite file per object under <persist>/v3/do/<worker>-<class>/"
+    do.kill()
+    do.start()
+    do.wait_ready()
+    assert do.get_json("/counter/p/bump") == {"n": 2}
+    assert do.get("/journal/show") == (200, "first")
+
+
+# --- KV from a JSONC config with comments and trailing commas; an unserved R2 bucket ---
+
+
+def test_kv_namespace(workers: dict[str, Served]) -> None:
+    kv = workers["kv"]
+    assert kv.get("/get/colour") == (200, "(none)")
+    assert kv.get("/put/colour/blue") == (200, "stored")
+    assert kv.get("/get/colour") == (200, "blue")
+    assert kv.get_json("/list") == ["colour"]
+    assert kv.get("/vars") == (200, "https://example.com/a//b")  # "//" in a string is no comment
+    assert (kv.state / "v3" / "kv").is_dir()
+
+
+def test_unserved_binding_is_named_at_start_and_raises_when_used(
+    workers: dict[str, Served],
+) -> None:
+    kv = workers["kv"]
+    assert (
+        "dev: R2 bucket binding BUCKET ([r2_buckets]) is not served by the local runtime"
+        in kv.output
+    )
+    status, body = kv.get("/bucket")
+    assert status == 500
+    assert (
+        "env.BUCKET: the R2 bucket binding BUCKET ([r2_buckets] in the config) is not served"
+        in body
+    )
+    assert "AttributeError" not in body
+
+
+# --- cron: [triggers] crons, GET /__scheduled?cron=... ---
+
+
+def test_cron_scheduled_event(workers: dict[str, Served]) -> None:
+    cron = workers["cron"]
+    assert "cron triggers */5 * * * *, 0 3 * * mon" in cron.output
+    assert cron.get("/__scheduled?cron=*/5+*+*+*+*&time=1700000000000") == (200, "ok")
+    assert cron.get("/cdn-cgi/handler/scheduled?cron=0+3+*+*+mon") == (200, "ok")
+    assert cron.get("/__scheduled?cron=fail")[0] == 500  # miniflare answers "exception"
+    runs = cron.get_json("/")
+    assert isinstance(runs, list)
+    assert runs[0] == {"cron": "*/5 * * * *", "scheduledTime": 1700000000000}
+    assert runs[1]["cron"] == "0 3 * * mon"
+    assert abs(runs[1]["scheduledTime"] / 1000 - time.time()) < 60
+    assert [run["cron"] for run in runs] == ["*/5 * * * *", "0 3 * * mon", "fail"]
+
+
+# --- FastAPI through the SDK's ASGI adapter, on the project's own python_modules/ ---
+
+
+def test_fastapi_app(workers: dict[str, Served]) -> None:
+    api = workers["fastapi"]
+    assert api.get_json("/") == {"message": "FastAPI on a Python Worker"}
+    assert api.get_json("/square/7") == {"number": 7, "square": 49}
+    status, body = api.get("/square/seven")
+    assert status == 422
+    assert json.loads(body)["detail"][0]["type"] == "int_parsing"
+    assert api.get_json("/motto") == {"motto": "typed all the way down"}  # scope["env"]
+    request = urllib.request.Request(
+        api.origin + "/items",
+        data=json.dumps({"name": "pen", "quantity": 3}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert json.loads(response.read()) == {"created": "pen", "quantity": 3}
+
+
+# --- configs the local runtime refuses ---
+
+
+def write_worker(directory: Path, config_name: str, config: str) -> Path:
+    (directory / "src").mkdir(parents=True)
+    (directory / "src" / "entry.py").write_text(
+        "from workers import Response, WorkerEntrypoint\n\n\n"
+        "class Default(WorkerEntrypoint):\n"
+        "    async def fetch(self, request):\n"
+        "        return Response('hi')\n"
+    )
+    (directory / config_name).write_text(config)
+    return directory / config_name
+
+
+def test_a_compatibility_date_the_runtime_cannot_honour_is_refused(tmp_path: Path) -> None:
+    config = write_worker(
+        tmp_path / "old",
+        "wrangler.jsonc",
+        '{"name": "old", "main": "src/entry.py", "compatibility_date": "2025-06-01",\n'
+        ' "compatibility_flags": ["python_workers"]}',
+    )
+    server = start_and_fail(config, tmp_path)
+    assert "select Pyodide" in server.output
+    assert "the local runtime has Pyodide 314.0.6" in server.output
+
+
+def test_an_unknown_compatibility_flag_is_refused(tmp_path: Path) -> None:
+    config = write_worker(
+        tmp_path / "flag",
+        "wrangler.toml",
+        'name = "flag"\nmain = "src/entry.py"\ncompatibility_date = "2026-10-01"\n'
+        'compatibility_flags = ["python_workers", "no_such_flag"]\n',
+    )
+    server = start_and_fail(config, tmp_path)
+    assert "no_such_flag" in server.output
+
+
+def test_main_is_resolved_against_the_config_not_this_repo(tmp_path: Path) -> None:
+    # The kit has src/entry.py; a config elsewhere whose main does not exist is refused.
+    directory = tmp_path / "elsewhere"
+    directory.mkdir()
+    config = directory / "wrangler.toml"
+    config.write_text(
+        'name = "x"\nmain = "src/entry.py"\ncompatibility_date = "2026-10-01"\n'
+        'compatibility_flags = ["python_workers"]\n'
+    )
+    server = start_and_fail(config, tmp_path)
+    assert "main src/entry.py not found" in server.output
+
+
+# --- finding and reading configs as wrangler does (no server) ---
+
+FIND = """
+import { findWranglerConfig, parseJsonc } from "./runtime/wrangler-config.mjs";
+const [dir, text] = process.argv.slice(1);
+const parsed = text ? parseJsonc(text) : null;
+console.log(JSON.stringify({ found: findWranglerConfig(dir), parsed }));
+"""
+
+
+def node_config(directory: Path, text: str = "") -> dict[str, object]:
+    out = subprocess.run(
+        ["node", "--input-type=module", "-e", FIND, str(directory), text],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    result: dict[str, object] = json.loads(out)
+    return result
+
+
+def test_configs_are_found_as_wrangler_finds_them(tmp_path: Path) -> None:
+    inner = tmp_path / "project" / "sub"
+    inner.mkdir(parents=True)
+    project = tmp_path / "project"
+    (project / "wrangler.toml").write_text("")
+    assert node_config(inner)["found"] == str(project / "wrangler.toml")  # upward
+    (project / "wrangler.jsonc").write_text("{}")
+    assert node_config(inner)["found"] == str(project / "wrangler.jsonc")  # .jsonc before .toml
+    (project / "wrangler.json").write_text("{}")
+    assert node_config(inner)["found"] == str(project / "wrangler.json")  # .json first
+    # wrangler looks for each name upward before the next name: a wrangler.json above
+    # wins over a wrangler.toml beside.
+    (inner / "wrangler.toml").write_text("")
+    assert node_config(inner)["found"] == str(project / "wrangler.json")
+
+
+def test_jsonc_comments_and_trailing_commas() -> None:
+    text = """{
+      // a comment, "with quotes"
+      "a": "http://x//y", /* block
+      comment */ "b": [1, 2, ],
+      "c": {"d": "/* not a comment */", "e": "\\"//\\"",},
+    }"""
+    assert node_config(ROOT, text)["parsed"] == {
+        "a": "http://x//y",
+        "b": [1, 2],
+        "c": {"d": "/* not a comment */", "e": '"//"'},
+    }
