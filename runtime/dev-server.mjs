@@ -555,7 +555,9 @@ async function main() {
   for (const note of notes) console.log(`dev: ${note}`);
   const stateDir = path.relative(PROJECT_DIR, options.persistTo);
   const shown = stateDir && !stateDir.startsWith("..") ? stateDir : options.persistTo;
-  console.log(`dev: D1 in ${shown}/v3/d1; migrations ${applied.length ? `applied: ${applied.join(", ")}` : "up to date"}`);
+  if (config.databases.length) {
+    console.log(`dev: D1 in ${shown}/v3/d1; migrations ${applied.length ? `applied: ${applied.join(", ")}` : "up to date"}`);
+  }
   console.log(
     `dev: started in ${Math.round(performance.now() - started)} ms (Pyodide ${t.loadPyodideMs} ms, ` +
       `workers SDK ${t.importWorkersMs} ms, migrations ${migrationsMs} ms, D1 ${t.miniflareMs} ms, ` +
