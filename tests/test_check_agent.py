@@ -70,8 +70,20 @@ def count(args: Query) -> int:
 @pytest.mark.parametrize("name", ["examples.triage.agent", "examples.refunds.agent"])
 def test_passes_on_the_examples(name: str) -> None:
     report = check_agent(importlib.import_module(name))
-    # Two tools, two turns: 3 appends a turn all at once, 5 one tool a step; x2 sides.
-    assert report.crash_points == (3 * 2 + 5 * 2) * 2
+    if name == "examples.triage.agent":
+        # Two tools, two turns: 3 appends a turn all at once, 5 one tool a step; x2 sides.
+        assert report.crash_points == (3 * 2 + 5 * 2) * 2
+        assert (report.approval_tools, report.approved, report.denied) == ((), 0, 0)
+    else:
+        # issue_refund needs approval: swept approving (all at once: write #1, the lookup's
+        # result, the decision, the claim, the refund's result, the reply = 6 a turn; one
+        # tool a step: 7) and denying (no claim, a tool-denied result: 5 and 6); two turns,
+        # x2 sides.
+        assert report.crash_points == ((6 + 7) * 2 + (5 + 6) * 2) * 2
+        assert report.approval_tools == ("issue_refund",)
+        assert report.approved > 0
+        assert report.denied > 0
+        assert "none ran unapproved" in str(report)
     assert report.runs > report.crash_points
     assert report.requests > report.crash_points
     assert report.durability_errors > 0
@@ -314,3 +326,142 @@ def test_fails_if_the_kit_ran_unsafe_orphans_again(monkeypatch: pytest.MonkeyPat
     # First found: a crash right after write #1, then the resume ran the post's orphan.
     with pytest.raises(AssertionError, match=r"unsafe call post#\S+ lost its result in a crash"):
         check_agent(agent_module(lookup, post), config=None)
+
+
+# -- approvals ----------------------------------------------------------------------
+
+
+@tool(requires_approval=True)
+async def refund(args: Post, ctx: ToolContext) -> dict[str, Any]:
+    """A side effect a person approves first, keyed."""
+    response = await ctx.deps.http.post(
+        "https://api.example/refunds",
+        json={"text": args.text},
+        headers={"Idempotency-Key": ctx.idempotency_key},
+    )
+    return {"status": response.status_code}
+
+
+def _ran(report_requests: list[httpx.Request], path: str) -> int:
+    return sum(1 for r in report_requests if r.url.path == path)
+
+
+@pytest.mark.parametrize(
+    ("decide", "crash_points"),
+    [
+        # lookup + refund, two turns. Approving: all at once 6 appends a turn (write #1, the
+        # lookup's result, the decision, the claim, the refund's result, the reply), one
+        # tool a step 7; denying: 5 and 6 (no claim). x2 sides.
+        ("approve", (6 + 7) * 2 * 2),
+        ("deny", (5 + 6) * 2 * 2),
+        ("both", ((6 + 7) + (5 + 6)) * 2 * 2),
+    ],
+)
+def test_sweeps_approval_bound_tools_through_decisions_and_claims(
+    decide: Any, crash_points: int
+) -> None:
+    sent: list[httpx.Request] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json={})
+
+    report = check_agent(agent_module(lookup, refund), config=None, respond=respond, decide=decide)
+    assert report.crash_points == crash_points
+    assert report.approval_tools == ("refund",)
+    assert (report.approved > 0) == (decide != "deny")
+    assert (report.denied > 0) == (decide != "approve")
+    refunds = _ran(sent, "/refunds")
+    if decide == "deny":
+        assert refunds == 0  # a denied call never runs
+    else:
+        assert refunds > 0
+
+
+def test_a_decide_callable_sees_each_waiting_call() -> None:
+    seen: list[tuple[str, dict[str, Any], str]] = []
+
+    def decide(pending: Any) -> bool:
+        seen.append((pending.tool_name, pending.arguments, pending.digest))
+        return len(seen) % 2 == 0  # deny, approve, deny, ...
+
+    report = check_agent(agent_module(lookup, refund), config=None, turns=1, decide=decide)
+    assert seen
+    assert {name for name, _, _ in seen} == {"refund"}
+    assert all(len(digest) == 64 for _, _, digest in seen)
+    assert report.approved > 0
+    assert report.denied > 0
+
+
+def test_an_agent_without_approval_tools_is_swept_once() -> None:
+    once = check_agent(agent_module(lookup, post), config=None, turns=1)
+    assert once.crash_points == (3 + 5) * 2  # as before approvals: "both" needs none
+    with pytest.raises(ConfigurationError, match="decide="):
+        check_agent(agent_module(lookup, post), config=None, turns=1, decide="maybe")
+
+
+def test_fails_if_the_kit_ran_gated_calls_without_approval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run_module = importlib.import_module("durable_agents.run")
+    monkeypatch.setattr(run_module._Session, "needing_approval", lambda self, calls: {})
+    with pytest.raises(AssertionError, match=r"refund#\S+ \(run 1\) ran without a stored approval"):
+        check_agent(agent_module(lookup, refund), config=None, turns=1, decide="approve")
+
+
+def test_fails_if_the_kit_ran_denied_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    run_module = importlib.import_module("durable_agents.run")
+    dispatch = run_module._Session.dispatch
+
+    async def obeys_nobody(self: Any, calls: Any, **kw: Any) -> Any:
+        decided = kw.get("decided") or {}
+        kw["run"] = set(decided)  # every decided call runs, denied ones too
+        return await dispatch(self, calls, **kw)
+
+    monkeypatch.setattr(run_module._Session, "dispatch", obeys_nobody)
+    with pytest.raises(AssertionError, match=r"refund#\S+ \(run 1\) ran without a stored approval"):
+        check_agent(agent_module(lookup, refund), config=None, turns=1, decide="deny")
+
+
+def test_fails_if_the_kit_ran_an_approved_call_without_claiming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run_module = importlib.import_module("durable_agents.run")
+    append = run_module._Session.append
+
+    async def no_claims(self: Any, messages: Any, **kw: Any) -> Any:
+        approvals = [a for a in kw.pop("approvals", ()) if a.event != "claimed"]
+        if not messages and not approvals and "approvals" not in kw:
+            return None  # the claim write, dropped
+        return await append(self, messages, approvals=approvals, **kw)
+
+    monkeypatch.setattr(run_module._Session, "append", no_claims)
+    with pytest.raises(AssertionError, match=r"ran before its claim was stored"):
+        check_agent(agent_module(lookup, refund), config=None, turns=1, decide="approve")
+
+
+def test_fails_if_the_kit_ran_a_claimed_orphan_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    run_module = importlib.import_module("durable_agents.run")
+    dispatch = run_module._Session.dispatch
+
+    async def rerun(self: Any, calls: Any, *, resuming: bool = False, **kw: Any) -> Any:
+        return await dispatch(self, calls, resuming=False, **kw)  # claimed orphans run again
+
+    monkeypatch.setattr(run_module._Session, "dispatch", rerun)
+    # First found: a crash right after the claim landed; the resume ran the claimed call.
+    with pytest.raises(AssertionError, match=r"unsafe call refund#\S+ lost its result in a crash"):
+        check_agent(agent_module(lookup, refund), config=None, turns=1, decide="approve")
+
+
+def test_fails_if_the_kit_ran_an_approved_call_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    run_module = importlib.import_module("durable_agents.run")
+    dispatch = run_module._Session.dispatch
+
+    async def twice(self: Any, calls: Any, **kw: Any) -> Any:
+        if kw.get("run"):  # the approved calls just claimed: dispatched twice
+            await dispatch(self, calls, **kw)
+        return await dispatch(self, calls, **kw)
+
+    monkeypatch.setattr(run_module._Session, "dispatch", twice)
+    with pytest.raises(AssertionError, match=r"approved call refund#\S+ ran 2 times"):
+        check_agent(agent_module(lookup, refund), config=None, turns=1, decide="approve")

@@ -6,8 +6,12 @@ or try it as it is with `scripts/dev --agent examples/refunds/agent.py`.
 
 - `lookup_order` (`safe_to_retry`): GET `{PAYMENTS_API_URL}/orders/{id}`. A
   pure read: a crash that loses its result just runs it again.
-- `issue_refund` (a side effect): POST `{PAYMENTS_API_URL}/refunds` with
-  `Idempotency-Key: <ctx.idempotency_key>`. The kit never sends it twice: a
+- `issue_refund` (a side effect, `requires_approval`): POST
+  `{PAYMENTS_API_URL}/refunds` with `Idempotency-Key: <ctx.idempotency_key>`.
+  It runs only once a person approved that exact call (`approve()`, or `POST
+  /sessions/{name}/approvals/{tool_call_id}` with the call's digest): the turn
+  answers `awaiting_approval` until then, and a denied call gets a
+  `tool-denied` result instead of running. The kit never sends it twice: a
   crash that loses its result gives the model a `tool-durability-error`, and
   the model is told to check the order before trying again. The key makes
   the request safe to repeat at the payments API (it is the same for this
@@ -86,9 +90,9 @@ async def lookup_order(args: OrderRef, ctx: ToolContext[PaymentsDeps]) -> Order:
     return Order.model_validate(response.json())
 
 
-@tool(timeout=30)
+@tool(timeout=30, requires_approval=True)
 async def issue_refund(args: RefundRequest, ctx: ToolContext[PaymentsDeps]) -> Refund:
-    """Refund (part of) an order. A side effect: each call refunds once."""
+    """Refund (part of) an order, once a person approved it. A side effect: refunds once."""
     deps = ctx.deps
     response = await deps.http.post(
         f"{deps.api_url}/refunds",

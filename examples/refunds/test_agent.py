@@ -1,7 +1,9 @@
 """The refund example on CPython: a whole turn against a payments API on an
-httpx.MockTransport, a crash right after the refund then a resume (one refund,
-a durability error, the order looked up again), its setting, its dev stub, and
-the module served through the Worker's API (`serve_session`) on the fake D1.
+httpx.MockTransport (the refund waits for a person's approval, then runs once;
+denied, it never runs and the model sees `tool-denied`), a crash right after
+the refund then a resume (one refund, a durability error), its setting, its
+dev stub, and the module served through the Worker's API (`serve_session`,
+approval included) on the fake D1.
 
 Over HTTP in the local runtime, killed with SIGKILL mid-refund:
 tests/cloudflare/test_dev_server_agents.py (`scripts/dev --agent
@@ -18,7 +20,14 @@ from typing import Any
 import httpx
 import pytest
 
-from durable_agents import ConfigurationError, LLMResponse, ToolCall, ToolDurabilityError, run
+from durable_agents import (
+    ConfigurationError,
+    LLMResponse,
+    ToolCall,
+    ToolDurabilityError,
+    approve,
+    run,
+)
 from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.agent_module import AgentModule
 from durable_agents.cloudflare.app import Command, serve_session
@@ -66,11 +75,29 @@ def refund_script() -> list[LLMResponse]:
     ]
 
 
-async def test_a_turn_looks_the_order_up_and_refunds_it_with_its_key() -> None:
+def test_issue_refund_needs_approval_and_lookup_order_does_not() -> None:
+    tools = {t.name: t for t in refunds.AGENT.tools}
+    assert tools["issue_refund"].requires_approval
+    assert not tools["lookup_order"].requires_approval
+
+
+async def test_a_turn_waits_for_approval_then_refunds_once_with_its_key(tmp_path: Path) -> None:
     payments = Payments()
+    store = sqlite_store(tmp_path / "refunds.db")
+    llm = ScriptedLLM(refund_script())
     async with payments.client() as http:
-        result = await run(refunds.AGENT, llm=ScriptedLLM(refund_script()),
-                           message="refund ord_1", deps=refunds.make_deps(ENV, http))  # fmt: skip
+        deps = refunds.make_deps(ENV, http)
+        waiting = await run(refunds.AGENT, llm=llm, message="refund ord_1", session_id="s",
+                            store=store, deps=deps)  # fmt: skip
+        assert waiting.status == "awaiting_approval"
+        (pending,) = waiting.pending
+        assert (pending.tool_call_id, pending.tool_name) == ("c2", "issue_refund")
+        assert pending.arguments == {"order_id": "ord_1", "amount_cents": 2500,
+                                     "reason": "damaged"}  # fmt: skip
+        assert (payments.lookups, payments.refunds) == (1, [])  # nothing refunded yet
+        await approve(store, "s", "c2", digest=pending.digest, approved=True, reason="ann: ok")
+        result = await run(refunds.AGENT, llm=llm, session_id="s", store=store, deps=deps)
+    await store.close()
     assert result.status == "complete", result.error
     (refund,) = payments.refunds
     assert str(refund.url) == "http://payments.test/v1/refunds"
@@ -82,16 +109,43 @@ async def test_a_turn_looks_the_order_up_and_refunds_it_with_its_key() -> None:
                       "status": "succeeded"}  # fmt: skip
 
 
+async def test_a_denied_refund_never_runs_and_the_model_sees_tool_denied(
+    tmp_path: Path,
+) -> None:
+    payments = Payments()
+    store = sqlite_store(tmp_path / "refunds.db")
+    llm = ScriptedLLM([*refund_script()[:2], LLMResponse("The refund was not approved.")])
+    async with payments.client() as http:
+        deps = refunds.make_deps(ENV, http)
+        waiting = await run(refunds.AGENT, llm=llm, message="refund ord_1", session_id="s",
+                            store=store, deps=deps)  # fmt: skip
+        (pending,) = waiting.pending
+        await approve(store, "s", "c2", digest=pending.digest, approved=False,
+                      reason="ann: not eligible")  # fmt: skip
+        result = await run(refunds.AGENT, llm=llm, session_id="s", store=store, deps=deps)
+    await store.close()
+    assert result.status == "complete"
+    assert payments.refunds == []
+    denied = json.loads(result.messages[-2].content)
+    assert (denied["kind"], denied["toolName"], denied["reason"]) == (
+        "tool-denied", "issue_refund", "ann: not eligible")  # fmt: skip
+
+
 async def test_a_crash_after_the_refund_then_resume_refunds_once(tmp_path: Path) -> None:
-    """TestLLM calls both tools in one step; the process dies before their results
-    are stored (write #2): on resume the lookup runs again (safe), the refund does not."""
+    """TestLLM calls both tools in one step: the lookup runs, the refund waits. Approved,
+    the resume claims it (append #1), refunds, and dies before its result is stored
+    (append #2): the next resume answers it with a durability error, no second refund."""
     payments = Payments()
     store = sqlite_store(tmp_path / "refunds.db")
     try:
         async with payments.client() as http:
             deps = refunds.make_deps(ENV, http)
+            waiting = await run(refunds.AGENT, llm=TestLLM(), message="refund order 1",
+                                session_id="s", store=store, deps=deps)  # fmt: skip
+            (pending,) = waiting.pending
+            await approve(store, "s", pending.tool_call_id, digest=pending.digest, approved=True)
             with pytest.raises(SimulatedCrash):
-                await run(refunds.AGENT, llm=TestLLM(), message="refund order 1", session_id="s",
+                await run(refunds.AGENT, llm=TestLLM(), session_id="s",
                           store=crash_on_write(store, 2), deps=deps)  # fmt: skip
             assert (len(payments.refunds), payments.lookups) == (1, 1)
             resumed = await run(refunds.AGENT, llm=TestLLM(), session_id="s", store=store,
@@ -100,7 +154,7 @@ async def test_a_crash_after_the_refund_then_resume_refunds_once(tmp_path: Path)
     finally:
         await store.close()
     assert resumed.status == "complete"
-    assert (len(payments.refunds), payments.lookups) == (1, 2)
+    assert (len(payments.refunds), payments.lookups) == (1, 1)
     errors = [e for m in history if (e := ToolDurabilityError.from_message(m))]
     assert [e.tool_name for e in errors] == ["issue_refund"]
     assert payments.refunds[0].headers["idempotency-key"].startswith("da-")
@@ -142,11 +196,22 @@ async def test_the_module_served_by_the_worker_api_with_its_dev_stub() -> None:
     await store.create_tables()
     env: dict[str, Any] = {"PAYMENTS_API_URL": "http://dev.test/__dev/PAYMENTS_API_URL"}
     async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as http:
-        reply = await serve_session(
-            Command("message", "refund it"), session_id="cd" * 32, store=store, env=env,
-            lock=asyncio.Lock(), agent=served.agent, make_deps=served.make_deps,
-            llm=TestLLM(), http_client=http,
-        )  # fmt: skip
+
+        async def serve(command: Command) -> Any:
+            return await serve_session(
+                command, session_id="cd" * 32, store=store, env=env,
+                lock=asyncio.Lock(), agent=served.agent, make_deps=served.make_deps,
+                llm=TestLLM(), http_client=http,
+            )  # fmt: skip
+
+        waiting = await serve(Command("message", "refund it"))
+        assert waiting.status == 200, waiting.body
+        assert waiting.body["status"] == "awaiting_approval"
+        (pending,) = waiting.body["pending"]
+        assert pending["tool_name"] == "issue_refund"
+        decision = {"tool_call_id": pending["tool_call_id"], "approved": True,
+                    "digest": pending["digest"], "reason": "test"}  # fmt: skip
+        reply = await serve(Command("approve", decision=decision))
     assert reply.status == 200, reply.body
     assert reply.body["status"] == "complete"
     results = {m.tool_name: m.content for m in await store.load_messages("cd" * 32) if m.tool_name}

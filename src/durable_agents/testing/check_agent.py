@@ -47,7 +47,19 @@ point, with the stored history and the requests, on the first breach):
 - an unsafe call left without a result by a crash (an orphan) ends with a
   `tool-durability-error` result; a safe orphan is run again and gets a
   real result; a durability error never answers a safe tool's call;
-- every run finishes the turn (`status == "complete"`) once resumed.
+- every run finishes the turn (`status == "complete"`) once resumed;
+- with tools declared `requires_approval`: when `run()` answers
+  `awaiting_approval`, every waiting call is decided with `approve()` (a write
+  through the crashing store, so a crash point, as the claim before an
+  approved call runs is) and the turn goes on with `run(..., message=None)`.
+  `decide=` says how: `"both"` (the default) runs the whole sweep once
+  approving every call and once denying every call (once in all when no tool
+  needs approval), `"approve"`, `"deny"`, or a callable
+  `decide(PendingApproval) -> bool`. Then no call of such a tool ran without a
+  stored approval of that exact call (its digest) claimed before it ran; an
+  approved one ran at most once (unless `safe_to_retry`: then a claimed
+  orphan runs again, as any safe orphan); a denied one never ran and has a
+  `tool-denied` result; every stored decision is the one `decide` gave.
 
 `check_agent` runs its own event loop; in async code, `await check_agent_async(...)`.
 """
@@ -75,19 +87,24 @@ import httpx
 
 from .._http_json import refuse_deep_json
 from ..agent import Agent
+from ..approvals import ApprovalState, PendingApproval, approval_digest, approval_states, approve
 from ..errors import ConfigurationError, ToolDurabilityError
 from ..llm.offline import TestLLM
 from ..messages import LLMResponse, Message, ToolCall, ToolErrorKind, ToolSpec, tool_error
 from ..run import pending_tool_calls, run
-from ..stores.base import Store
+from ..stores.base import ApprovalChange, Store
 from ..tools import Tool, ToolContext
 from . import CrashingStore, SimulatedCrash
 
 __all__ = ["AgentCheckReport", "RecordedRequest", "check_agent", "check_agent_async"]
 
 Responder = Callable[[httpx.Request], httpx.Response | Awaitable[httpx.Response]]
+Decide = Callable[[PendingApproval], bool]
+DecidePolicy = Literal["approve", "deny", "both"] | Decide
 _NON_IDEMPOTENT = frozenset({"POST", "PATCH"})
-_HANDLER_NOT_CALLED = frozenset({ToolErrorKind.INVALID_ARGUMENTS, ToolErrorKind.UNKNOWN_TOOL})
+_HANDLER_NOT_CALLED = frozenset(
+    {ToolErrorKind.INVALID_ARGUMENTS, ToolErrorKind.UNKNOWN_TOOL, ToolErrorKind.TOOL_DENIED}
+)
 _SIDES: tuple[Literal["before", "after"], ...] = ("before", "after")
 _MAX_RUNS_PER_TURN = 50  # resumes of one turn before giving up (max_steps agents resume)
 
@@ -139,6 +156,9 @@ class AgentCheckReport:
     durability_errors: int
     safe_reinvocations: int
     unkeyed_unsafe_requests: tuple[str, ...] = ()
+    approval_tools: tuple[str, ...] = ()
+    approved: int = 0
+    denied: int = 0
 
     def __str__(self) -> str:
         text = (
@@ -147,6 +167,12 @@ class AgentCheckReport:
             f"{self.safe_reinvocations} safe re-invocations; no unsafe request sent twice, "
             "every history well formed"
         )
+        if self.approval_tools:
+            text += (
+                f"; {self.approved} approved and {self.denied} denied calls of "
+                f"{', '.join(self.approval_tools)}: none ran unapproved, none twice, "
+                "no denied one ran"
+            )
         if self.unkeyed_unsafe_requests:
             text += (
                 "; note: requests of unsafe tools without the call's idempotency key in a "
@@ -191,6 +217,7 @@ class _Invocation:
     call_id: str
     key: str
     run_number: int
+    approval: ApprovalState | None = None  # for a requires_approval tool: the store's, as it ran
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +237,7 @@ class _Scenario:
     name: str
     mode: str
     crash: _Crash | None
+    policy: str = "approve"
     turn: int = 0
     runs: int = 0
     crashed: bool = False
@@ -217,6 +245,8 @@ class _Scenario:
     requests: list[RecordedRequest] = field(default_factory=list)
     orphaned: dict[str, str] = field(default_factory=dict)  # call id -> tool, after a crash
     appends: list[list[Message]] = field(default_factory=list)
+    approval_writes: list[list[ApprovalChange]] = field(default_factory=list)
+    decisions: dict[str, bool] = field(default_factory=dict)  # call id -> approved, as asked
 
 
 _CURRENT: contextvars.ContextVar[_Invocation | None] = contextvars.ContextVar(
@@ -227,14 +257,22 @@ _CURRENT: contextvars.ContextVar[_Invocation | None] = contextvars.ContextVar(
 class _RecordingStore(CrashingStore):
     """`crash_on_write`, also keeping what each append carried (to name the crash points)."""
 
-    def __init__(self, store: Store, crash: _Crash | None, appends: list[list[Message]]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        crash: _Crash | None,
+        appends: list[list[Message]],
+        approval_writes: list[list[ApprovalChange]],
+    ) -> None:
         super().__init__(store, crash.n if crash else None, crash.when if crash else "before")
         self._log = appends
+        self._approval_log = approval_writes
 
     async def append_messages_atomic(
         self, session_id: str, expected_seq: int, messages: Sequence[Message], **kwargs: Any
     ) -> int:
         self._log.append(list(messages))
+        self._approval_log.append(list(kwargs.get("approvals", ())))
         return await super().append_messages_atomic(session_id, expected_seq, messages, **kwargs)
 
 
@@ -252,6 +290,7 @@ class _Checker:
         stubs: Mapping[str, Callable[..., Any]],
     ) -> None:
         self.agent = agent
+        self.decide: Decide = lambda pending: True
         self.stubs = dict(stubs)  # placeholder URL -> the agent's dev stub for it
         self.make_deps = make_deps
         self.env = env
@@ -279,6 +318,8 @@ class _Checker:
         self.safe_reinvocations = 0
         self.crash_points = 0
         self.unkeyed: set[str] = set()
+        self.approved = 0
+        self.denied = 0
 
     # -- handlers and http, recorded --------------------------------------------
 
@@ -295,6 +336,9 @@ class _Checker:
             invocation.run_number = 1 + sum(
                 1 for i in scenario.invocations if i.call_id == ctx.tool_call_id
             )
+            if t.requires_approval:  # what the store says about this call as it runs
+                states = approval_states(await self.store.load_approvals(scenario.name))
+                invocation.approval = states.get(ctx.tool_call_id)
             scenario.invocations.append(invocation)
             token = _CURRENT.set(invocation)
             try:
@@ -359,7 +403,9 @@ class _Checker:
     async def play(self, scenario: _Scenario, one_per_step: bool) -> list[Message]:
         """Play every turn on the scenario's session, crashing once, resuming until done."""
         self.scenario = scenario
-        crashing = _RecordingStore(self.store, scenario.crash, scenario.appends)
+        crashing = _RecordingStore(
+            self.store, scenario.crash, scenario.appends, scenario.approval_writes
+        )
         session_id = scenario.name
         for turn, text in enumerate(self.messages):
             scenario.turn = turn
@@ -374,6 +420,10 @@ class _Checker:
                     continue
                 if status == "complete":
                     break
+                if status == "awaiting_approval":
+                    if await self._decide(scenario, crashing, session_id) == "crashed":
+                        await self._note_orphans(scenario, session_id)
+                    continue
                 if status != "max_steps":
                     raise self._breach(
                         scenario,
@@ -439,18 +489,129 @@ class _Checker:
                 ) from exc
         return result.status, result.error
 
+    async def _decide(self, scenario: _Scenario, crashing: CrashingStore, session_id: str) -> str:
+        """Decide every waiting call of the session with `approve()`, as a person would (through
+        the crashing store: a decision is an append, and a crash point)."""
+        target: Store = self.store if scenario.crashed else crashing
+        history = await self.store.load_messages(session_id)
+        states = approval_states(await self.store.load_approvals(session_id))
+        for call in pending_tool_calls(history):
+            state = states.get(call.id)
+            if state is None or state.decision is not None:
+                continue
+            pending = PendingApproval(call.id, call.name, dict(call.arguments), state.digest)
+            approved = bool(self.decide(pending))
+            scenario.decisions[call.id] = approved
+            try:
+                await approve(
+                    target,
+                    session_id,
+                    call.id,
+                    digest=state.digest,
+                    approved=approved,
+                    reason=f"check_agent: {'approved' if approved else 'denied'}",
+                )
+            except SimulatedCrash:
+                scenario.crashed = True
+                return "crashed"
+            except Exception as exc:
+                raise self._breach(
+                    scenario,
+                    f"approve() of {call.name}#{call.id} raised {type(exc).__name__}: {exc}",
+                    history,
+                ) from exc
+        return "decided"
+
     async def _note_orphans(self, scenario: _Scenario, session_id: str) -> None:
+        """The calls a crash left without a result and that may have run: a call waiting
+        for a decision, or decided and not claimed yet, is no orphan (it never ran)."""
+        states = approval_states(await self.store.load_approvals(session_id))
         for call in pending_tool_calls(await self.store.load_messages(session_id)):
-            scenario.orphaned[call.id] = call.name
+            state = states.get(call.id)
+            if state is None or state.claimed:
+                scenario.orphaned[call.id] = call.name
 
     # -- the checks ---------------------------------------------------------------
 
-    def check(self, scenario: _Scenario, history: list[Message]) -> None:
+    async def check(self, scenario: _Scenario, history: list[Message]) -> None:
+        states = approval_states(await self.store.load_approvals(scenario.name))
         try:
             _assert_well_formed(history, self.messages)
+            self._assert_approvals(scenario, history, states)
             self._assert_calls(scenario, history)
         except AssertionError as exc:
             raise self._breach(scenario, str(exc), history) from None
+
+    def _assert_approvals(
+        self, scenario: _Scenario, history: list[Message], states: Mapping[str, ApprovalState]
+    ) -> None:
+        """No call of a requires_approval tool ran without a stored approval of that exact
+        call (claimed before it ran); an approved one ran at most once; a denied one never
+        ran and was answered `tool-denied`."""
+        calls = {c.id: c for m in history for c in m.tool_calls}
+        results = {m.tool_call_id: m for m in history if m.role == "tool"}
+        for invocation in scenario.invocations:
+            ran_tool = self.tools[invocation.tool_name]
+            if not ran_tool.requires_approval:
+                continue
+            state = invocation.approval
+            where = f"{invocation.tool_name}#{invocation.call_id} (run {invocation.run_number})"
+            had = "no approval request" if state is None else state.decision
+            unapproved = f"requires_approval tool {where} ran without a stored approval"
+            assert state is not None, f"{unapproved} (the store had: {had})"
+            assert state.decision == "approved", f"{unapproved} (the store had: {had})"
+            assert state.claimed, f"approved call {where} ran before its claim was stored"
+            call = calls.get(invocation.call_id)
+            if call is not None:
+                digest = approval_digest(scenario.name, call.id, call.name, call.arguments)
+                assert digest == state.digest, (
+                    f"approved call {where} ran with arguments other than the approved ones"
+                )
+        runs = Counter(i.call_id for i in scenario.invocations)
+        for call_id, call in calls.items():
+            tool = self.tools.get(call.name)
+            if tool is None or not tool.requires_approval:
+                continue
+            state = states.get(call_id)
+            error = tool_error(results[call_id].content)
+            kind = error.get("kind") if error else None
+            if state is None:  # answered at once: a call that could not run
+                assert kind in _HANDLER_NOT_CALLED - {ToolErrorKind.TOOL_DENIED}, (
+                    f"call {call.name}#{call_id} of a requires_approval tool has no approval "
+                    f"request stored, and its result is {kind or 'a result'}"
+                )
+                continue
+            if call_id in scenario.decisions:
+                want = "approved" if scenario.decisions[call_id] else "denied"
+                assert state.decision == want, (
+                    f"call {call.name}#{call_id} was {want} with approve(); the store says "
+                    f"{state.decision}"
+                )
+            if state.decision == "denied":
+                self.denied += 1
+                assert runs[call_id] == 0, (
+                    f"denied call {call.name}#{call_id} ran {runs[call_id]} time(s)"
+                )
+                assert kind == ToolErrorKind.TOOL_DENIED, (
+                    f"denied call {call.name}#{call_id} got {kind or 'a result'}, not tool-denied"
+                )
+                continue
+            assert state.decision == "approved", (
+                f"call {call.name}#{call_id} has a result but no decision was stored"
+            )
+            self.approved += 1
+            if not tool.safe_to_retry:
+                assert runs[call_id] <= 1, (
+                    f"approved call {call.name}#{call_id} ran {runs[call_id]} times"
+                )
+            assert kind != ToolErrorKind.TOOL_DENIED or runs[call_id] == 0, (
+                f"approved call {call.name}#{call_id} ran and was answered tool-denied"
+            )
+            if ToolDurabilityError.from_message(results[call_id]) is not None:
+                assert state.claimed, (
+                    f"call {call.name}#{call_id} got a tool-durability-error though it was "
+                    "never claimed (an unclaimed approved call never ran: it must run)"
+                )
 
     def _assert_calls(self, scenario: _Scenario, history: list[Message]) -> None:
         calls = {c.id: c for m in history for c in m.tool_calls}
@@ -545,13 +706,20 @@ def _requests_of(scenario: _Scenario, tool_name: str, turn: int) -> list[str]:
     return [str(r) for r in scenario.requests if r.tool_name == tool_name and r.turn == turn]
 
 
-def _label_appends(appends: list[list[Message]]) -> list[str]:
+def _label_appends(
+    appends: list[list[Message]], approval_writes: Sequence[Sequence[ApprovalChange]] = ()
+) -> list[str]:
     """Name each append of an uncrashed play: which write of which step of which turn."""
     labels = []
     turn = step = 0
-    for messages in appends:
+    changes = list(approval_writes) or [[] for _ in appends]
+    for messages, approvals in zip(appends, changes, strict=True):
         if any(m.role == "user" for m in messages):
             turn, step = turn + 1, 0
+        if not messages:  # a decision or a claim: approval events only
+            what = ", ".join(f"{a.event} {a.tool_call_id}" for a in approvals) or "nothing"
+            labels.append(f"turn {turn} step {step}: approval write ({what})")
+            continue
         last = messages[-1]
         if last.role == "assistant" and last.tool_calls:
             step += 1
@@ -692,6 +860,7 @@ async def check_agent_async(
     respond: Responder | None = None,
     arguments: Mapping[str, Mapping[str, Any]] | None = None,
     store: Callable[[Path], Store] | None = None,
+    decide: DecidePolicy = "both",
 ) -> AgentCheckReport:
     """`check_agent`, awaitable (for async tests). Same arguments, same report."""
     agent, make_deps, stubs, module_file = _load(module)
@@ -722,8 +891,10 @@ async def check_agent_async(
                 arguments=arguments or {},
                 stubs=answering,
             )
-            for one_per_step in (False, True):
-                await _sweep(checker, one_per_step)
+            for policy, decider in _policies(agent, decide):
+                checker.decide = decider
+                for one_per_step in (False, True):
+                    await _sweep(checker, one_per_step, policy)
         finally:
             close = getattr(backend, "close", None)
             if close is not None:
@@ -739,18 +910,46 @@ async def check_agent_async(
         durability_errors=checker.durability_errors,
         safe_reinvocations=checker.safe_reinvocations,
         unkeyed_unsafe_requests=tuple(sorted(checker.unkeyed)),
+        approval_tools=tuple(sorted(t.name for t in agent.tools if t.requires_approval)),
+        approved=checker.approved,
+        denied=checker.denied,
     )
 
 
-async def _sweep(checker: _Checker, one_per_step: bool) -> None:
+def _policies(agent: Agent, decide: DecidePolicy) -> list[tuple[str, Decide]]:
+    """The sweeps to run: (name, decision per waiting call). "both" sweeps once approving
+    every call and once denying every call when the agent has a requires_approval tool."""
+    approve_all: Decide = lambda pending: True  # noqa: E731
+    deny_all: Decide = lambda pending: False  # noqa: E731
+    if callable(decide):
+        return [("decide", decide)]
+    if decide == "approve":
+        return [("approve", approve_all)]
+    if decide == "deny":
+        return [("deny", deny_all)]
+    if decide != "both":
+        raise ConfigurationError(
+            f"decide= must be 'approve', 'deny', 'both' or a callable, got {decide!r}"
+        )
+    if any(t.requires_approval for t in agent.tools):
+        return [("approve", approve_all), ("deny", deny_all)]
+    return [("approve", approve_all)]
+
+
+async def _sweep(checker: _Checker, one_per_step: bool, policy: str = "approve") -> None:
     mode = f"one_per_step={one_per_step}"
-    prefix = f"check-{'steps' if one_per_step else 'batch'}"
-    baseline = _Scenario(f"{prefix}-baseline", mode, None)
+    if policy != "approve":
+        mode += f", decisions: {policy}"
+    prefix = f"check-{policy}-{'steps' if one_per_step else 'batch'}"
+    baseline = _Scenario(f"{prefix}-baseline", mode, None, policy)
     history = await checker.play(baseline, one_per_step)
-    checker.check(baseline, history)
+    await checker.check(baseline, history)
     checker.requests += len(baseline.requests)
     ran = {i.tool_name for i in baseline.invocations}
-    for name in sorted(set(checker.tools) - ran):
+    denied = {
+        c.name for m in history for c in m.tool_calls if not baseline.decisions.get(c.id, True)
+    }
+    for name in sorted(set(checker.tools) - ran - denied):
         result = next((m.content for m in history if m.tool_name == name), "no call")
         raise checker._breach(
             baseline,
@@ -759,13 +958,13 @@ async def _sweep(checker: _Checker, one_per_step: bool) -> None:
             f"check_agent(..., arguments={{{name!r}: {{...}}}})",
             history,
         )
-    labels = _label_appends(baseline.appends)
+    labels = _label_appends(baseline.appends, baseline.approval_writes)
     for n, label in enumerate(labels, 1):
         for when in _SIDES:
             crash = _Crash(n, when, label)
-            scenario = _Scenario(f"{prefix}-{n}-{when}", mode, crash)
+            scenario = _Scenario(f"{prefix}-{n}-{when}", mode, crash, policy)
             history = await checker.play(scenario, one_per_step)
-            checker.check(scenario, history)
+            await checker.check(scenario, history)
             checker.crash_points += 1
             checker.requests += len(scenario.requests)
 
@@ -779,6 +978,7 @@ def check_agent(
     respond: Responder | None = None,
     arguments: Mapping[str, Mapping[str, Any]] | None = None,
     store: Callable[[Path], Store] | None = None,
+    decide: DecidePolicy = "both",
 ) -> AgentCheckReport:
     """Run an agent module at every crash point and check the at-most-once contract.
 
@@ -792,6 +992,9 @@ def check_agent(
     `200 {}`). `arguments`: `{tool name: arguments}` for tools whose schema
     `TestLLM` cannot satisfy (a `pattern` or `format`). `store(dir)`: the
     store to run on (default: a SQLite file in a temporary directory).
+    `decide`: how waiting calls of `requires_approval` tools are decided:
+    `"both"` (default: one sweep approving them all, one denying them all),
+    `"approve"`, `"deny"`, or `decide(PendingApproval) -> bool`.
 
     Returns an `AgentCheckReport`; raises `AssertionError` with the crash
     point, the stored history and the requests on the first breach (see the
@@ -816,5 +1019,6 @@ def check_agent(
             respond=respond,
             arguments=arguments,
             store=store,
+            decide=decide,
         )
     )
