@@ -2,7 +2,9 @@
 
 - The refund example against a fake payments API whose URL comes only from
   .dev.vars, then only from the environment (`PAYMENTS_API_URL` is in no
-  `[vars]`): SIGKILL while the API holds the refund, restart, `/resume`:
+  `[vars]`): the turn waits for approval (`issue_refund` requires it), the
+  refund is approved with its digest, SIGKILL while the API holds the refund,
+  restart, `/resume`:
   exactly one refund, sent with an `Idempotency-Key`, and a
   `tool-durability-error` in the history. The model is the offline default
   (`TestLLM`: the example has no `make_llm`).
@@ -129,12 +131,19 @@ def test_refunds_kill_9_while_the_refund_is_held_then_resume_refunds_once(
         assert payments.url not in out
         assert "ISSUES_API_URL" not in out
 
+        status, _, waiting = first.request("POST", "/sessions/refund-1/messages",
+                                           message("refund order 1001"))  # fmt: skip
+        assert (status, waiting["status"]) == (200, "awaiting_approval"), waiting
+        (pending,) = waiting["pending"]
+        assert payments.refunds == []
+        decision = json.dumps({"approved": True, "digest": pending["digest"]}).encode()
         payments.hold = True
 
         def send() -> None:
             try:
-                outcome.append(first.request("POST", "/sessions/refund-1/messages",
-                                             message("refund order 1001")))  # fmt: skip
+                outcome.append(first.request(
+                    "POST", f"/sessions/refund-1/approvals/{pending['tool_call_id']}", decision
+                ))  # fmt: skip
             except Exception as exc:  # the connection dies with the server
                 outcome.append(exc)
 
@@ -155,7 +164,7 @@ def test_refunds_kill_9_while_the_refund_is_held_then_resume_refunds_once(
         assert payments.url not in out
         status, _, before = second.request("GET", "/sessions/refund-1")
         assert status == 200, before
-        assert before["messages"][-1]["role"] == "assistant"
+        assert before["messages"][-1]["tool_name"] == "lookup_order"  # the refund: no result
         lookups_before = payments.lookups
 
         status, _, resumed = second.request("POST", "/sessions/refund-1/resume")
@@ -171,8 +180,8 @@ def test_refunds_kill_9_while_the_refund_is_held_then_resume_refunds_once(
     assert body["amount_cents"] >= 1
     results = {m["tool_name"]: m["content"] for m in after["messages"] if m["role"] == "tool"}
     assert json.loads(results["issue_refund"])["kind"] == "tool-durability-error"
-    assert json.loads(results["lookup_order"])["status"] == "paid"  # a safe read: run again
-    assert payments.lookups == lookups_before + 1
+    assert json.loads(results["lookup_order"])["status"] == "paid"  # stored before approval
+    assert payments.lookups == lookups_before == 1
     rows = d1_query(
         "SELECT COUNT(*) AS n FROM agent_messages WHERE role = 'tool' "
         "AND content LIKE '%tool-durability-error%'",
@@ -220,7 +229,14 @@ def test_the_refund_examples_dev_stub_and_an_agent_outside_the_project(
             "POST", "/sessions/stubbed/messages", message("refund order 7"), token="dev-token"
         )
         assert status == 200, reply
-        assert reply["status"] == "complete"
+        assert reply["status"] == "awaiting_approval"
+        (pending,) = reply["pending"]
+        decision = json.dumps({"approved": True, "digest": pending["digest"]}).encode()
+        status, _, reply = stubbed.request(
+            "POST", f"/sessions/stubbed/approvals/{pending['tool_call_id']}", decision,
+            token="dev-token",
+        )  # fmt: skip
+        assert (status, reply["status"]) == (200, "complete"), reply
         stubbed.wait_for_line(r"payments stub refunded 1 cents of order a: .+ \(Idempotency-Key da")
         status, _, order = stubbed.request("GET", "/__dev/PAYMENTS_API_URL/orders/a", token=None)
         assert (status, order["refunded_cents"]) == (200, 1)

@@ -1,6 +1,7 @@
 """The Worker harness (`dev_worker`, `DevWorker`) end to end, and the issue's acceptance on it:
-the refunds example killed with SIGKILL while the payments API holds the refund, restarted,
-`/resume`d: exactly one refund, with an Idempotency-Key, and a tool-durability-error stored.
+the refunds example's turn waits for approval, the refund is approved with its digest, the
+Worker is killed with SIGKILL while the payments API holds the refund, restarted, `/resume`d:
+exactly one refund, with an Idempotency-Key, and a tool-durability-error stored.
 
 Real processes: `scripts/dev` (Pyodide + miniflare's D1) and a payments API on 127.0.0.1.
 """
@@ -129,8 +130,15 @@ def test_kill_9_while_the_payments_api_holds_the_refund_then_resume_refunds_once
     dev_worker: Callable[..., DevWorker], payments: PaymentsAPI
 ) -> None:
     worker = dev_worker(settings={"PAYMENTS_API_URL": payments.url}, agent=REFUNDS)
+    waiting = worker.post("/sessions/refund-7/messages", {"message": "Refund order 7"})
+    assert (waiting.status, waiting.body["status"]) == (200, "awaiting_approval"), waiting.text
+    (pending,) = waiting.body["pending"]
+    assert pending["tool_name"] == "issue_refund"
+    assert payments.refund_requests == []  # nothing refunded before a person says yes
+
     payments.hold = True
-    turn = worker.start_post("/sessions/refund-7/messages", {"message": "Refund order 7"})
+    decision = {"approved": True, "digest": pending["digest"], "reason": "ann: ok"}
+    turn = worker.start_post(f"/sessions/refund-7/approvals/{pending['tool_call_id']}", decision)
     assert payments.received.wait(90), "the refund never reached the payments API"
     worker.kill()  # the payments API has the refund; the Worker dies before its answer
     payments.release.set()
@@ -149,9 +157,13 @@ def test_kill_9_while_the_payments_api_holds_the_refund_then_resume_refunds_once
     refund_results = _tool_results(history, "issue_refund")
     assert [r.get("kind") for r in refund_results] == ["tool-durability-error"]
     assert refund_results[0]["toolName"] == "issue_refund"
-    # lookup_order is safe_to_retry: its lost result was fetched again, and is a real one.
-    assert payments.order_reads == 2
+    # lookup_order ran before the approval and its result was stored: it is not run again.
+    assert payments.order_reads == 1
     assert [r.get("kind") for r in _tool_results(history, "lookup_order")] == [None]
+    # The decision and the claim, read by wrangler from D1's event log.
+    events = worker.rows("SELECT event, reason FROM agent_approvals ORDER BY rowid")
+    assert [e["event"] for e in events] == ["requested", "approved", "claimed"]
+    assert events[1]["reason"] == "ann: ok"
 
     # What D1 holds, read by wrangler: the turn's message once, one durability error.
     assert worker.count("SELECT * FROM agent_messages WHERE role = 'user'") == 1
@@ -175,7 +187,7 @@ def test_the_harness_isolates_settings_keeps_state_and_leaves_no_process(
     worker.wait_for_line(r"PAYMENTS_API_URL.*dev stub")
     assert worker.get("/sessions/x", token="wrong").status == 401
     first = worker.post("/sessions/iso/messages", {"message": "refund order 1"})
-    assert (first.status, first.body["status"]) == (200, "complete"), first.text
+    assert (first.status, first.body["status"]) == (200, "awaiting_approval"), first.text
     assert worker.rows("SELECT role FROM agent_messages ORDER BY seq")[0] == {"role": "user"}
 
     groups = []
