@@ -17,10 +17,12 @@ or try it as it is with `scripts/dev --agent examples/refunds/agent.py`.
   the request safe to repeat at the payments API (it is the same for this
   call, always), for a client of yours that retries it.
 
-No `make_llm`: offline (`LLM_PROVIDER=demo`) the Worker runs `TestLLM`,
-which calls each tool once with arguments made from its input model. With
-`PAYMENTS_API_URL` empty, the dev server points it at `DEV_STUBS`, a payments
-API that keeps its orders and refunds in memory and honours the key.
+`make_llm`: offline (`LLM_PROVIDER` unset or `demo`) a `FunctionLLM`,
+`play_refunds`, that reads the order id from the message ("refund order
+A-1"), looks the order up, asks to refund what is left of it, then reports the
+refund, the denial or the lost result; with a provider set, `llm_from_env`.
+With `PAYMENTS_API_URL` empty, the dev server points it at `DEV_STUBS`, a
+payments API that keeps its orders and refunds in memory and honours the key.
 """
 
 from __future__ import annotations
@@ -35,7 +37,18 @@ from urllib.parse import quote, unquote
 import httpx
 from pydantic import BaseModel, Field
 
-from durable_agents import Agent, ConfigurationError, ToolContext, tool
+from durable_agents import (
+    LLM,
+    Agent,
+    ConfigurationError,
+    LLMResponse,
+    Message,
+    ToolCall,
+    ToolContext,
+    ToolSpec,
+    tool,
+)
+from durable_agents.llm import FunctionLLM, llm_from_env
 from durable_agents.llm.settings import setting
 
 SETTINGS = ("PAYMENTS_API_URL",)
@@ -117,6 +130,86 @@ def make_deps(env: Any, http: httpx.AsyncClient) -> PaymentsDeps:
             "or .dev.vars)"
         )
     return PaymentsDeps(str(url).rstrip("/"), http)
+
+
+def make_llm(env: Any) -> LLM:
+    """Offline (LLM_PROVIDER unset or demo): the scripted refund model. Else `llm_from_env`."""
+    provider = setting(env, "LLM_PROVIDER")
+    offline = provider is None and setting(env, "LLM_API_KEY") is None
+    if offline or str(provider).strip().lower() == "demo":
+        return FunctionLLM(play_refunds)
+    return llm_from_env(env)
+
+
+# --- the offline model -------------------------------------------------------------
+
+# "order A-1", "order #7", or else the first number in the message.
+_ORDER_ID = re.compile(r"\border\s+#?([A-Za-z0-9_-]+)|\b(\d+)\b", re.IGNORECASE)
+
+
+def play_refunds(messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+    """The agent's next move in the current turn, read from the conversation alone.
+
+    Asked to refund an order, it looks the order up, asks to refund what is
+    left of it (`issue_refund` waits for a person's approval), then says what
+    happened: refunded, denied (nothing was refunded), or the result lost (it
+    may have gone through; it does not refund again).
+    """
+    start = max((i for i, m in enumerate(messages) if m.role == "user"), default=0)
+    turn = messages[start:]
+    ask = turn[0].content if turn and turn[0].role == "user" else ""
+    match = _ORDER_ID.search(ask)
+    order_id = next((g for g in match.groups() if g), None) if match else None
+    results = {m.tool_name: _parse(m.content) for m in turn if m.role == "tool"}
+    call_id = f"demo_{len(messages)}"
+
+    if "issue_refund" in results:
+        refund = results["issue_refund"]
+        kind = refund.get("kind")
+        if kind == "tool-durability-error":
+            return LLMResponse(
+                f"The refund of order {order_id} may have gone through: the run stopped "
+                "before its result was saved. I will not refund again; check the order first."
+            )
+        if kind == "tool-denied":
+            why = f" ({refund['reason']})" if refund.get("reason") else ""
+            return LLMResponse(f"The refund of order {order_id} was denied{why}: nothing refunded.")
+        if "error" in refund:
+            return LLMResponse(f"The refund of order {order_id} failed: {refund['error']}")
+        cents = int(refund.get("amount_cents") or 0)
+        return LLMResponse(
+            f"Refunded {cents / 100:.2f} on order {order_id} (refund {refund.get('id')})."
+        )
+    if "lookup_order" in results:
+        order = results["lookup_order"]
+        if "error" in order:
+            return LLMResponse(f"I could not look order {order_id} up: {order['error']}")
+        left = int(order.get("amount_cents") or 0) - int(order.get("refunded_cents") or 0)
+        if left <= 0:
+            return LLMResponse(f"Order {order_id} is already refunded in full.")
+        arguments = {"order_id": order_id, "amount_cents": left, "reason": "asked by the customer"}
+        return LLMResponse(
+            f"Asking to refund {left / 100:.2f} on order {order_id}.",
+            [ToolCall(call_id, "issue_refund", arguments)],
+        )
+    if order_id:
+        return LLMResponse(
+            f"Looking order {order_id} up.",
+            [ToolCall(call_id, "lookup_order", {"order_id": order_id})],
+        )
+    return LLMResponse(
+        "I am the offline refund model. Ask me to refund an order, for example "
+        "'refund order A-1': I look it up and ask to refund it, once a person approves."
+    )
+
+
+def _parse(content: str) -> dict[str, Any]:
+    # Tool results are JSON the kit wrote (bounded in depth), or plain text.
+    try:
+        data = json.loads(content)
+    except (ValueError, RecursionError):
+        return {"text": content}
+    return data if isinstance(data, dict) else {"value": data}
 
 
 # --- dev stub: a payments API in memory, for an empty PAYMENTS_API_URL ------------------

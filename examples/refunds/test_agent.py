@@ -23,6 +23,7 @@ import pytest
 from durable_agents import (
     ConfigurationError,
     LLMResponse,
+    Message,
     ToolCall,
     ToolDurabilityError,
     approve,
@@ -184,7 +185,7 @@ def test_the_dev_stub_refunds_once_per_idempotency_key() -> None:
 
 async def test_the_module_served_by_the_worker_api_with_its_dev_stub() -> None:
     served = AgentModule.load(refunds)
-    assert not served.has_own_llm
+    assert served.has_own_llm  # offline: play_refunds; this test drives it with TestLLM
 
     def handle(request: httpx.Request) -> httpx.Response:
         rest = request.url.path.removeprefix("/__dev/PAYMENTS_API_URL")
@@ -216,3 +217,44 @@ async def test_the_module_served_by_the_worker_api_with_its_dev_stub() -> None:
     assert reply.body["status"] == "complete"
     results = {m.tool_name: m.content for m in await store.load_messages("cd" * 32) if m.tool_name}
     assert json.loads(results["issue_refund"])["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("approved", [True, False], ids=["approved", "denied"])
+async def test_the_offline_model_looks_up_asks_to_refund_and_reports(
+    tmp_path: Path, approved: bool
+) -> None:
+    payments = Payments()
+    llm = refunds.make_llm({})  # LLM_PROVIDER unset: play_refunds
+    store = sqlite_store(tmp_path / "refunds.db")
+    async with payments.client() as http:
+        deps = refunds.make_deps(ENV, http)
+        waiting = await run(refunds.AGENT, llm=llm, message="Refund order A-1", session_id="s",
+                            store=store, deps=deps)  # fmt: skip
+        (pending,) = waiting.pending
+        assert pending.arguments == {"order_id": "A-1", "amount_cents": 2500,
+                                     "reason": "asked by the customer"}  # fmt: skip
+        await approve(store, "s", pending.tool_call_id, digest=pending.digest,
+                      approved=approved, reason="ann")  # fmt: skip
+        done = await run(refunds.AGENT, llm=llm, session_id="s", store=store, deps=deps)
+    await store.close()
+    assert done.status == "complete"
+    if approved:
+        assert done.response == "Refunded 25.00 on order A-1 (refund re_1)."
+        assert len(payments.refunds) == 1
+    else:
+        assert done.response == "The refund of order A-1 was denied (ann): nothing refunded."
+        assert payments.refunds == []
+
+
+def test_the_offline_model_reports_a_lost_refund_and_asks_for_an_order() -> None:
+    lost = ToolDurabilityError("issue_refund", "c2").to_content()
+    messages = [
+        Message.user("refund order 9"),
+        Message.assistant("", [ToolCall("c2", "issue_refund", {})]),
+        Message.tool_result(ToolCall("c2", "issue_refund", {}), lost),
+    ]
+    reply = refunds.play_refunds(messages, [])
+    assert "may have gone through" in reply.text
+    assert "order 9" in reply.text
+    assert not reply.tool_calls
+    assert "refund order A-1" in refunds.play_refunds([Message.user("hello")], []).text

@@ -52,7 +52,7 @@ def test_the_examples_follow_the_protocol() -> None:
         "agent": "refunds",
         "settings": ["PAYMENTS_API_URL"],
         "dev_stubs": ["PAYMENTS_API_URL"],
-        "make_llm": False,
+        "make_llm": True,
     }
 
 

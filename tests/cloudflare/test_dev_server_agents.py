@@ -6,8 +6,8 @@
   refund is approved with its digest, SIGKILL while the API holds the refund,
   restart, `/resume`:
   exactly one refund, sent with an `Idempotency-Key`, and a
-  `tool-durability-error` in the history. The model is the offline default
-  (`TestLLM`: the example has no `make_llm`).
+  `tool-durability-error` in the history. The model is the example's offline
+  `make_llm` (`play_refunds`: look the order up, ask to refund it, report).
 - With `PAYMENTS_API_URL` empty, the example's own dev stub answers; only the
   served agent's settings are printed, and never a value from .dev.vars or
   the environment.
@@ -127,7 +127,7 @@ def test_refunds_kill_9_while_the_refund_is_held_then_resume_refunds_once(
         out = "\n".join(first.lines)
         assert 'serving the agent "refunds" from examples/refunds/agent.py' in out
         assert "PAYMENTS_API_URL is set (from .dev.vars; not printed)" in out
-        assert "LLM_PROVIDER=demo (offline: TestLLM, which calls each tool once)" in out
+        assert "LLM_PROVIDER=demo (the agent's make_llm builds the model)" in out
         assert payments.url not in out
         assert "ISSUES_API_URL" not in out
 
@@ -164,7 +164,8 @@ def test_refunds_kill_9_while_the_refund_is_held_then_resume_refunds_once(
         assert payments.url not in out
         status, _, before = second.request("GET", "/sessions/refund-1")
         assert status == 200, before
-        assert before["messages"][-1]["tool_name"] == "lookup_order"  # the refund: no result
+        last = before["messages"][-1]  # the refund's call, without a result
+        assert [c["name"] for c in last["tool_calls"]] == ["issue_refund"]
         lookups_before = payments.lookups
 
         status, _, resumed = second.request("POST", "/sessions/refund-1/resume")
@@ -237,9 +238,12 @@ def test_the_refund_examples_dev_stub_and_an_agent_outside_the_project(
             token="dev-token",
         )  # fmt: skip
         assert (status, reply["status"]) == (200, "complete"), reply
-        stubbed.wait_for_line(r"payments stub refunded 1 cents of order a: .+ \(Idempotency-Key da")
-        status, _, order = stubbed.request("GET", "/__dev/PAYMENTS_API_URL/orders/a", token=None)
-        assert (status, order["refunded_cents"]) == (200, 1)
+        assert reply["response"].startswith("Refunded 49.99 on order 7")
+        stubbed.wait_for_line(
+            r"payments stub refunded 4999 cents of order 7: .+ \(Idempotency-Key da"
+        )
+        status, _, order = stubbed.request("GET", "/__dev/PAYMENTS_API_URL/orders/7", token=None)
+        assert (status, order["refunded_cents"]) == (200, 4999)
 
         echo.start()
         out = "\n".join(echo.lines)

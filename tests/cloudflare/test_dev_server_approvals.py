@@ -12,8 +12,8 @@ requires approval) and a payments API on 127.0.0.1. One dev server for the modul
   after receiving it), restart, `/resume`: at most one refund, and a
   `tool-durability-error` for the lost result.
 
-The offline model is `TestLLM` (the example has no `make_llm`): one step calls
-`lookup_order` and `issue_refund`, the lookup runs, the refund waits.
+The offline model is the example's `make_llm` (`play_refunds`): it looks the order named
+in the message up, asks to refund what is left of it (that call waits), then reports.
 """
 
 from __future__ import annotations
@@ -192,6 +192,7 @@ def test_a_wrong_digest_is_refused_and_the_right_one_refunds_once(
     done = _decide(worker, "approved", call_id, approved=True, digest=pending["digest"],
                    reason="ann: ok")  # fmt: skip
     assert (done.status, done.body["status"]) == (200, "complete"), done.text
+    assert done.body["response"].startswith("Refunded 49.99 on order approved")
     assert len(payments.refund_requests) == before + 1  # exactly one refund...
     headers, body = payments.refund_requests[-1]
     assert headers["idempotency-key"].startswith("da-")  # ...with its key
@@ -213,6 +214,7 @@ def test_a_denied_refund_never_runs_and_the_model_sees_tool_denied(
     done = _decide(worker, "denied", pending["tool_call_id"], approved=False,
                    digest=pending["digest"], reason="bob: outside the refund window")  # fmt: skip
     assert (done.status, done.body["status"]) == (200, "complete"), done.text
+    assert "denied (bob: outside the refund window)" in done.body["response"]
     assert len(payments.refund_requests) == before
     (denied,) = _results(worker, "denied", "issue_refund")
     assert denied["kind"] == "tool-denied"
@@ -251,6 +253,7 @@ def test_kill_9_between_the_decision_and_the_refunds_result_then_resume(
     resumed = worker.post("/sessions/killed/resume")
     assert (resumed.status, resumed.body["status"]) == (200, "complete"), resumed.text
     assert payments.refunds_keyed(key) == 1  # at most one refund: the claimed call never reran
+    assert "may have gone through" in resumed.body["response"]
     (lost,) = _results(worker, "killed", "issue_refund")
     assert lost["kind"] == "tool-durability-error"
     assert lost["toolName"] == "issue_refund"
