@@ -19,14 +19,15 @@
 // Used by the pytest plugin (runtime/test-server.mjs), the benchmarks, and
 // the dev server. It is a harness for this project, not a general workerd.
 
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { D1Bridge } from "./d1.mjs";
 import { kvBindings } from "./kv.mjs";
 import { BackgroundTasks, DurableObjectNamespace, workerEntrypoint } from "./durable-objects.mjs";
-import { compileCompatibility, readWranglerToml } from "./compat.mjs";
+import { compileCompatibility } from "./compat.mjs";
+import { CONFIG_NAMES, parseConfigFile } from "./wrangler-config.mjs";
 import { PROJECT_MOUNT, loadPythonRuntime } from "./pyodide-host.mjs";
 
 export { PROJECT_MOUNT } from "./pyodide-host.mjs";
@@ -72,8 +73,8 @@ export function wranglerD1PersistDir(projectDir, persistRoot = path.join(project
  * @param {string} [options.d1DatabaseId] the `database_id` (or `preview_database_id`) of the `DB` binding
  * @param {Record<string, string>} [options.d1Databases] binding name -> database_id, for several databases
  * @param {Record<string, string>} [options.vars] plain-text env vars
- * @param {string} [options.compatibilityDate] default: `compatibility_date` of <projectDir>/wrangler.toml
- *   (or, if it has none, of the wrangler.toml beside runtime/)
+ * @param {string} [options.compatibilityDate] default: `compatibility_date` of <projectDir>'s
+ *   wrangler.json, .jsonc or .toml (or, if it has none, of this repo's config)
  * @param {string[]} [options.compatibilityFlags] default: its `compatibility_flags`
  * @param {string} [options.workerName] the Worker's `name` (part of Durable Object ids, as in
  *   `wrangler dev`); default: that of <projectDir>/wrangler.toml
@@ -115,8 +116,7 @@ export async function startRuntime({
   // The config's settings by default: the project's wrangler.toml, else (a scratch
   // project made from this repo's Worker, say) the one of the repo the runtime is in.
   const project =
-    readWranglerToml(path.join(projectDir, "wrangler.toml")) ??
-    readWranglerToml(path.join(path.dirname(fileURLToPath(import.meta.url)), "..", "wrangler.toml"));
+    readProjectConfig(projectDir) ?? readProjectConfig(path.join(path.dirname(fileURLToPath(import.meta.url)), ".."));
   compatibilityDate ??= project?.compatibilityDate;
   compatibilityFlags ??= project?.compatibilityFlags ?? [];
   workerName ??= project?.name ?? "";
@@ -310,6 +310,18 @@ export async function startRuntime({
     python.beginRequests();
   }
   return runtime;
+}
+
+/** name, date and flags of the wrangler.json, .jsonc or .toml in `dir` (wrangler's order), or null. */
+function readProjectConfig(dir) {
+  const file = CONFIG_NAMES.map((name) => path.join(dir, name)).find((candidate) => existsSync(candidate));
+  if (!file) return null;
+  const config = parseConfigFile(file);
+  return {
+    name: config.name,
+    compatibilityDate: config.compatibility_date,
+    compatibilityFlags: config.compatibility_flags ?? [],
+  };
 }
 
 /**
