@@ -3,7 +3,6 @@
 import asgi
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel
-
 from workers import WorkerEntrypoint
 
 app = FastAPI()

@@ -3,7 +3,6 @@
 from urllib.parse import urlparse
 
 from greeting import make_greeting
-
 from workers import Response, WorkerEntrypoint
 
 
