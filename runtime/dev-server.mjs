@@ -284,8 +284,9 @@ function applyMigrations(options, database) {
     child.on("error", reject);
     child.on("close", (code) => {
       if (code !== 0) return reject(new Error(`wrangler ${args.join(" ")} failed (exit ${code}):\n${output}`));
-      const applied = [...output.matchAll(/│\s*(\S+\.sql)\s*│\s*✅/g)].map((m) => m[1]);
-      resolve(applied);
+      // wrangler redraws its table after each migration: each name once, in order.
+      const applied = new Set([...output.matchAll(/│\s*(\S+\.sql)\s*│\s*✅/g)].map((m) => m[1]));
+      resolve([...applied]);
     });
   });
 }
