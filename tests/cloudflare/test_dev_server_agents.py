@@ -18,16 +18,13 @@ Needs `scripts/setup-runtime` (node_modules/ and python_modules/).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import REFUNDS_AGENT, DevServer, d1_query
+from worker_fakes import REFUNDS_AGENT, DevServer, PaymentsAPI, d1_query
 
 pytestmark = pytest.mark.slow
 
@@ -38,82 +35,8 @@ def message(text: str) -> bytes:
     return json.dumps({"message": text}).encode()
 
 
-class FakePayments:
-    """A payments API on 127.0.0.1: `GET /orders/{id}`, `POST /refunds` (recorded with
-    their headers; `hold` keeps the answer to a refund until `release` is set)."""
-
-    def __init__(self) -> None:
-        self.refunds: list[tuple[dict[str, str], dict[str, Any]]] = []
-        self.lookups = 0
-        self.hold = False
-        self.refund_received = threading.Event()
-        self.release = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _payments_handler(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> FakePayments:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-
-def _payments_handler(payments: FakePayments) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-        def _json(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            with contextlib.suppress(OSError):  # the dev server may be gone (killed)
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            order = self.path.removeprefix("/orders/")
-            payments.lookups += 1
-            self._json(200, {"id": order, "amount_cents": 2500, "currency": "usd",
-                             "status": "paid", "refunded_cents": 0})  # fmt: skip
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("content-length") or 0)
-            body = json.loads(self.rfile.read(length) or b"null")
-            if self.path != "/refunds":
-                self._json(404, {"error": "not found"})
-                return
-            payments.refunds.append(({k.lower(): v for k, v in self.headers.items()}, body))
-            if payments.hold:
-                payments.refund_received.set()
-                payments.release.wait(60)
-            refund = {"id": f"re_{len(payments.refunds)}", "order_id": body["order_id"],
-                      "amount_cents": body["amount_cents"], "status": "succeeded"}  # fmt: skip
-            self._json(200, refund)
-
-    return Handler
-
-
-@pytest.fixture
-def payments() -> Iterator[FakePayments]:
-    with FakePayments() as fake:
-        yield fake
-
-
 def test_refunds_kill_9_while_the_refund_is_held_then_resume_refunds_once(
-    payments: FakePayments, tmp_path: Path
+    payments: PaymentsAPI, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
     # The URL from .dev.vars for the first server, from the environment for the second.
@@ -135,7 +58,7 @@ def test_refunds_kill_9_while_the_refund_is_held_then_resume_refunds_once(
                                            message("refund order 1001"))  # fmt: skip
         assert (status, waiting["status"]) == (200, "awaiting_approval"), waiting
         (pending,) = waiting["pending"]
-        assert payments.refunds == []
+        assert payments.refund_requests == []
         decision = json.dumps({"approved": True, "digest": pending["digest"]}).encode()
         payments.hold = True
 
@@ -149,14 +72,14 @@ def test_refunds_kill_9_while_the_refund_is_held_then_resume_refunds_once(
 
         sender = threading.Thread(target=send)
         sender.start()
-        assert payments.refund_received.wait(60), "the payments API never got the refund"
+        assert payments.received.wait(60), "the payments API never got the refund"
         first.crash()
         payments.hold = False
         payments.release.set()
         sender.join(30)
         assert len(outcome) == 1
         assert isinstance(outcome[0], Exception), outcome
-        assert len(payments.refunds) == 1
+        assert len(payments.refund_requests) == 1
 
         second.start()
         out = "\n".join(second.lines)
@@ -166,7 +89,7 @@ def test_refunds_kill_9_while_the_refund_is_held_then_resume_refunds_once(
         assert status == 200, before
         last = before["messages"][-1]  # the refund's call, without a result
         assert [c["name"] for c in last["tool_calls"]] == ["issue_refund"]
-        lookups_before = payments.lookups
+        lookups_before = payments.order_reads
 
         status, _, resumed = second.request("POST", "/sessions/refund-1/resume")
         assert status == 200, resumed
@@ -176,13 +99,13 @@ def test_refunds_kill_9_while_the_refund_is_held_then_resume_refunds_once(
         second.kill_all()
         first.kill_all()
 
-    (headers, body), = payments.refunds  # fmt: skip
+    (headers, body), = payments.refund_requests  # fmt: skip
     assert headers["idempotency-key"].startswith("da-")
     assert body["amount_cents"] >= 1
     results = {m["tool_name"]: m["content"] for m in after["messages"] if m["role"] == "tool"}
     assert json.loads(results["issue_refund"])["kind"] == "tool-durability-error"
     assert json.loads(results["lookup_order"])["status"] == "paid"  # stored before approval
-    assert payments.lookups == lookups_before == 1
+    assert payments.order_reads == lookups_before == 1
     rows = d1_query(
         "SELECT COUNT(*) AS n FROM agent_messages WHERE role = 'tool' "
         "AND content LIKE '%tool-durability-error%'",

@@ -18,107 +18,20 @@ in the message up, asks to refund what is left of it (that call waits), then rep
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from worker_fakes import PaymentsAPI
 
 from durable_agents import approval_digest
 from durable_agents.testing.worker import DevWorker, find_project
 
 pytestmark = pytest.mark.slow
 REFUNDS = "examples/refunds/agent.py"
-
-
-class PaymentsAPI:
-    """`GET /orders/{id}` (paid 49.99) and `POST /refunds`, each refund request recorded with
-    its headers; with `hold` set, the answer to a refund waits for `release` (the API got the
-    request and refunded; the Worker has no answer yet)."""
-
-    def __init__(self) -> None:
-        self.refund_requests: list[tuple[dict[str, str], dict[str, Any]]] = []
-        self.hold = False
-        self.received = threading.Event()
-        self.release = threading.Event()
-        self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def refunds_keyed(self, key: str) -> int:
-        with self._lock:
-            keys = [headers.get("idempotency-key") for headers, _ in self.refund_requests]
-        return keys.count(key)
-
-    def __enter__(self) -> PaymentsAPI:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-            def handle(self) -> None:
-                with contextlib.suppress(ConnectionError):  # the killed Worker's connection
-                    super().handle()
-
-            def _json(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                with contextlib.suppress(OSError):
-                    self.send_response(status)
-                    self.send_header("content-type", "application/json")
-                    self.send_header("content-length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                order_id = self.path.rsplit("/", 1)[-1]
-                self._json(200, {"id": order_id, "amount_cents": 4999, "currency": "usd",
-                                 "status": "paid", "refunded_cents": 0})  # fmt: skip
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                with api._lock:
-                    api.refund_requests.append(
-                        ({k.lower(): v for k, v in self.headers.items()}, body)
-                    )
-                    n = len(api.refund_requests)
-                if api.hold:
-                    api.received.set()
-                    api.release.wait(60)
-                self._json(200, {"id": f"re_{n}", "order_id": body.get("order_id"),
-                                 "amount_cents": body.get("amount_cents"),
-                                 "status": "succeeded"})  # fmt: skip
-
-        return Handler
-
-
-@pytest.fixture(scope="module")
-def payments() -> Iterator[PaymentsAPI]:
-    with PaymentsAPI() as api:
-        yield api
 
 
 @pytest.fixture(scope="module")

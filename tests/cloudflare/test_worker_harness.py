@@ -8,114 +8,21 @@ Real processes: `scripts/dev` (Pyodide + miniflare's D1) and a payments API on 1
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
 import re
 import signal
-import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from worker_fakes import PaymentsAPI
 
 from durable_agents.testing.worker import DevWorker
 
 pytestmark = pytest.mark.slow
 REFUNDS = "examples/refunds/agent.py"
-
-
-class PaymentsAPI:
-    """A payments API: every order was paid 49.99; `POST /refunds` records each request and,
-    with `hold` set, keeps its answer back until `release` is set (the server got it, acted,
-    and has not answered yet). A repeated Idempotency-Key returns the first refund."""
-
-    def __init__(self) -> None:
-        self.refund_requests: list[tuple[dict[str, str], dict[str, Any]]] = []
-        self.refunds: dict[str, dict[str, Any]] = {}
-        self.order_reads = 0
-        self.hold = False
-        self.received = threading.Event()
-        self.release = threading.Event()
-        self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> PaymentsAPI:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-            def handle(self) -> None:
-                with contextlib.suppress(ConnectionError):  # the killed Worker's connection
-                    super().handle()
-
-            def _json(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                with contextlib.suppress(OSError):  # the Worker may be dead by now
-                    self.send_response(status)
-                    self.send_header("content-type", "application/json")
-                    self.send_header("content-length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                match = re.fullmatch(r"/orders/([^/]+)", self.path)
-                if match is None:
-                    self._json(404, {"error": "not found"})
-                    return
-                with api._lock:
-                    api.order_reads += 1
-                    refunded = sum(r["amount_cents"] for r in api.refunds.values())
-                order = {"id": match.group(1), "amount_cents": 4999, "currency": "usd",
-                         "status": "paid", "refunded_cents": refunded}  # fmt: skip
-                self._json(200, order)
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                key = headers.get("idempotency-key", "")
-                with api._lock:
-                    api.refund_requests.append((headers, body))
-                    refund = api.refunds.setdefault(
-                        key or f"no-key-{len(api.refunds)}",
-                        {"id": f"re_{len(api.refunds) + 1}", "order_id": body.get("order_id"),
-                         "amount_cents": body.get("amount_cents"), "status": "succeeded"},
-                    )  # fmt: skip
-                if api.hold:
-                    api.received.set()
-                    api.release.wait(60)
-                self._json(200, refund)
-
-        return Handler
-
-
-@pytest.fixture
-def payments() -> Iterator[PaymentsAPI]:
-    with PaymentsAPI() as api:
-        yield api
 
 
 def _tool_results(messages: list[dict[str, Any]], tool_name: str) -> list[dict[str, Any]]:

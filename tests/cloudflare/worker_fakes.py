@@ -7,6 +7,9 @@
   `issue_bodies[id]` replaces an issue's answer with raw bytes) and a Slack
   webhook (`/hook`) that records every post and can hold its answer until
   released.
+- `PaymentsAPI`: the payments API the refunds example (examples/refunds/agent.py)
+  talks to: `GET /orders/{id}` and `POST /refunds`, every refund request recorded
+  with its headers, its answer held until released when asked to.
 - `DevServer`: `scripts/dev` on a free port with its own state dir (the
   shipped `durable_agents.testing.worker.DevWorker`, whose child gets none of
   the developer's settings), serving an agent module given by path (`--agent`;
@@ -189,6 +192,112 @@ def _handler_for(services: FakeServices) -> type[BaseHTTPRequestHandler]:
                 self._json(200, {"ok": True})
             else:
                 self._json(404, {"error": "not found"})
+
+    return Handler
+
+
+class PaymentsAPI:
+    """A payments API on 127.0.0.1 for the refunds example. Every order was paid 49.99:
+    `GET /orders/{id}` answers it with what is already refunded of it (counted in
+    `order_reads`). `POST /refunds` records each request, (lower-cased headers, JSON
+    body), in `refund_requests`; a repeated Idempotency-Key gets the first refund back
+    and refunds nothing more. With `hold` set, a refund's answer waits for `release`
+    (the API got the request, sets `received`, and refunded; the Worker has no answer
+    yet). Any other path is 404."""
+
+    AMOUNT_CENTS = 4999
+
+    def __init__(self) -> None:
+        self.refund_requests: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.refunds: dict[str, dict[str, Any]] = {}  # by Idempotency-Key
+        self.order_reads = 0
+        self.hold = False
+        self.received = threading.Event()
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _payments_handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def refunds_keyed(self, key: str) -> int:
+        """How many refund requests carried the Idempotency-Key `key`."""
+        with self._lock:
+            keys = [headers.get("idempotency-key") for headers, _ in self.refund_requests]
+        return keys.count(key)
+
+    def __enter__(self) -> PaymentsAPI:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def order(self, order_id: str) -> dict[str, Any]:
+        with self._lock:
+            self.order_reads += 1
+            refunded = sum(
+                r["amount_cents"] for r in self.refunds.values() if r["order_id"] == order_id
+            )
+        return {"id": order_id, "amount_cents": self.AMOUNT_CENTS, "currency": "usd",
+                "status": "paid", "refunded_cents": refunded}  # fmt: skip
+
+    def refund(self, headers: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        key = headers.get("idempotency-key", "")
+        with self._lock:
+            self.refund_requests.append((headers, body))
+            refund = self.refunds.setdefault(
+                key or f"no-key-{len(self.refunds)}",
+                {"id": f"re_{len(self.refunds) + 1}", "order_id": body.get("order_id"),
+                 "amount_cents": body.get("amount_cents"), "status": "succeeded"},
+            )  # fmt: skip
+        if self.hold:
+            self.received.set()
+            self.release.wait(60)
+        return refund
+
+
+def _payments_handler(api: PaymentsAPI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:  # quiet
+            pass
+
+        def handle(self) -> None:
+            with contextlib.suppress(ConnectionError):  # the killed Worker's connection
+                super().handle()
+
+        def _json(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            with contextlib.suppress(OSError):  # the Worker may be dead by now
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            match = re.fullmatch(r"/orders/([^/]+)", self.path)
+            if match is None:
+                self._json(404, {"error": "not found"})
+                return
+            self._json(200, api.order(match.group(1)))
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if self.path != "/refunds":
+                self._json(404, {"error": "not found"})
+                return
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            self._json(200, api.refund(headers, body))
 
     return Handler
 
