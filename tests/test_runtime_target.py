@@ -37,10 +37,21 @@ PROJECT = Path(__file__).resolve().parent.parent
 NODE = shutil.which("node")
 CONFIG = tomllib.loads((PROJECT / "wrangler.toml").read_text())
 
-needs_runtime = pytest.mark.skipif(
-    NODE is None or not (PROJECT / "node_modules" / "pyodide").is_dir(),
-    reason="the local runtime is not set up (scripts/setup-runtime)",
-)
+
+def require_runtime() -> None:
+    """scripts/test sets the runtime up first; without it these tests fail, never skip."""
+    assert NODE is not None, "node is not on PATH"
+    assert (PROJECT / "node_modules" / "pyodide").is_dir(), (
+        "the local runtime is not set up: run scripts/setup-runtime"
+    )
+
+
+@pytest.fixture
+def needs_runtime_fixture() -> None:
+    require_runtime()
+
+
+needs_runtime = pytest.mark.usefixtures("needs_runtime_fixture")
 
 
 def node_eval(script: str, *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -342,8 +353,7 @@ def scratch() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def probe(scratch: Path) -> dict[str, Any]:
     """What the throwaway Worker saw at top level and in its first request."""
-    if NODE is None or not (PROJECT / "node_modules" / "pyodide").is_dir():
-        pytest.skip("the local runtime is not set up (scripts/setup-runtime)")
+    require_runtime()
     worker = scratch / "worker"
     worker.mkdir()
     (worker / "probe.py").write_text(PROBE_WORKER)
@@ -534,8 +544,7 @@ const first = createHmac("sha256", key).update("first").digest().subarray(0, 16)
 const mac = createHmac("sha256", key).update(first).digest().subarray(0, 16);
 process.stdout.write(Buffer.concat([first, mac]).toString("hex"));
 """
-    if NODE is None:
-        pytest.skip("no node")
+    require_runtime()
     done = node_eval(script)
     assert done.stdout == workerd_id("durable-agents-AgentSession", "first")
 

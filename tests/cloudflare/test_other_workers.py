@@ -61,7 +61,7 @@ def fastapi_project(directory: Path) -> Path:
             text=True,
         )
         if fetched.returncode != 0:
-            pytest.skip(f"cannot fetch {FASTAPI_WHEELS} from PyPI: {fetched.stderr[-500:]}")
+            pytest.fail(f"cannot fetch {FASTAPI_WHEELS} from PyPI: {fetched.stderr[-500:]}")
         cached = {p.name.split("-")[0].lower(): p for p in WHEEL_CACHE.glob("*.whl")}
     project = directory / "fastapi"
     shutil.copytree(WORKERS / "fastapi", project)
