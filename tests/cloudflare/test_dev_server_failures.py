@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_fakes import DevServer, FakeServices, d1_query
+from worker_fakes import DevServer, FakeServices, d1_query, serving
 
 pytestmark = pytest.mark.slow
 
@@ -51,13 +51,8 @@ def services() -> Iterator[Services]:
 
 @pytest.fixture(scope="module")
 def server(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    env = {**services.worker_env(), "API_TOKEN": "test-token"}
-    dev = DevServer(tmp_path_factory.mktemp("failures") / "state", env)
-    dev.start()
-    try:
+    with serving(services, tmp_path_factory.mktemp("failures") / "state") as dev:
         yield dev
-    finally:
-        dev.kill_all()
 
 
 def send(server: DevServer, name: str, text: str) -> tuple[int, dict[str, Any]]:

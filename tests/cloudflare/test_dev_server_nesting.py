@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_fakes import DevServer, FakeServices, _completion
+from worker_fakes import DevServer, FakeServices, _completion, serving
 
 pytestmark = pytest.mark.slow
 
@@ -71,13 +71,8 @@ def services() -> Iterator[Services]:
 
 @pytest.fixture(scope="module")
 def server(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    env = {**services.worker_env(), "API_TOKEN": "test-token"}
-    dev = DevServer(tmp_path_factory.mktemp("nesting") / "state", env)
-    dev.start()
-    try:
+    with serving(services, tmp_path_factory.mktemp("nesting") / "state") as dev:
         yield dev
-    finally:
-        dev.kill_all()
 
 
 def history(server: DevServer, name: str) -> list[dict[str, Any]]:

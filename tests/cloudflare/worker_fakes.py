@@ -28,6 +28,7 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -386,3 +387,15 @@ def d1_query(sql: str, persist_to: Path) -> list[dict[str, Any]]:
     )  # fmt: skip
     rows: list[dict[str, Any]] = json.loads(out)[0]["results"]
     return rows
+
+
+@contextlib.contextmanager
+def serving(services: FakeServices, state_dir: Path) -> Iterator[DevServer]:
+    """A started dev server whose Worker talks to `services` (API_TOKEN "test-token"),
+    every process of it killed on leaving: a module fixture's body."""
+    dev = DevServer(state_dir, {**services.worker_env(), "API_TOKEN": "test-token"})
+    dev.start()
+    try:
+        yield dev
+    finally:
+        dev.kill_all()
