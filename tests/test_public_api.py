@@ -23,6 +23,8 @@ PUBLIC = {
         "approve", "approval_digest", "pending_approvals", "PendingApproval", "ApprovalError",
         "ApprovalNotFoundError", "ApprovalDigestMismatchError", "ApprovalAlreadyDecidedError",
         "ApprovalPendingError",
+        "CancelToken", "MessageStored", "RunEvent", "RunFinished", "StreamingLLM", "TextDelta",
+        "ToolCallDelta",
     },
     "durable_agents.stores": {
         "memory_store", "sqlite_store", "MemoryStore", "SQLiteStore", "SessionInfo", "Store",

@@ -218,6 +218,35 @@ class LLMResponse:
             object.__setattr__(self, "tool_calls", calls)
 
 
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of the reply's text as a streaming LLM call produces it.
+
+    A preview only: the stored message is the truth (a retried stream may
+    word its text differently from what was already shown).
+    """
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a tool call as a streaming LLM call produces it.
+
+    `index` is the call's place in the reply; `id` and `name` come with its
+    first piece (None after), `arguments` is the next piece of its JSON text.
+    """
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+StreamPart = TextDelta | ToolCallDelta | LLMResponse
+"""What `LLM.stream()` yields: deltas, then one `LLMResponse` (the same `chat()` returns)."""
+
+
 class ToolErrorKind(StrEnum):
     """The `kind` of a failed tool call's result: `{"error": "<sentence>", "kind": K}`.
 

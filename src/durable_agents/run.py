@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
+import logging
 import os
 import socket
 import time
@@ -66,13 +67,16 @@ from .errors import (
     ToolArgumentsError,
     ToolDurabilityError,
 )
+from .events import CancelToken, MessageStored, OnEvent, RunEvent, RunFinished
 from .llm.base import LLM
 from .messages import (
     LLMResponse,
     MalformedToolCall,
     Message,
+    TextDelta,
     ToolCall,
     ToolErrorKind,
+    ToolSpec,
     Usage,
     tool_error_content,
 )
@@ -83,7 +87,9 @@ from .stores.base import ApprovalChange, Lease, LeaseHolder, Store
 from .stores.memory import memory_store
 from .tools import DepsT, Handler, Tool, ToolContext
 
-RunStatus = Literal["complete", "max_steps", "error", "awaiting_approval"]
+RunStatus = Literal["complete", "max_steps", "error", "awaiting_approval", "cancelled"]
+
+_log = logging.getLogger("durable_agents")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +98,12 @@ class RunResult:
 
     `status` is `"complete"` (the LLM gave a final reply, in `response`),
     `"max_steps"` (stopped after `agent.max_steps` LLM calls), `"error"`
-    (the LLM call failed; `error` says why), or `"awaiting_approval"` (calls
+    (the LLM call failed; `error` says why), `"awaiting_approval"` (calls
     of tools declared `requires_approval` wait for a person's decision; they
-    are in `pending`, see `durable_agents.approvals`). In the last three cases
-    the stored history is consistent and `run(..., message=None)` continues
-    the turn (once the waiting calls are decided).
+    are in `pending`, see `durable_agents.approvals`) or `"cancelled"` (its
+    `CancelToken` was cancelled; it stopped at a step boundary). In every
+    case but the first the stored history is consistent and
+    `run(..., message=None)` continues the turn (once waiting calls are decided).
     `messages` is the whole conversation as the LLM sees it, system message
     first. `steps` counts this run's LLM calls and `usage` their tokens.
     """
@@ -124,6 +131,8 @@ async def run(
     request_key: str | None = None,
     lease_seconds: float | None = 30.0,
     wait_seconds: float = 30.0,
+    on_event: OnEvent | None = None,
+    cancel: CancelToken | None = None,
 ) -> RunResult:
     """Run one turn of `agent`, durably when given a durable `store` and a `session_id`.
 
@@ -152,6 +161,18 @@ async def run(
       no lease, for a caller that already runs one turn at a time per session
       (the Worker's Durable Object does).
 
+    - Watch it go: `on_event(event)` (a function or a coroutine function) gets
+      a `TextDelta` for each piece of the reply's text (the LLM streams when
+      it has `stream()`, as every adapter of the kit does), a
+      `MessageStored(position, message)` for each message once its write has
+      landed, and last a `RunFinished(result)` (see `durable_agents.events`).
+      It adds no write. If `on_event` raises, the error is logged and it is
+      not called again: a watcher never breaks a turn.
+    - Stop it: `cancel=CancelToken()`, then `token.cancel()`. The run stops
+      at its next step boundary with status `"cancelled"`: an LLM call in
+      progress is abandoned, a step whose write #1 landed first runs its
+      handlers and stores their results. `message=None` goes on from there.
+
     `tools` supplies or overrides handlers by tool name. `deps` reaches every
     handler as `ctx.deps`. `new_id` makes session and tool call ids (default:
     random UUIDs, drawn at call time).
@@ -164,6 +185,30 @@ async def run(
     the session first; nothing of this write landed) and `StoreError`. LLM failures do not raise:
     they end the run with status `"error"`. Tool failures are results.
     """
+    events = _Events(on_event)
+    result = await _run(
+        agent, llm, message, session_id, store, tools, deps, new_id, request_key,
+        lease_seconds, wait_seconds, events, cancel,
+    )  # fmt: skip
+    await events.emit(RunFinished(result))
+    return result
+
+
+async def _run(
+    agent: Agent[DepsT],
+    llm: LLM,
+    message: str | None,
+    session_id: str | None,
+    store: Store | None,
+    tools: Mapping[str, Handler] | None,
+    deps: DepsT | None,
+    new_id: Callable[[], str] | None,
+    request_key: str | None,
+    lease_seconds: float | None,
+    wait_seconds: float,
+    events: _Events,
+    cancel: CancelToken | None,
+) -> RunResult:
     make_id = new_id or _random_id
     if message is not None:
         _check_user_message(agent, session_id, message)
@@ -177,7 +222,7 @@ async def run(
             raise ConfigurationError(
                 "a new session needs a message (or pass an existing session_id)"
             )
-        session = _Session(agent, store, make_id(), [], bound, deps, make_id)
+        session = _Session(agent, store, make_id(), [], bound, deps, make_id, None, events, cancel)
         return await session.run(message, llm, request_key)
     if not store.durable:
         raise MemoryStoreNotDurableError(session_id)
@@ -196,7 +241,9 @@ async def run(
         history = await store.load_messages(session_id)
         if message is None and not history:
             raise SessionNotFoundError(session_id)
-        session = _Session(agent, store, session_id, history, bound, deps, make_id, lease)
+        session = _Session(
+            agent, store, session_id, history, bound, deps, make_id, lease, events, cancel
+        )
         start = None if request_key is None or message is None else (
             session.find_request(request_key, message)
         )  # fmt: skip
@@ -328,9 +375,13 @@ class _Session:
         deps: Any,
         new_id: Callable[[], str],
         lease: _RunLease | None = None,
+        events: _Events | None = None,
+        cancel: CancelToken | None = None,
     ) -> None:
         self.agent = agent
         self.lease = lease
+        self.events = events or _Events(None)
+        self.cancel = cancel
         self.store = store
         self.session_id = session_id
         self.history = history
@@ -373,9 +424,14 @@ class _Session:
         steps, usage = 0, Usage()
         while steps < self.agent.max_steps:
             try:
-                response = await llm.chat([self.system, *self.history, *unstored], self.specs)
-                if not isinstance(response, LLMResponse):
-                    raise TypeError(f"chat() returned {type(response).__name__}, not LLMResponse")
+                # A step boundary: every write so far has landed, none is due.
+                if self.cancel is not None and self.cancel.cancelled:
+                    raise _Cancelled
+                response = await self.call_llm(llm, [self.system, *self.history, *unstored])
+            except _Cancelled:
+                if unstored:  # keep the turn's message, so message=None can finish the turn
+                    await self.append(unstored, release=True)
+                return self.result("cancelled", "", steps, usage, self.cancel_reason())
             except Exception as exc:  # an LLM failure ends the run; the history stays consistent
                 if unstored:
                     # The turn's first call failed for good: keep its message (one
@@ -410,6 +466,27 @@ class _Session:
                 ]
                 return self.result("awaiting_approval", "", steps, usage, pending=pending)
         return self.result("max_steps", "", steps, usage)
+
+    async def call_llm(self, llm: LLM, messages: list[Message]) -> LLMResponse:
+        """One LLM call, streamed when someone watches; abandoned if the run is cancelled."""
+        if self.cancel is None:
+            return await _ask(llm, messages, self.specs, self.events)
+        call = asyncio.ensure_future(_ask(llm, messages, self.specs, self.events))
+        stop = asyncio.ensure_future(self.cancel.wait())
+        try:
+            await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not call.done():  # cancelled, or this run itself was: nothing of it is stored
+                call.cancel()
+                with contextlib.suppress(BaseException):
+                    await call
+        if call.cancelled():
+            raise _Cancelled
+        return call.result()
+
+    def cancel_reason(self) -> str | None:
+        return None if self.cancel is None else self.cancel.reason
 
     def needing_approval(self, calls: Sequence[ToolCall]) -> dict[str, ApprovalChange]:
         """The `requested` events of the calls that wait for a person: those of tools
@@ -481,9 +558,10 @@ class _Session:
         lease = None
         if self.lease is not None:
             lease = Lease(self.lease.owner, self.lease.ttl_ms + int(hold * 1000), release)
+        position = len(self.history)
         await self.store.append_messages_atomic(
             self.session_id,
-            len(self.history),
+            position,
             messages,
             agent_name=self.agent.name,
             lease=lease,
@@ -492,6 +570,8 @@ class _Session:
         self.history.extend(messages)
         if self.lease is not None and release:
             self.lease.released = True
+        for offset, stored in enumerate(messages):
+            await self.events.emit(MessageStored(position + offset, stored))
 
     def assign_ids(self, calls: Sequence[ToolCall]) -> list[ToolCall]:
         """Give every call an id unique in the session, so it can be matched to one result."""
@@ -628,6 +708,64 @@ class _Session:
             error=error,
             pending=pending or [],
         )
+
+
+class _Cancelled(Exception):
+    """The run's CancelToken was cancelled: stop at this step boundary."""
+
+
+class _Events:
+    """Hands a run's events to its `on_event`, which may be sync or async.
+
+    A watcher that raises is logged and dropped, never allowed to end the turn:
+    an error between a step's write #1 and its handlers would leave orphans.
+    """
+
+    def __init__(self, on_event: OnEvent | None) -> None:
+        self.on_event = on_event
+
+    @property
+    def watched(self) -> bool:
+        return self.on_event is not None
+
+    async def emit(self, event: RunEvent) -> None:
+        if self.on_event is None:
+            return
+        try:
+            outcome = self.on_event(event)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception:
+            _log.exception("on_event raised; this run reports no more events")
+            self.on_event = None
+
+
+async def _ask(
+    llm: LLM, messages: list[Message], specs: list[ToolSpec], events: _Events
+) -> LLMResponse:
+    """The LLM's answer: from `stream()` (reporting its text) when someone watches and
+    the LLM can stream, else from `chat()`."""
+    stream = getattr(llm, "stream", None) if events.watched else None
+    if stream is None:
+        response = await llm.chat(messages, specs)
+    else:
+        response = None
+        parts = stream(messages, specs)
+        try:
+            async for part in parts:
+                if isinstance(part, LLMResponse):
+                    response = part
+                elif isinstance(part, TextDelta) and part.text:
+                    await events.emit(part)
+        finally:
+            closing = getattr(parts, "aclose", None)
+            if closing is not None:
+                await closing()
+        if response is None:
+            raise TypeError("stream() ended without an LLMResponse")
+    if not isinstance(response, LLMResponse):
+        raise TypeError(f"chat() returned {type(response).__name__}, not LLMResponse")
+    return response
 
 
 async def _denied(call: ToolCall, state: ApprovalState) -> str:

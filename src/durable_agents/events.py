@@ -1,0 +1,84 @@
+"""What a run reports while it goes (`run(..., on_event=...)`), and how to stop it (`CancelToken`).
+
+    async def show(event: RunEvent) -> None:
+        match event:
+            case TextDelta(text):                 # a piece of the reply, as the LLM writes it
+                print(text, end="")
+            case MessageStored(position, message):  # a message, once its write has landed
+                ...
+            case RunFinished(result):             # the end: the RunResult run() returns
+                ...
+
+    result = await run(agent, llm=llm, message="...", session_id="s1", store=store,
+                       on_event=show, cancel=token)
+
+Deltas are a preview: the stored messages are the truth, and each is
+reported once, with its `position` in the session (0 for the first), after
+the append that stored it. Reporting costs no write. A turn is stopped with
+`token.cancel()`: it ends at the next step boundary with status
+`"cancelled"`, never between a step's write #1 and its handlers (see the
+crash-window table in README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .messages import Message, TextDelta
+
+if TYPE_CHECKING:
+    from .run import RunResult
+
+__all__ = ["CancelToken", "MessageStored", "OnEvent", "RunEvent", "RunFinished", "TextDelta"]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageStored:
+    """A message of the session, reported once the append that stored it has landed."""
+
+    position: int
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    """The run's last event: the same `RunResult` that `run()` returns."""
+
+    result: RunResult
+
+
+RunEvent = TextDelta | MessageStored | RunFinished
+OnEvent = Callable[[RunEvent], Awaitable[None] | None]
+
+
+class CancelToken:
+    """Asks a run to stop at its next step boundary (`run(..., cancel=token)`).
+
+    `cancel()` may be called from anywhere, any number of times, before or
+    during the run. An LLM call in progress is abandoned (nothing of it was
+    stored); a step whose write #1 landed finishes its handlers and stores
+    their results first. The run then returns status `"cancelled"`, with the
+    history consistent, and `run(..., message=None)` goes on with the turn.
+    """
+
+    __slots__ = ("_event", "reason")
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.reason: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self, reason: str | None = None) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    async def wait(self) -> None:
+        """Return once `cancel()` has been called."""
+        await self._event.wait()
