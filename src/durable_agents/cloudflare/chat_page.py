@@ -98,16 +98,19 @@ CHAT_PAGE_HTML: str = r"""<!doctype html>
   #composer { max-width: 880px; margin: 0 auto; padding: 10px 16px; display: flex; gap: 8px;
               align-items: end; }
   #message { flex: 1; min-height: 44px; max-height: 140px; resize: vertical; }
-  #composer .buttons { display: flex; flex-direction: column; gap: 6px; }
+  #composer .buttons { display: flex; gap: 6px; }
+  #settings { display: contents; }
 </style>
 </head>
 <body>
 <header>
   <h1>durable-agents</h1>
+  <form id="settings">
   <label>API token <input id="token" type="password" autocomplete="off" size="22"></label>
   <label>Session <input id="session" autocomplete="off" size="22"></label>
   <button id="new-session" type="button" title="Start a new session with a fresh name">
     New session</button>
+  </form>
 </header>
 <main>
   <div id="transcript" aria-live="polite"></div>
@@ -541,6 +544,7 @@ function takeTokenFromFragment() {
   history.replaceState(null, "", location.pathname + location.search);
 }
 
+$("settings").addEventListener("submit", (event) => event.preventDefault());
 $("token").addEventListener("change", () => {
   token = $("token").value.trim();
   sessionStorage.setItem(STORE + "token", token);
