@@ -19,7 +19,6 @@ local runtime, `scripts/dev`), not on plain CPython.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,19 +28,27 @@ import agent
 from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.agent_module import AgentModule
 from durable_agents.cloudflare.app import (
+    SSE_HEADERS,
     Command,
+    LiveSession,
     Reply,
     error_reply,
     handle_request,
     internal_error,
     serve_session,
 )
+from durable_agents.cloudflare.js_streams import keep_running, readable_stream
 
 SERVED = AgentModule.load(agent)  # src/agent.py, checked: a mistake fails here, named
 _BODYLESS = frozenset({"GET", "HEAD"})
 
 
 def _response(reply: Reply) -> Any:
+    if reply.stream is not None:  # the object's SSE: a JS stream, or chunks made here
+        body = reply.stream if hasattr(reply.stream, "getReader") else readable_stream(reply.stream)
+        return Response(body, status=reply.status, headers=dict(reply.headers))
+    if reply.text is not None:
+        return Response(reply.text, status=reply.status, headers=dict(reply.headers))
     return Response(reply.json_text(), status=reply.status, headers=reply.all_headers())
 
 
@@ -60,14 +67,16 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
             return b"" if method in _BODYLESS else bytes(await request.bytes())
 
         try:
+            url = urlsplit(str(request.url))
             reply = await handle_request(
                 method,
-                urlsplit(str(request.url)).path,
+                url.path,
                 headers,
                 read_body,
                 env=self.env,
                 dispatch=self.to_session,
                 dev_stubs=SERVED.dev_stubs,
+                query=url.query,
             )
         except Exception as exc:  # a bug: still answer JSON
             reply = internal_error(exc, "the Worker")
@@ -81,6 +90,9 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
             body=command.to_json(),
             headers={"content-type": "application/json"},
         )
+        if str(response.headers.get("content-type") or "").startswith("text/event-stream"):
+            # passed through untouched: each event reaches the client as the object sends it
+            return Reply(int(response.status), None, SSE_HEADERS, stream=response.js_object.body)
         return Reply(int(response.status), await response.json())
 
 
@@ -89,8 +101,9 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
 
     def __init__(self, ctx: Any, env: Any) -> None:
         super().__init__(ctx, env)
-        # One turn at a time: input gates do not hold across awaits on D1 or the LLM.
-        self.turn_lock = asyncio.Lock()
+        # One turn at a time (input gates do not hold across awaits on D1 or the
+        # LLM), and the turn now running, for /events and /cancel.
+        self.live = LiveSession()
 
     async def fetch(self, request: Any) -> Any:
         try:
@@ -102,9 +115,13 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             session_id=str(self.ctx.id.toString()),
             store=d1_store(self.env.DB),
             env=self.env,
-            lock=self.turn_lock,
+            live=self.live,
             agent=SERVED.agent,
             make_deps=SERVED.make_deps,
             make_llm=SERVED.make_llm,
+            keep_alive=self.keep_alive,
         )
         return _response(reply)
+
+    def keep_alive(self, task: Any) -> None:
+        keep_running(self.ctx, task)  # a turn outlives its client (ctx.waitUntil)

@@ -98,7 +98,7 @@ def test_pywrangler_reads_the_config_as_python_314() -> None:
 
 
 def test_the_config_targets_python_workers_314() -> None:
-    assert CONFIG["compatibility_flags"] == ["python_workers"]
+    assert CONFIG["compatibility_flags"][0] == "python_workers"
     assert CONFIG["compatibility_date"] >= "2026-09-08"
 
 

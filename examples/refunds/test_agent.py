@@ -12,7 +12,6 @@ examples/refunds/agent.py`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from durable_agents import (
 )
 from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.agent_module import AgentModule
-from durable_agents.cloudflare.app import Command, serve_session
+from durable_agents.cloudflare.app import Command, LiveSession, serve_session
 from durable_agents.llm import TestLLM
 from durable_agents.stores import sqlite_store
 from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
@@ -201,7 +200,7 @@ async def test_the_module_served_by_the_worker_api_with_its_dev_stub() -> None:
         async def serve(command: Command) -> Any:
             return await serve_session(
                 command, session_id="cd" * 32, store=store, env=env,
-                lock=asyncio.Lock(), agent=served.agent, make_deps=served.make_deps,
+                live=LiveSession(), agent=served.agent, make_deps=served.make_deps,
                 llm=TestLLM(), http_client=http,
             )  # fmt: skip
 

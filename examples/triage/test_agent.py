@@ -9,7 +9,6 @@ module with `scripts/dev --agent examples/triage/agent.py`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 from durable_agents import ConfigurationError, ToolDurabilityError, run
 from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.agent_module import AgentModule
-from durable_agents.cloudflare.app import Command, serve_session
+from durable_agents.cloudflare.app import Command, LiveSession, serve_session
 from durable_agents.llm import FunctionLLM, OpenAILLM
 from durable_agents.stores import sqlite_store
 from durable_agents.testing import SimulatedCrash, crash_on_write
@@ -155,7 +154,7 @@ async def test_the_module_served_by_the_worker_api_with_its_dev_stubs() -> None:
     async with stub_client(served.dev_stubs) as http:
         reply = await serve_session(
             Command("message", "triage issue 42"), session_id="ab" * 32, store=store, env=env,
-            lock=asyncio.Lock(), agent=served.agent, make_deps=served.make_deps,
+            live=LiveSession(), agent=served.agent, make_deps=served.make_deps,
             make_llm=served.make_llm, http_client=http,
         )  # fmt: skip
     assert reply.status == 200, reply.body

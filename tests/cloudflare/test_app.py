@@ -35,6 +35,7 @@ from durable_agents.cloudflare.app import (
     DEFAULT_MAX_BODY_BYTES,
     ERROR_STATUS,
     Command,
+    LiveSession,
     Reply,
     error_for,
     handle_request,
@@ -468,7 +469,7 @@ async def store() -> D1Store:
 
 
 async def serve(
-    command: Command, store: Any, llm: Any = None, *, lock: asyncio.Lock | None = None,
+    command: Command, store: Any, llm: Any = None, *, live: LiveSession | None = None,
     client: httpx.AsyncClient | None = None, env: dict[str, str] | None = None,
 ) -> Reply:  # fmt: skip
     return await serve_session(
@@ -476,7 +477,7 @@ async def serve(
         session_id=SESSION_ID,
         store=store,
         env=ENV if env is None else env,
-        lock=lock or asyncio.Lock(),
+        live=live or LiveSession(),
         agent=AGENT,
         make_deps=make_deps,
         llm=llm,
@@ -537,7 +538,7 @@ async def test_configuration_errors_are_500_before_anything_is_written(store: D1
     bad_llm = {**ENV, "LLM_PROVIDER": "nonsense"}
     reply = await serve_session(
         Command("message", "hi"), session_id=SESSION_ID, store=store, env=bad_llm,
-        lock=asyncio.Lock(), agent=AGENT, make_deps=make_deps,
+        live=LiveSession(), agent=AGENT, make_deps=make_deps,
     )  # fmt: skip
     assert (reply.status, code(reply)) == (500, "configuration")
     assert "LLM_PROVIDER" in reply.body["error"]["message"]
@@ -554,7 +555,7 @@ async def test_make_llm_builds_each_turns_model_from_the_env(store: D1Store) -> 
     env = {**ENV, "LLM_MODEL": "m1"}
     reply = await serve_session(
         Command("message", "hi"), session_id=SESSION_ID, store=store, env=env,
-        lock=asyncio.Lock(), agent=AGENT, make_deps=make_deps, make_llm=make_llm,
+        live=LiveSession(), agent=AGENT, make_deps=make_deps, make_llm=make_llm,
     )  # fmt: skip
     assert (reply.status, reply.body["response"]) == (200, "model for m1")
     assert seen == [env]
@@ -564,7 +565,7 @@ async def test_without_make_llm_no_settings_run_the_offline_test_model(store: D1
     posts: list[httpx.Request] = []
     reply = await serve_session(
         Command("message", "hi"), session_id=SESSION_ID, store=store, env=ENV,
-        lock=asyncio.Lock(), agent=AGENT, make_deps=make_deps, http_client=api_http(posts),
+        live=LiveSession(), agent=AGENT, make_deps=make_deps, http_client=api_http(posts),
     )  # fmt: skip
     assert reply.status == 200, reply.body
     assert reply.body["status"] == "complete"
@@ -578,7 +579,7 @@ async def test_a_message_over_the_agents_limit_is_413(store: D1Store) -> None:
     agent = Agent("tiny", "", max_message_bytes=10)
     reply = await serve_session(
         Command("message", "x" * 11), session_id=SESSION_ID, store=store, env=ENV,
-        lock=asyncio.Lock(), agent=agent, make_deps=make_deps, llm=ScriptedLLM([]),
+        live=LiveSession(), agent=agent, make_deps=make_deps, llm=ScriptedLLM([]),
     )  # fmt: skip
     assert (reply.status, code(reply)) == (413, "message-too-large")
 
@@ -634,10 +635,10 @@ async def test_one_turn_at_a_time_per_session(store: D1Store) -> None:
         return LLMResponse("second done")
 
     llm = ScriptedLLM([slow_first, second])
-    lock = asyncio.Lock()
-    one = asyncio.create_task(serve(Command("message", "one"), store, llm, lock=lock))
+    live = LiveSession()
+    one = asyncio.create_task(serve(Command("message", "one"), store, llm, live=live))
     await first_started.wait()
-    two = asyncio.create_task(serve(Command("message", "two"), store, llm, lock=lock))
+    two = asyncio.create_task(serve(Command("message", "two"), store, llm, live=live))
     await asyncio.sleep(0.01)
     assert not two.done()
     release_first.set()
@@ -647,11 +648,11 @@ async def test_one_turn_at_a_time_per_session(store: D1Store) -> None:
 
 
 async def test_reads_do_not_wait_for_a_turn(store: D1Store) -> None:
-    lock = asyncio.Lock()
+    live = LiveSession()
     first = await serve(Command("message", "hi"), store, ScriptedLLM([LLMResponse("hey")]))
     assert first.status == 200
-    async with lock:  # a turn in progress
-        reply = await asyncio.wait_for(serve(Command("history"), store, lock=lock), 1)
+    async with live.lock:  # a turn in progress
+        reply = await asyncio.wait_for(serve(Command("history"), store, live=live), 1)
     assert reply.status == 200
 
 
@@ -661,14 +662,14 @@ async def test_reads_do_not_wait_for_a_turn(store: D1Store) -> None:
 async def test_end_to_end_on_cpython(store: D1Store) -> None:
     posts: list[httpx.Request] = []
     llm = ScriptedLLM(two_tools_script())
-    locks: dict[str, asyncio.Lock] = {}
+    lives: dict[str, LiveSession] = {}
 
     async def to_object(name: str, command: Command) -> Reply:
         # Stands in for the Durable Object: name -> one id, one lock.
         session_id = f"{name:0>64}"
         return await serve_session(
             Command.from_json(command.to_json()), session_id=session_id, store=store, env=ENV,
-            lock=locks.setdefault(name, asyncio.Lock()), agent=AGENT, make_deps=make_deps,
+            live=lives.setdefault(name, LiveSession()), agent=AGENT, make_deps=make_deps,
             llm=llm, http_client=api_http(posts),
         )  # fmt: skip
 

@@ -4,7 +4,6 @@ the Worker and the Durable Object) to `serve_session` on the D1 store (fake bind
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -14,7 +13,13 @@ from pydantic import BaseModel
 
 from durable_agents import Agent, LLMResponse, ToolCall, ToolContext, approval_digest, tool
 from durable_agents.cloudflare import d1_store
-from durable_agents.cloudflare.app import Command, Reply, handle_request, serve_session
+from durable_agents.cloudflare.app import (
+    Command,
+    LiveSession,
+    Reply,
+    handle_request,
+    serve_session,
+)
 from durable_agents.cloudflare.d1 import D1Store
 from durable_agents.testing import FunctionLLM
 from durable_agents.testing.fake_d1 import FakeD1Database
@@ -62,12 +67,12 @@ class Session:
 
     def __init__(self, store: D1Store) -> None:
         self.store = store
-        self.lock = asyncio.Lock()
+        self.live = LiveSession()
 
     async def dispatch(self, name: str, command: Command) -> Reply:
         crossed = Command.from_json(command.to_json())  # as it crosses to the object
         return await serve_session(
-            crossed, session_id=SID, store=self.store, env=ENV, lock=self.lock, agent=AGENT,
+            crossed, session_id=SID, store=self.store, env=ENV, live=self.live, agent=AGENT,
             make_deps=lambda env, http: None, llm=FunctionLLM(model),
             http_client=httpx.AsyncClient(),
         )  # fmt: skip

@@ -69,7 +69,10 @@ def test_wrangler_toml_points_at_the_entry_and_its_classes() -> None:
     # only the modules it imports, by the [build] command (tests/test_bundle.py).
     assert config["main"] == "build/worker/entry.py"
     assert config["build"]["command"] == "python3 scripts/build_worker.py"
-    assert set(config["compatibility_flags"]) == {"python_workers"}
+    assert set(config["compatibility_flags"]) == {
+        "python_workers",
+        "durable_object_io_tasks_prevent_eviction",  # a turn outlives its client
+    }
     entry = ast.parse((SRC / "entry.py").read_text())
     classes = {node.name for node in entry.body if isinstance(node, ast.ClassDef)}
     bindings = config["durable_objects"]["bindings"]

@@ -59,8 +59,12 @@ def test_pth_files_were_processed():
 
 def test_compat_flags_module_follows_the_config():
     flags = _cloudflare_compat_flags
-    assert CONFIG["compatibility_flags"] == ["python_workers"]
+    assert CONFIG["compatibility_flags"] == [
+        "python_workers",
+        "durable_object_io_tasks_prevent_eviction",
+    ]
     assert flags.python_workers is True
+    assert flags.durable_object_io_tasks_prevent_eviction is True
     assert flags.python_workers_314 is True  # implied from 2026-09-08
     assert flags.python_workers_20260610 is False
     assert flags.python_process_pth_files is True

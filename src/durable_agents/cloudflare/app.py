@@ -19,6 +19,17 @@ Endpoints (JSON in and out; `Authorization: Bearer <API_TOKEN>` on every one):
                     {"approved": bool, "digest": "...", "reason": "..."}
                     -> the turn's result once the step's last call is decided,
                        else {"status": "awaiting_approval", "pending": [...]}
+    GET  /sessions/{name}/events    (Last-Event-ID: N or ?after=N) -> SSE: the stored messages
+                                    after position N, then the running turn live, then `done`
+    POST /sessions/{name}/cancel                        -> the running turn's result, once it
+                                    stopped at a step boundary (status "cancelled"); 409 if none
+
+The three that run a turn (messages, resume, an approval) answer a stream of
+server-sent events instead of JSON when asked with `Accept: text/event-stream`:
+`delta` ({"text"}, no id), `message` (id: its position; the stored message),
+then `done` (the same JSON as the plain answer) or `error` ({"error": ...}).
+A turn runs apart from the request that started it: a client that goes away
+stops only its stream (`GET .../events` picks it up again); `cancel` stops the turn.
 
 Every error is `{"error": {"code", "message"}}` with a 4xx/5xx status; the
 code of an error the kit raises is that error's own `code` (`ERROR_STATUS`
@@ -31,7 +42,8 @@ tools' settings) is the agent module's business (`agent_module`).
 
 With the setting `DEV_STUBS` = "on" (the dev server's doing, never set on
 Cloudflare), `/__dev/<NAME>/...` is answered by the agent module's stub for
-the setting NAME, without auth.
+the setting NAME, without auth. With `CHAT_PAGE` = "on" (the dev server's
+default), `GET /` serves a chat page (`chat_page.py`) that asks for the token.
 """
 
 from __future__ import annotations
@@ -44,7 +56,8 @@ import json
 import re
 import sys
 import traceback
-from collections.abc import Awaitable, Callable, Mapping
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -68,19 +81,23 @@ from ..errors import (
     SessionNotFoundError,
     StoreError,
 )
+from ..events import CancelToken, OnEvent
 from ..llm.base import LLM
 from ..llm.settings import llm_from_env, setting
 from ..run import run
 from ..stores.base import Store
 from .agent_module import DEV_STUB_PREFIX, DevStub, MakeDeps, MakeLLM
+from .live import LiveSession, LiveTurn, follow, message_event, sse
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "ERROR_STATUS",
     "REQUEST_KEY",
     "SESSION_NAME",
+    "SSE_HEADERS",
     "ApiSettings",
     "Command",
+    "LiveSession",
     "Reply",
     "error_for",
     "error_reply",
@@ -96,9 +113,19 @@ SESSION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 REQUEST_KEY = re.compile(r"[!-~]{1,255}")  # printable ASCII, as Stripe-style keys are
 TOOL_CALL_ID = re.compile(r"[A-Za-z0-9_.:~-]{1,255}")
 DIGEST = re.compile(r"[0-9a-f]{64}")
-_SESSION_PATH = re.compile(r"/sessions/([^/]+)(?:/(messages|resume|approvals)(?:/([^/]+))?)?")
-_ALLOWED = {None: "GET", "messages": "POST", "resume": "POST", "approvals": "GET"}
+_SESSION_PATH = re.compile(
+    r"/sessions/([^/]+)(?:/(messages|resume|approvals|events|cancel)(?:/([^/]+))?)?"
+)
+_ALLOWED = {
+    None: "GET", "messages": "POST", "resume": "POST", "approvals": "GET", "events": "GET",
+    "cancel": "POST",
+}  # fmt: skip
 _JSON = {"content-type": "application/json"}
+SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
+_HTML = {"content-type": "text/html; charset=utf-8", "cache-control": "no-cache"}
+# How long a streamed turn may take to fail before its answer must start: an error
+# known at once (a new message while calls wait for approval, say) is an HTTP status.
+FIRST_EVENT_WAIT_S = 2.0
 HTTP_TIMEOUT_S = 30.0
 
 BodyReader = Callable[[], Awaitable[bytes]]
@@ -123,11 +150,18 @@ ERROR_STATUS: Mapping[type[DurableAgentsError], int] = {
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """One HTTP answer: a status, a JSON body (an object, except from a dev stub), headers."""
+    """One HTTP answer: a status, a JSON body (an object, except from a dev stub), headers.
+
+    Or, instead of JSON, `text` (the chat page) or `stream`: the chunks of an
+    SSE body, an async iterator of bytes (or, in the Worker, the Durable
+    Object's JS ReadableStream, passed through untouched).
+    """
 
     status: int
     body: Any
     headers: Mapping[str, str] = field(default_factory=dict)
+    stream: Any = None
+    text: str | None = None
 
     def json_text(self) -> str:
         return json.dumps(self.body, ensure_ascii=False, separators=(",", ":"))
@@ -158,14 +192,16 @@ class Command:
     last). It crosses from the Worker to the object as JSON (`to_json` / `from_json`).
     """
 
-    action: Literal["message", "resume", "history", "approvals", "approve"]
+    action: Literal["message", "resume", "history", "approvals", "approve", "events", "cancel"]
     message: str | None = None
     request_key: str | None = None  # the client's Idempotency-Key, with a message
     decision: Mapping[str, Any] | None = None  # tool_call_id, approved, digest, reason
+    stream: bool = False  # answer a turn as server-sent events
+    after: int | None = None  # events: replay the messages after this position
 
     @property
-    def writes(self) -> bool:
-        return self.action not in ("history", "approvals")
+    def runs_turn(self) -> bool:
+        return self.action in ("message", "resume", "approve")
 
     def to_json(self) -> str:
         data: dict[str, Any] = {
@@ -173,6 +209,10 @@ class Command:
         }  # fmt: skip
         if self.decision is not None:
             data["decision"] = dict(self.decision)
+        if self.stream:
+            data["stream"] = True
+        if self.after is not None:
+            data["after"] = self.after
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
@@ -182,15 +222,26 @@ class Command:
         if not isinstance(data, dict):
             raise ValueError("a command is a JSON object")
         action, message, key = data.get("action"), data.get("message"), data.get("request_key")
+        stream, after = data.get("stream", False), data.get("after")
         key_ok = key is None or (isinstance(key, str) and REQUEST_KEY.fullmatch(key) is not None)
+        turn = action in ("message", "resume", "approve")
+        if not isinstance(stream, bool) or (stream and not turn):
+            raise ValueError(f"not a command: {text[:200]!r}")
+        if after is not None and (action != "events" or not _is_position(after)):
+            raise ValueError(f"not a command: {text[:200]!r}")
         if action == "message" and isinstance(message, str) and message.strip() and key_ok:
-            return cls("message", message, key)
-        if action in ("resume", "history", "approvals") and message is None and key is None:
-            return cls(action)
+            return cls("message", message, key, stream=stream)
+        plain = message is None and key is None
+        if action in ("resume", "history", "approvals", "events", "cancel") and plain:
+            return cls(action, stream=stream, after=after)
         decision = data.get("decision")
         if action == "approve" and isinstance(decision, dict) and _valid_decision(decision):
-            return cls("approve", decision=decision)
+            return cls("approve", decision=decision, stream=stream)
         raise ValueError(f"not a command: {text[:200]!r}")
+
+
+def _is_position(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _valid_decision(decision: Mapping[str, Any]) -> bool:
@@ -239,6 +290,7 @@ async def handle_request(
     env: Any,
     dispatch: Dispatch,
     dev_stubs: Mapping[str, DevStub] | None = None,
+    query: str = "",
 ) -> Reply:
     """Answer one HTTP request to the Worker.
 
@@ -247,10 +299,15 @@ async def handle_request(
     Content-Length is within the limit. `dispatch(name, command)` forwards a
     valid request to the session's Durable Object (in entry.py) and is
     called for nothing else. `dev_stubs` (the agent module's `DEV_STUBS`)
-    answer `/__dev/<NAME>/...` while the setting `DEV_STUBS` is "on".
+    answer `/__dev/<NAME>/...` while the setting `DEV_STUBS` is "on". `query`
+    is the URL's query string (without "?").
     """
     if dev_stubs and path.startswith(DEV_STUB_PREFIX) and setting(env, "DEV_STUBS") == "on":
         return await serve_dev_stub(method, path, headers, body, dev_stubs)
+    if path == "/" and method.upper() in ("GET", "HEAD") and setting(env, "CHAT_PAGE") == "on":
+        from .chat_page import CHAT_PAGE_HTML
+
+        return Reply(200, None, _HTML, text=CHAT_PAGE_HTML)
     try:
         settings = ApiSettings.from_env(env)
     except ConfigurationError as exc:
@@ -285,12 +342,20 @@ async def handle_request(
             "invalid-session-name",
             "a session name is 1 to 64 characters from A-Z, a-z, 0-9, '_' and '-'",
         )
+    stream = "text/event-stream" in headers.get("accept", "").lower()
     if endpoint is None:
         return await _forward(dispatch, name, Command("history"))
     if endpoint == "approvals" and call_id is None:
         return await _forward(dispatch, name, Command("approvals"))
+    if endpoint == "events":
+        after = _after_position(headers.get("last-event-id"), query)
+        if isinstance(after, Reply):
+            return after
+        return await _forward(dispatch, name, Command("events", after=after))
+    if endpoint == "cancel":
+        return await _forward(dispatch, name, Command("cancel"))
     if call_id is not None:
-        return await _approval_request(headers, body, settings, dispatch, name, call_id)
+        return await _approval_request(headers, body, settings, dispatch, name, call_id, stream)
 
     data = await _read_json(headers, body, settings.max_body_bytes, required=endpoint == "messages")
     if isinstance(data, Reply):
@@ -300,7 +365,7 @@ async def handle_request(
             return error_reply(
                 422, "invalid-body", f"resume takes no fields; got {sorted(data)[:10]}"
             )
-        return await _forward(dispatch, name, Command("resume"))
+        return await _forward(dispatch, name, Command("resume", stream=stream))
     extra = sorted(set(data) - {"message"})
     if extra:
         return error_reply(
@@ -320,7 +385,24 @@ async def handle_request(
         return error_reply(
             400, "invalid-request", "Idempotency-Key must be 1 to 255 printable ASCII characters"
         )
-    return await _forward(dispatch, name, Command("message", message, request_key))
+    return await _forward(dispatch, name, Command("message", message, request_key, stream=stream))
+
+
+def _after_position(last_event_id: str | None, query: str) -> int | Reply | None:
+    """The position to replay after: `Last-Event-ID`, else `?after=`, else None (all)."""
+    raw = last_event_id
+    if raw is None:
+        values = urllib.parse.parse_qs(query).get("after")
+        raw = values[-1] if values else None
+    if raw is None or raw == "":
+        return None
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 15:
+        return error_reply(
+            400,
+            "invalid-request",
+            "Last-Event-ID (or ?after=) must be a message position: a whole number >= 0",
+        )
+    return int(raw)
 
 
 async def _approval_request(
@@ -330,6 +412,7 @@ async def _approval_request(
     dispatch: Dispatch,
     name: str,
     call_id: str,
+    stream: bool,
 ) -> Reply:
     if TOOL_CALL_ID.fullmatch(call_id) is None:
         return error_reply(
@@ -353,7 +436,7 @@ async def _approval_request(
     decision = {"tool_call_id": call_id, "approved": data["approved"], "digest": digest}
     if reason is not None:
         decision["reason"] = reason
-    return await _forward(dispatch, name, Command("approve", decision=decision))
+    return await _forward(dispatch, name, Command("approve", decision=decision, stream=stream))
 
 
 async def _forward(dispatch: Dispatch, name: str, command: Command) -> Reply:
@@ -488,25 +571,33 @@ async def serve_session(
     session_id: str,
     store: Store,
     env: Any,
-    lock: asyncio.Lock,
+    live: LiveSession,
     agent: Agent,
     make_deps: MakeDeps,
     make_llm: MakeLLM = llm_from_env,
     llm: LLM | None = None,
     http_client: httpx.AsyncClient | None = None,
+    keep_alive: Callable[[asyncio.Task[Any]], None] | None = None,
 ) -> Reply:
     """Carry out a command in the session's Durable Object; never raises for expected errors.
 
-    Turns (`message`, `resume`) hold `lock`, the object's one-turn-at-a-time
-    lock: Durable Object input gates do not cover awaits on D1 or the LLM, so
-    without it two requests could run one session at once. A later request
-    waits for the turn in progress. The store's conflict check stays the
-    backstop (409). Each turn runs `agent` with `make_llm(env)` (or `llm`,
-    given) and the deps `make_deps(env, http)`, where `http` is
-    `http_client` or a new `tools_client()`, closed after the turn.
+    `live` is the object's in-memory state (`LiveSession`): turns (`message`,
+    `resume`, `approve`) hold its lock, one at a time (Durable Object input
+    gates do not cover awaits on D1 or the LLM, so without it two requests
+    could run one session at once); a later request waits for the turn in
+    progress, and the store's conflict check stays the backstop (409). A turn
+    runs as a task of its own (handed to `keep_alive`, the object's
+    `waitUntil`), so a client that goes away does not stop it. Each turn runs
+    `agent` with `make_llm(env)` (or `llm`, given) and the deps
+    `make_deps(env, http)`, where `http` is `http_client` or a new
+    `tools_client()`, closed after the turn.
     """
     try:
-        if not command.writes:
+        if command.action == "events":
+            return await _events(command, session_id, store, live)
+        if command.action == "cancel":
+            return await _cancel(session_id, live)
+        if not command.runs_turn:
             history = await store.load_messages(session_id)
             if not history:
                 return _no_session(session_id)
@@ -518,31 +609,160 @@ async def serve_session(
             return Reply(
                 200, {"session_id": session_id, "messages": [m.to_dict() for m in history]}
             )
-        async with lock:
-            if command.action == "approve":
-                assert command.decision is not None  # from_json guarantees it
-                decision = command.decision
-                await approve(
-                    store,
-                    session_id,
-                    str(decision["tool_call_id"]),
-                    digest=str(decision["digest"]),
-                    approved=bool(decision["approved"]),
-                    reason=decision.get("reason"),
-                )
-                rest = await pending_approvals(store, session_id)
-                if rest:  # the step waits for more decisions
-                    return Reply(200, _awaiting(session_id, rest))
-                command = Command("resume")  # the step's last decision: go on with the turn
-            return await _run_turn(
-                command, session_id, store, env, agent, llm, make_llm, make_deps, http_client
-            )
     except SessionNotFoundError:
         return _no_session(session_id)
     except DurableAgentsError as exc:
         return error_for(exc)
     except Exception as exc:
         return internal_error(exc, f"session {session_id}")
+
+    turn = LiveTurn()
+    queue = turn.follow() if command.stream else None
+
+    async def one_turn() -> Reply:
+        async with live.lock:
+            live.turn = turn
+            try:
+                reply = await _turn(
+                    command, session_id, store, env, agent, llm, make_llm, make_deps,
+                    http_client, turn,
+                )  # fmt: skip
+            except BaseException as exc:  # torn down mid-turn: followers must not wait forever
+                turn.end(internal_error(exc, f"session {session_id}"))
+                raise
+            finally:
+                live.turn = None
+        turn.end(reply)
+        return reply
+
+    task = asyncio.ensure_future(one_turn())
+    live.tasks.add(task)
+    task.add_done_callback(live.tasks.discard)
+    if keep_alive is not None:
+        keep_alive(task)
+    if queue is None:
+        return await asyncio.shield(task)  # the request may go; the turn goes on
+    try:
+        first = await asyncio.wait_for(queue.get(), FIRST_EVENT_WAIT_S)
+    except TimeoutError:
+        first = None
+    ended = first is not None and first[0] == "end" and turn.reply is not None
+    if ended and turn.reply is not None and not _is_result(turn.reply):
+        return turn.reply  # failed before it began: a status, not a stream
+    return Reply(200, None, SSE_HEADERS, stream=_prepend(first, follow(queue, after=-1)))
+
+
+async def _turn(
+    command: Command,
+    session_id: str,
+    store: Store,
+    env: Any,
+    agent: Agent,
+    llm: LLM | None,
+    make_llm: MakeLLM,
+    make_deps: MakeDeps,
+    http_client: httpx.AsyncClient | None,
+    turn: LiveTurn,
+) -> Reply:
+    try:
+        if command.action == "approve":
+            assert command.decision is not None  # from_json guarantees it
+            decision = command.decision
+            await approve(
+                store,
+                session_id,
+                str(decision["tool_call_id"]),
+                digest=str(decision["digest"]),
+                approved=bool(decision["approved"]),
+                reason=decision.get("reason"),
+            )
+            rest = await pending_approvals(store, session_id)
+            if rest:  # the step waits for more decisions
+                return Reply(200, _awaiting(session_id, rest))
+            command = Command("resume")  # the step's last decision: go on with the turn
+        return await _run_turn(
+            command, session_id, store, env, agent, llm, make_llm, make_deps, http_client,
+            on_event=turn.on_event, cancel=turn.cancel,
+        )  # fmt: skip
+    except SessionNotFoundError:
+        return _no_session(session_id)
+    except DurableAgentsError as exc:
+        return error_for(exc)
+    except Exception as exc:
+        return internal_error(exc, f"session {session_id}")
+
+
+def _is_result(reply: Reply | None) -> bool:
+    return reply is not None and isinstance(reply.body, dict) and "status" in reply.body
+
+
+async def _prepend(
+    first: tuple[str, int | None, bytes] | None, rest: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    if first is not None:
+        yield first[2]
+        if first[0] == "end":
+            return
+    async for chunk in rest:
+        yield chunk
+
+
+async def _events(command: Command, session_id: str, store: Store, live: LiveSession) -> Reply:
+    """GET .../events: the stored messages after `command.after`, then the running turn live."""
+    turn = live.turn
+    queue = turn.follow() if turn is not None else None  # first: nothing stored later is missed
+    try:
+        history = await store.load_messages(session_id)
+        if not history:
+            return _no_session(session_id)
+        idle = None if queue is not None else await _idle_state(session_id, store, history)
+    except BaseException:
+        if turn is not None and queue is not None:
+            turn.unfollow(queue)
+        raise
+    after = -1 if command.after is None else command.after
+
+    async def replay() -> AsyncIterator[bytes]:
+        last = after
+        try:
+            for position in range(after + 1, len(history)):
+                yield message_event(position, history[position].to_dict())
+                last = position
+            if queue is None:
+                yield sse("done", idle)
+                return
+            async for chunk in follow(queue, last):
+                yield chunk
+        finally:
+            if turn is not None and queue is not None:
+                turn.unfollow(queue)
+
+    return Reply(200, None, SSE_HEADERS, stream=replay())
+
+
+async def _idle_state(session_id: str, store: Store, history: list[Any]) -> dict[str, Any]:
+    """What `done` says when no turn runs: how the last turn was left."""
+    body: dict[str, Any] = {"session_id": session_id, "running": False, "response": ""}
+    pending = await pending_approvals(store, session_id)
+    if history[-1].is_final_reply:
+        body.update(status="complete", response=history[-1].content)
+    elif pending:
+        body.update(status="awaiting_approval", pending=[p.to_dict() for p in pending])
+    else:
+        body["status"] = "interrupted"  # a crash, a cancel or a failed LLM call: POST .../resume
+    return body
+
+
+async def _cancel(session_id: str, live: LiveSession) -> Reply:
+    turn = live.turn
+    if turn is None:
+        return error_reply(
+            409, "no-turn-running", f"no turn of session {session_id} is running; nothing to cancel"
+        )
+    turn.cancel.cancel("cancelled by POST /cancel")
+    await asyncio.shield(turn.ended.wait())
+    assert turn.reply is not None  # set before `ended`
+    return turn.reply
 
 
 async def _run_turn(
@@ -555,6 +775,9 @@ async def _run_turn(
     make_llm: MakeLLM,
     make_deps: MakeDeps,
     http_client: httpx.AsyncClient | None,
+    *,
+    on_event: OnEvent | None = None,
+    cancel: CancelToken | None = None,
 ) -> Reply:
     async with contextlib.AsyncExitStack() as owned:  # closes what this turn opened, all of it
         model = llm if llm is not None else make_llm(env)
@@ -575,6 +798,8 @@ async def _run_turn(
             # The Durable Object runs one turn at a time per session (its lock)
             # and is the only runner of its session: no lease, no extra D1 write.
             lease_seconds=None,
+            on_event=on_event,
+            cancel=cancel,
         )
     body: dict[str, Any] = {
         "session_id": session_id,

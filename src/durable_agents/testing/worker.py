@@ -7,6 +7,9 @@
     worker.restart()                   # the same D1 state, settings and agent
     worker.post("/sessions/r1/resume")
     worker.count("SELECT * FROM agent_messages WHERE role = 'tool'")
+    with worker.stream("POST", "/sessions/r2/messages", {"message": "hi"}) as events:
+        for event in events:           # SSE, each event as it arrives (EventStream)
+            ...                        # leaving the block early is a client disconnect
     worker.close()                     # every process it started, gone
 
 In pytest, the `dev_worker` fixture of `durable_agents.testing.pytest_plugin`
@@ -29,6 +32,7 @@ No pytest import: usable from scripts too.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json as jsonlib
 import os
 import re
@@ -39,13 +43,13 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DevWorker", "WorkerResponse", "find_project"]
+__all__ = ["DevWorker", "EventStream", "SSEEvent", "WorkerResponse", "find_project"]
 
 START_TIMEOUT_S = float(os.environ.get("DURABLE_AGENTS_DEV_START_TIMEOUT", "120"))
 # What a process needs from the environment; nothing else reaches the dev server.
@@ -264,6 +268,34 @@ class DevWorker:
         """GET `path`; `request`'s keywords."""
         return self.request("GET", path, **kwargs)
 
+    def stream(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        token: str | None = None,
+        timeout: float = 60,
+    ) -> EventStream:
+        """A request asking for server-sent events (`Accept: text/event-stream`), opened
+        at once: its `status`, `headers`, and its events as they arrive. Close it (or
+        leave its `with` block) to disconnect."""
+        if not self.url:
+            raise RuntimeError("the dev server is not running: start() it first")
+        token = self.token if token is None else token
+        all_headers = {"accept": "text/event-stream"}
+        if token:
+            all_headers["authorization"] = f"Bearer {token}"
+        body = None if json is None else jsonlib.dumps(json).encode()
+        if body is not None:
+            all_headers["content-type"] = "application/json"
+        all_headers.update(headers or {})
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+        connection.request(method, path, body=body, headers=all_headers)
+        return EventStream(connection, connection.getresponse())
+
     # -- D1 -------------------------------------------------------------------------
 
     def rows(self, sql: str) -> list[dict[str, Any]]:
@@ -336,3 +368,70 @@ def _response(status: int, headers: Mapping[str, str], data: bytes) -> WorkerRes
     except ValueError:
         body = None
     return WorkerResponse(status, {k.lower(): v for k, v in headers.items()}, text, body)
+
+
+@dataclass(frozen=True)
+class SSEEvent:
+    """One server-sent event: its name, its `id` (None without one), its data (JSON,
+    parsed), and when it arrived (`time.monotonic()`)."""
+
+    event: str
+    id: str | None
+    data: Any
+    at: float
+
+
+class EventStream:
+    """An open SSE response (see `DevWorker.stream`); iterate it for `SSEEvent`s."""
+
+    def __init__(
+        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse
+    ) -> None:
+        self.connection = connection
+        self.response = response
+        self.status = response.status
+        self.headers = {k.lower(): v for k, v in response.getheaders()}
+        self.events: list[SSEEvent] = []  # every event read so far
+
+    def __enter__(self) -> EventStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Disconnect (mid-stream, this is a client going away)."""
+        with contextlib.suppress(OSError):
+            sock = self.connection.sock
+            if sock is not None:
+                sock.shutdown(2)
+        self.connection.close()
+
+    def json(self) -> Any:
+        """The body of an answer that is not a stream (an error's JSON)."""
+        return jsonlib.loads(self.response.read() or b"null")
+
+    def __iter__(self) -> Iterator[SSEEvent]:
+        name, event_id, data = "message", None, []
+        while True:
+            raw = self.response.readline()
+            if not raw:
+                return
+            line = raw.decode().rstrip("\r\n")
+            if line.startswith(":"):
+                continue
+            if line:
+                field_name, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if field_name == "event":
+                    name = value
+                elif field_name == "id":
+                    event_id = value
+                elif field_name == "data":
+                    data.append(value)
+                continue
+            if data:
+                event = SSEEvent(name, event_id, jsonlib.loads("\n".join(data)), time.monotonic())
+                self.events.append(event)
+                yield event
+            name, event_id, data = "message", None, []

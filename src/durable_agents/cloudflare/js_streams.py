@@ -1,0 +1,60 @@
+"""Python to the Workers runtime's JS, for streamed answers (Pyodide only; imports `js` lazily).
+
+`readable_stream(chunks)` turns an async iterator of bytes into a JS
+`ReadableStream` that a `workers.Response` can carry, written chunk by chunk
+as they come (nothing is buffered). `keep_running(ctx, task)` hands a task
+to `ctx.waitUntil`, so the Durable Object runs until it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+__all__ = ["keep_running", "readable_stream"]
+
+_PUMPS: set[asyncio.Task[None]] = set()  # streams being written: kept referenced
+
+
+def readable_stream(chunks: AsyncIterator[bytes]) -> Any:
+    """A JS ReadableStream of `chunks`. When the client goes away, the next write
+    fails and `chunks` is closed; whatever produces them (a turn) goes on."""
+    import js  # type: ignore[import-not-found, unused-ignore]
+    from pyodide.ffi import to_js  # type: ignore[import-not-found, unused-ignore]
+
+    pipe = js.TransformStream.new()
+    writer = pipe.writable.getWriter()
+
+    async def pump() -> None:
+        try:
+            async for chunk in chunks:
+                await writer.write(to_js(chunk))
+        except Exception:  # the reader cancelled: the client is gone
+            with contextlib.suppress(Exception):
+                await writer.abort()
+            return
+        finally:
+            closing = getattr(chunks, "aclose", None)
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    await closing()
+        with contextlib.suppress(Exception):
+            await writer.close()
+
+    task = asyncio.ensure_future(pump())
+    _PUMPS.add(task)
+    task.add_done_callback(_PUMPS.discard)
+    return pipe.readable
+
+
+def keep_running(ctx: Any, task: asyncio.Task[Any]) -> None:
+    """`ctx.waitUntil(task)`: with the compatibility flag
+    durable_object_io_tasks_prevent_eviction (the default from 2026-10-01), the
+    Durable Object is not evicted before `task` ends, client or no client."""
+    from pyodide.ffi import create_proxy  # type: ignore[import-not-found, unused-ignore]
+
+    proxy = create_proxy(task)
+    task.add_done_callback(lambda _: proxy.destroy())
+    ctx.waitUntil(proxy)
