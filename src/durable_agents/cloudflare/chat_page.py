@@ -39,6 +39,7 @@ CHAT_PAGE_HTML: str = r"""<!doctype html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>durable-agents chat</title>
+<link rel="icon" href="data:,">
 <style>
   :root {
     --bg: #f6f7f9; --panel: #fff; --ink: #1d2330; --muted: #667085; --line: #d9dde5;
@@ -65,6 +66,7 @@ CHAT_PAGE_HTML: str = r"""<!doctype html>
          background: var(--assistant); max-width: 92%; }
   .msg .who { font-size: 11px; text-transform: uppercase; letter-spacing: .04em;
               color: var(--muted); margin-bottom: 2px; }
+  .msg .who .name { text-transform: none; letter-spacing: 0; }
   .msg .text { white-space: pre-wrap; overflow-wrap: anywhere; }
   .msg-user { align-self: flex-end; background: var(--user); border-color: #bfd4f6; }
   .msg-system { align-self: center; background: transparent; font-size: 13px; color: var(--muted); }
