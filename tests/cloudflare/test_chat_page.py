@@ -1,0 +1,388 @@
+"""The dev server's chat page (`GET /`, chat_page.py) in headless Chromium (issue 12, item 5).
+
+Debian's `chromium` (scripts/test installs it), driven by Playwright by its path,
+against a real `scripts/dev` serving the triage example with the fake model of
+worker_fakes streaming its answers in chunks 200 ms apart:
+
+- a turn streams in: deltas show in the live bubble while the turn runs; the
+  tool calls, their results and the final reply render once each, in the order
+  of the session's stored messages;
+- a reload mid-turn: the page draws what it kept and asks `GET .../events` with
+  `Last-Event-ID`, then follows the turn to its end: every message exactly once;
+- hostile text (a `<script>`, an `<img onerror>`, in the message and in a tool
+  result) renders as text: no script runs, no such element is made;
+- Cancel mid-turn gives `cancelled`, Resume finishes the turn;
+- the refunds example waits for approval: the page's Approve button refunds once,
+  Deny (with a reason) refunds nothing and its `tool-denied` result stands out.
+
+A screenshot of each page is saved in the test's tmp dir.
+
+Needs `scripts/setup-runtime` and chromium; where scripts/test could not install
+chromium it says why (DURABLE_AGENTS_NO_CHROMIUM) and these tests skip with that reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, Request, sync_playwright
+from worker_fakes import (
+    PROJECT,
+    REFUNDS_AGENT,
+    START_TIMEOUT_S,
+    TRIAGE_AGENT,
+    FakeServices,
+    PaymentsAPI,
+)
+
+from durable_agents.testing.worker import DevWorker
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "test-token"
+CHUNK_DELAY_S = 0.2
+STEP_DELAY_S = 0.6
+TURN_TIMEOUT_MS = 60_000
+# Whether the page made a message element for each stored message, once, in order.
+POSITIONS_JS = "() => [...document.querySelectorAll('#transcript .msg[data-position]')]" \
+    ".map((m) => Number(m.dataset.position))"  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """The path of Debian's chromium binary."""
+    reason = os.environ.get("DURABLE_AGENTS_NO_CHROMIUM")
+    if reason:
+        pytest.skip(f"Chromium cannot be installed on this machine: {reason}")
+    path = shutil.which("chromium")
+    assert path, (
+        "Debian's chromium is not installed: scripts/test installs it "
+        "(apt-get install chromium), or install it by hand"
+    )
+    return path
+
+
+class SlowModel(FakeServices):
+    """The fakes, with a model that thinks `STEP_DELAY_S` before each answer (besides
+    streaming it in chunks `CHUNK_DELAY_S` apart): a turn runs for seconds, long
+    enough to reload or cancel the page mid-turn."""
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(STEP_DELAY_S)
+        return super().chat(body)
+
+
+@pytest.fixture(scope="module")
+def services() -> Iterator[FakeServices]:
+    with SlowModel() as fakes:
+        fakes.chunk_delay = CHUNK_DELAY_S
+        yield fakes
+
+
+@pytest.fixture(scope="module")
+def worker(services: FakeServices, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevWorker]:
+    dev = DevWorker(
+        PROJECT,
+        tmp_path_factory.mktemp("chat-page") / "state",
+        settings={**services.worker_env(), "CHAT_PAGE": "on"},
+        agent=TRIAGE_AGENT,
+        token=TOKEN,
+        start_timeout=START_TIMEOUT_S,
+    )
+    dev.start()
+    try:
+        yield dev
+    finally:
+        dev.close()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str) -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        # --no-sandbox: Chromium's sandbox refuses to run as root (CI runs as root).
+        launched = playwright.chromium.launch(
+            executable_path=chromium, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+class Tab:
+    """One page in a fresh browser context (its own sessionStorage), recording every
+    request it sends and every script error, dialog and console error it meets."""
+
+    def __init__(self, browser: Browser, worker: DevWorker) -> None:
+        self.context = browser.new_context(viewport={"width": 1000, "height": 860})
+        self.page: Page = self.context.new_page()
+        self.worker = worker
+        self.requests: list[Request] = []
+        self.script_errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("request", lambda request: self.requests.append(request))
+        self.page.on("pageerror", lambda error: self.script_errors.append(str(error)))
+        self.page.on("dialog", self._dialog)
+
+    def _dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def open(self) -> None:
+        self.page.goto(f"{self.worker.url}/#token={TOKEN}")
+        # The token is taken from the fragment, kept, and gone from the address bar.
+        assert "token" not in self.page.url
+        assert self.page.evaluate("sessionStorage.getItem('durable-agents:token')") == TOKEN
+        self.wait_idle()
+
+    def wait_idle(self) -> None:
+        """Until the page's first stream (the session's events) has ended."""
+        self.page.wait_for_function(
+            "() => document.getElementById('status').dataset.status !== 'running'"
+            " && !document.getElementById('send').disabled",
+            timeout=TURN_TIMEOUT_MS,
+        )
+
+    @property
+    def session(self) -> str:
+        return self.page.input_value("#session")
+
+    def send(self, text: str) -> None:
+        self.page.fill("#message", text)
+        self.page.click("#send")
+
+    def wait_status(self, status: str) -> None:
+        self.page.wait_for_selector(f'#status[data-status="{status}"]', timeout=TURN_TIMEOUT_MS)
+
+    def positions(self) -> list[int]:
+        positions: list[int] = self.page.evaluate(POSITIONS_JS)
+        return positions
+
+    def stored(self) -> list[dict[str, Any]]:
+        """The session's messages as the API has them."""
+        answer = self.worker.get(f"/sessions/{self.session}")
+        assert answer.status == 200, answer.text
+        messages: list[dict[str, Any]] = answer.body["messages"]
+        return messages
+
+    def assert_shows_exactly(self, stored: list[dict[str, Any]]) -> None:
+        """One message element per stored message, in order, of the stored role."""
+        positions = self.positions()
+        assert len(positions) == len(set(positions)), f"a message shown twice: {positions}"
+        assert positions == list(range(len(stored)))
+        roles = self.page.eval_on_selector_all(
+            "#transcript .msg[data-position]", "(ms) => ms.map((m) => m.dataset.role)"
+        )
+        assert roles == [m["role"] for m in stored]
+        assert self.page.locator("#live").count() == 0
+
+    def screenshot(self, path: Path) -> None:
+        self.page.screenshot(path=str(path), full_page=True)
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def tab(browser: Browser, worker: DevWorker) -> Iterator[Tab]:
+    opened = Tab(browser, worker)
+    try:
+        yield opened
+    finally:
+        opened.close()
+    assert opened.script_errors == []
+
+
+def test_the_page_is_served_without_auth(worker: DevWorker) -> None:
+    answer = worker.get("/", token="")
+    assert answer.status == 200
+    assert answer.headers["content-type"].startswith("text/html")
+    assert 'id="transcript"' in answer.text
+
+
+def test_a_turn_streams_in(tab: Tab, tmp_path: Path) -> None:
+    tab.open()
+    tab.send("Please triage issue 42")
+    # A delta is on screen while the turn still runs (its final reply not yet stored).
+    state = tab.page.wait_for_function(
+        """() => {
+            const live = document.querySelector('#live .text');
+            if (!live || !live.textContent) return null;
+            return {status: document.getElementById('status').dataset.status,
+                    text: live.textContent,
+                    messages: document.querySelectorAll('#transcript .msg[data-position]').length};
+        }""",
+        timeout=TURN_TIMEOUT_MS,
+    ).json_value()
+    assert state["status"] == "running"
+    assert state["messages"] < 6  # user, call, result, call, result, reply: not all there yet
+    assert tab.page.is_enabled("#cancel")
+
+    tab.wait_status("complete")
+    stored = tab.stored()
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant", "tool",
+                                           "assistant"]  # fmt: skip
+    tab.assert_shows_exactly(stored)
+    page = tab.page
+    assert page.text_content('.msg[data-position="0"] .text') == "Please triage issue 42"
+    calls = page.locator(".tool-call")
+    assert calls.locator(".name").all_text_contents() == ["get_issue", "post_slack"]
+    assert '"id": "42"' in (calls.nth(0).locator(".arguments").text_content() or "")
+    results = page.locator('.msg[data-role="tool"]')
+    assert results.locator(".name").all_text_contents() == ["get_issue", "post_slack"]
+    assert '"title": "Login fails (42)"' in (results.nth(0).locator(".result").text_content() or "")
+    final = page.text_content('.msg[data-position="5"] .text')
+    assert final == "Triaged issue 42 and posted to #triage."
+    assert page.is_disabled("#cancel")
+    # What the page keeps for a reload: the transcript and the last event id.
+    key = f"durable-agents:transcript:{tab.session}"
+    kept = page.evaluate("(key) => JSON.parse(sessionStorage.getItem(key))", key)
+    assert kept["lastId"] == 5
+    assert sorted(kept["messages"], key=int) == [str(i) for i in range(6)]
+    tab.screenshot(tmp_path / "chat-page.png")
+
+
+def test_a_reload_mid_turn_resumes_from_the_last_event_id(tab: Tab, tmp_path: Path) -> None:
+    tab.open()
+    tab.send("Please triage issue 7")
+    tab.page.wait_for_selector('#transcript .msg[data-position="0"]', timeout=TURN_TIMEOUT_MS)
+    before = tab.positions()
+    assert tab.page.get_attribute("#status", "data-status") == "running"  # mid-turn
+    reloaded_at = len(tab.requests)
+    tab.page.reload()
+
+    tab.wait_status("complete")
+    follows = [
+        r for r in tab.requests[reloaded_at:]
+        if r.method == "GET" and r.url.endswith(f"/sessions/{tab.session}/events")
+    ]  # fmt: skip
+    assert len(follows) == 1, [r.url for r in tab.requests[reloaded_at:]]
+    last_id = follows[0].header_value("last-event-id")
+    assert last_id is not None, "the page reconnected without Last-Event-ID"
+    assert int(last_id) >= max(before)
+    assert follows[0].header_value("authorization") == f"Bearer {TOKEN}"
+    stored = tab.stored()
+    assert len(stored) == 6
+    tab.assert_shows_exactly(stored)
+    assert tab.page.text_content('.msg[data-position="5"] .text') == (
+        "Triaged issue 7 and posted to #triage."
+    )
+    tab.screenshot(tmp_path / "chat-page-after-reload.png")
+
+
+HOSTILE = '<script>window.__pwned = "script"</script><img src=x onerror="window.__pwned = \'img\'">'
+
+
+def test_hostile_text_renders_as_text(tab: Tab, services: FakeServices, tmp_path: Path) -> None:
+    # The issue's title (a tool result, then a tool call's argument) is hostile too.
+    services.issue_bodies["66"] = (
+        b'{"id": "66", "title": "<img src=x onerror=\\"window.__pwned = \'title\'\\">"}'
+    )
+    tab.open()
+    message = f"Triage issue 66 {HOSTILE}"
+    tab.send(message)
+    tab.wait_status("complete")
+
+    page = tab.page
+    assert page.text_content('.msg[data-position="0"] .text') == message
+    assert "<img src=x onerror=" in (page.text_content('.msg[data-position="2"] .result') or "")
+    assert "<img src=x onerror=" in (page.text_content(".tool-call >> nth=1") or "")
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("#transcript script, #transcript img, main img").count() == 0
+    assert not [r.url for r in tab.requests if r.url.rstrip("/").endswith("/x")]
+    assert tab.dialogs == []
+    tab.assert_shows_exactly(tab.stored())
+    tab.screenshot(tmp_path / "chat-page-hostile.png")
+
+
+def test_cancel_mid_turn_then_resume(tab: Tab) -> None:
+    tab.open()
+    tab.send("Please triage issue 9")
+    tab.page.wait_for_selector('#transcript .msg[data-position="0"]', timeout=TURN_TIMEOUT_MS)
+    tab.page.click("#cancel")
+    tab.wait_status("cancelled")
+    assert tab.page.is_enabled("#resume")
+    stopped = tab.stored()
+    assert stopped[-1]["role"] != "assistant" or stopped[-1].get("tool_calls")  # not finished
+    tab.assert_shows_exactly(stopped)
+
+    tab.page.click("#resume")
+    tab.wait_status("complete")
+    stored = tab.stored()
+    assert stored[-1]["content"] == "Triaged issue 9 and posted to #triage."
+    tab.assert_shows_exactly(stored)
+
+
+@pytest.fixture(scope="module")
+def refunds_worker(
+    payments: PaymentsAPI, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DevWorker]:
+    """The refunds example (its offline model; issue_refund needs approval)."""
+    dev = DevWorker(
+        PROJECT,
+        tmp_path_factory.mktemp("chat-page-refunds") / "state",
+        settings={"PAYMENTS_API_URL": payments.url, "CHAT_PAGE": "on"},
+        agent=REFUNDS_AGENT,
+        token=TOKEN,
+        start_timeout=START_TIMEOUT_S,
+    )
+    dev.start()
+    try:
+        yield dev
+    finally:
+        dev.close()
+
+
+def test_approve_and_deny_from_the_page(
+    browser: Browser, refunds_worker: DevWorker, payments: PaymentsAPI, tmp_path: Path
+) -> None:
+    tab = Tab(browser, refunds_worker)
+    try:
+        tab.open()
+        page = tab.page
+        before = len(payments.refund_requests)
+        tab.send("refund order 7")
+        tab.wait_status("awaiting_approval")
+        (pending,) = refunds_worker.get(f"/sessions/{tab.session}/approvals").body["pending"]
+        card = page.locator(f'.approval[data-tool-call-id="{pending["tool_call_id"]}"]')
+        assert card.locator(".name").text_content() == "issue_refund"
+        assert '"order_id": "7"' in (card.locator(".arguments").text_content() or "")
+        assert len(payments.refund_requests) == before  # nothing refunded before the decision
+        card.locator(".approve").click()
+        tab.wait_status("complete")
+        assert page.locator(".approval").count() == 0
+        assert len(payments.refund_requests) == before + 1
+        stored = tab.stored()
+        tab.assert_shows_exactly(stored)
+        assert "Refunded 49.99 on order 7" in stored[-1]["content"]
+        assert (
+            page.text_content(f'.msg[data-position="{len(stored) - 1}"] .text')
+            == (stored[-1]["content"])
+        )
+
+        page.click("#new-session")
+        tab.wait_idle()
+        assert tab.positions() == []
+        tab.send("refund order 8")
+        tab.wait_status("awaiting_approval")
+        page.fill(".approval .reason", "bob: outside the refund window")
+        page.click(".approval .deny")
+        tab.wait_status("complete")
+        assert len(payments.refund_requests) == before + 1  # the denied refund never ran
+        denied = page.locator('.msg[data-role="tool"][data-kind="tool-denied"]')
+        assert denied.count() == 1
+        assert denied.locator(".kind").text_content() == "tool-denied"
+        assert "bob: outside the refund window" in (denied.locator(".result").text_content() or "")
+        stored = tab.stored()
+        tab.assert_shows_exactly(stored)
+        assert "denied (bob: outside the refund window)" in stored[-1]["content"]
+        tab.screenshot(tmp_path / "chat-page-denied.png")
+    finally:
+        tab.close()
+    assert tab.script_errors == []
