@@ -354,6 +354,9 @@ def test_approve_and_deny_from_the_page(
         assert card.locator(".name").text_content() == "issue_refund"
         assert '"order_id": "7"' in (card.locator(".arguments").text_content() or "")
         assert len(payments.refund_requests) == before  # nothing refunded before the decision
+        page.reload()  # the page finds the waiting call again (GET .../events says so)
+        tab.wait_status("awaiting_approval")
+        assert card.locator(".name").text_content() == "issue_refund"
         card.locator(".approve").click()
         tab.wait_status("complete")
         assert page.locator(".approval").count() == 0

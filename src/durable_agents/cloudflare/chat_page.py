@@ -316,7 +316,23 @@ function showDone(result) {
   setStatus(status, text);
   $("approvals").replaceChildren();
   if (status === "awaiting_approval") {
-    for (const call of result.pending || []) $("approvals").append(approvalCard(call));
+    if (Array.isArray(result.pending)) showPending(result.pending);
+    else loadPending();
+  }
+}
+
+function showPending(pending) {
+  $("approvals").replaceChildren(...pending.map(approvalCard));
+}
+
+// A `done` that says awaiting_approval without the calls: ask the API for them.
+async function loadPending() {
+  try {
+    const response = await fetch(sessionPath("/approvals"), { headers: headers() });
+    const body = await response.json();
+    if (response.ok && Array.isArray(body.pending)) showPending(body.pending);
+  } catch (error) {
+    showError("approvals: " + String(error));
   }
 }
 
