@@ -459,6 +459,11 @@ async function streamRequest(method, path, options) {
       finished = true;
       if (response.ok && body && body.status) { showDone(body); return; }
       if (response.status === 404 && options.quietNotFound) {
+        // The server has no such session (a new name, or its state was wiped):
+        // what this page kept of it is stale.
+        kept = { messages: {}, lastId: null };
+        saveKept();
+        renderKept();
         setRunning(false);
         setStatus("idle", "New session: nothing sent yet.");
         return;
