@@ -8,16 +8,18 @@
     TestLLM        offline, for any agent: calls each tool once, then replies
     FunctionLLM    offline, your own answers: fn(messages, tools) -> LLMResponse
 
-Each has `async chat(messages, tools) -> LLMResponse` (the `LLM` protocol),
-retries transient failures itself (`RetryPolicy`), and raises an `LLMError`
-subclass when a call fails for good.
+Each has `async chat(messages, tools) -> LLMResponse` (the `LLM` protocol)
+and `stream(messages, tools)`, an async iterator of `TextDelta`s and
+`ToolCallDelta`s ending with the same `LLMResponse` (the `StreamingLLM`
+protocol); each retries transient failures itself (`RetryPolicy`), and
+raises an `LLMError` subclass when a call fails for good.
 """
 
-from ..messages import MalformedToolCall
+from ..messages import MalformedToolCall, StreamPart, TextDelta, ToolCallDelta
 from ._http import default_client
 from ._retry import RetryPolicy
 from .anthropic import AnthropicLLM
-from .base import LLM
+from .base import LLM, StreamingLLM
 from .errors import (
     LLMAuthenticationError,
     LLMConnectionError,
@@ -52,7 +54,11 @@ __all__ = [
     "MalformedToolCall",
     "OpenAILLM",
     "RetryPolicy",
+    "StreamPart",
+    "StreamingLLM",
     "TestLLM",
+    "TextDelta",
+    "ToolCallDelta",
     "WorkersAILLM",
     "default_client",
     "llm_from_env",

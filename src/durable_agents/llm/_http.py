@@ -1,10 +1,12 @@
-"""The HTTP side shared by the HTTP adapters: the client, one POST, and error mapping."""
+"""The HTTP side shared by the HTTP adapters: the client, one POST (whole or streamed),
+and error mapping."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, Self
 
 import httpx
@@ -12,11 +14,20 @@ import httpx
 from .. import _json
 from .._http_json import refuse_deep_json
 from ..errors import ConfigurationError
-from ._retry import RetryPolicy, attempt_timeout, call_with_retries, parse_retry_after
+from ..messages import LLMResponse, StreamPart, TextDelta
+from ._retry import (
+    RetryPolicy,
+    attempt_timeout,
+    call_with_retries,
+    parse_retry_after,
+    stream_with_retries,
+)
+from ._sse import SSEEvent, sse_events
 from .errors import (
     LLMAuthenticationError,
     LLMConnectionError,
     LLMContextLengthError,
+    LLMError,
     LLMHTTPError,
     LLMModelNotFoundError,
     LLMRateLimitError,
@@ -148,46 +159,120 @@ class HTTPPoster:
                 response = await self.client.post(
                     url, content=payload, headers=all_headers, timeout=timeout
                 )
-            except httpx.TimeoutException as exc:
-                raise LLMTimeoutError(
-                    f"{self.provider} did not answer within {timeout:.3g} s ({url}); "
-                    "raise timeout= for long generations",
-                    provider=self.provider,
-                ) from exc
-            except httpx.DecodingError as exc:  # e.g. JSON nested too deep (the client's hook)
-                raise LLMResponseError(
-                    f"{self.provider} answered with a body that cannot be read from {url}: "
-                    f"{self.scrub(str(exc))}",
-                    provider=self.provider,
-                ) from exc
-            except httpx.TransportError as exc:
-                raise LLMConnectionError(
-                    f"could not reach {self.provider} at {url}: "
-                    f"{self.scrub(str(exc)) or type(exc).__name__}; check LLM_BASE_URL and "
-                    "the network",
-                    provider=self.provider,
-                ) from exc
+            except (httpx.TransportError, httpx.DecodingError) as exc:
+                raise self.transport_error(exc, url, timeout) from exc
             text = self.scrub(response.text)
             if response.status_code >= 400:
                 raise self.http_error(response, text)
-            try:
-                return _json.loads(text)
-            except _json.JSONTooDeepError as exc:
-                raise LLMResponseError(
-                    f"{self.provider} answered HTTP {response.status_code} with {exc} from "
-                    f"{url}; refused before parsing",
-                    provider=self.provider,
-                    body=text,
-                ) from None
-            except ValueError:
-                raise LLMResponseError(
-                    f"{self.provider} answered HTTP {response.status_code} with something that "
-                    f"is not JSON from {url}; check LLM_BASE_URL",
-                    provider=self.provider,
-                    body=text,
-                ) from None
+            return self.decode_json(response, text, url)
 
         return await call_with_retries(self.retry, attempt)
+
+    def stream(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any],
+        parse: Callable[[AsyncIterator[SSEEvent]], AsyncGenerator[StreamPart, None]],
+        parse_whole: Callable[[Any], LLMResponse],
+    ) -> AsyncIterator[StreamPart]:
+        """POST `body` as JSON and read the answer as server-sent events, retried per the policy.
+
+        `parse` turns the events into deltas and a final `LLMResponse`. An
+        error status before the stream starts is the same error `post_json`
+        raises; a body that breaks midway is an `LLMConnectionError`, retried
+        (see `stream_with_retries`). A server that answers with one JSON body
+        instead of a stream is read with `parse_whole` (its text as one delta).
+        """
+        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        all_headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        all_headers.update(headers)
+
+        async def attempt(time_left: float) -> AsyncGenerator[StreamPart, None]:
+            timeout = attempt_timeout(self.timeout, time_left)
+            started = False
+            try:
+                request = self.client.build_request(
+                    "POST", url, content=payload, headers=all_headers, timeout=timeout
+                )
+                response = await self.client.send(request, stream=True)
+                try:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        raise self.http_error(response, self.scrub(response.text))
+                    kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+                    if kind in ("application/json", "text/json"):
+                        await response.aread()
+                        reply = parse_whole(
+                            self.decode_json(response, self.scrub(response.text), url)
+                        )
+                        if reply.text:
+                            yield TextDelta(reply.text)
+                        yield reply
+                        return
+                    started = True
+                    events = sse_events(response.aiter_lines())
+                    async with contextlib.aclosing(parse(events)) as parts:
+                        async for part in parts:
+                            yield part
+                finally:
+                    await response.aclose()
+            except (httpx.TransportError, httpx.DecodingError) as exc:
+                if started and not isinstance(exc, httpx.TimeoutException):
+                    raise LLMConnectionError(
+                        f"the {self.provider} stream from {url} broke off: "
+                        f"{self.scrub(str(exc)) or type(exc).__name__}",
+                        provider=self.provider,
+                    ) from exc
+                raise self.transport_error(exc, url, timeout) from exc
+            except LLMResponseError as exc:
+                exc.body = self.scrub(exc.body)
+                exc.args = tuple(self.scrub(str(arg)) for arg in exc.args)
+                raise
+
+        return stream_with_retries(self.retry, attempt, provider=self.provider)
+
+    def transport_error(
+        self, exc: httpx.TransportError | httpx.DecodingError, url: str, timeout: float
+    ) -> LLMError:
+        """The `LLMError` for an httpx failure (no answer, a timeout, a body cut off)."""
+        if isinstance(exc, httpx.TimeoutException):
+            return LLMTimeoutError(
+                f"{self.provider} did not answer within {timeout:.3g} s ({url}); "
+                "raise timeout= for long generations",
+                provider=self.provider,
+            )
+        if isinstance(exc, httpx.DecodingError):  # e.g. JSON nested too deep (the client's hook)
+            return LLMResponseError(
+                f"{self.provider} answered with a body that cannot be read from {url}: "
+                f"{self.scrub(str(exc))}",
+                provider=self.provider,
+            )
+        return LLMConnectionError(
+            f"could not reach {self.provider} at {url}: "
+            f"{self.scrub(str(exc)) or type(exc).__name__}; check LLM_BASE_URL and "
+            "the network",
+            provider=self.provider,
+        )
+
+    def decode_json(self, response: httpx.Response, text: str, url: str) -> Any:
+        """A 2xx body as JSON; `LLMResponseError` when it is not JSON or nests too deep."""
+        try:
+            return _json.loads(text)
+        except _json.JSONTooDeepError as exc:
+            raise LLMResponseError(
+                f"{self.provider} answered HTTP {response.status_code} with {exc} from "
+                f"{url}; refused before parsing",
+                provider=self.provider,
+                body=text,
+            ) from None
+        except ValueError:
+            raise LLMResponseError(
+                f"{self.provider} answered HTTP {response.status_code} with something that "
+                f"is not JSON from {url}; check LLM_BASE_URL",
+                provider=self.provider,
+                body=text,
+            ) from None
 
     def http_error(self, response: httpx.Response, text: str) -> LLMHTTPError:
         cls = error_class_for(response.status_code, provider_message(text))

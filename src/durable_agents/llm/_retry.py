@@ -1,21 +1,25 @@
 """Retrying one LLM call: exponential backoff with full jitter, `Retry-After`, a deadline.
 
-Only `chat()` retries. An LLM call has no side effect, so repeating it is
-safe; a tool call is never retried here (see `safe_to_retry` in tools.py).
+Only `chat()` and `stream()` retry. An LLM call has no side effect, so
+repeating it is safe; a tool call is never retried here (see `safe_to_retry`
+in tools.py). A stream that breaks midway is retried whole, and what was
+already yielded is not yielded again (`stream_with_retries`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..errors import ConfigurationError
-from .errors import LLMError
+from ..messages import LLMResponse, StreamPart, TextDelta, ToolCallDelta
+from .errors import LLMConnectionError, LLMError
 
 T = TypeVar("T")
 
@@ -85,14 +89,77 @@ async def call_with_retries(policy: RetryPolicy, attempt: Callable[[float], Awai
         try:
             return await attempt(time_left)
         except LLMError as exc:
-            exc.attempts = tries
-            if not exc.retryable or tries >= policy.max_attempts:
-                raise
-            retry_after = getattr(exc, "retry_after", None)
-            delay = retry_after if retry_after is not None else policy.backoff(tries)
-            if policy.clock() - start + delay >= policy.deadline:
-                raise
-            await policy.sleep(delay)
+            await _wait_or_raise(policy, exc, tries, start)
+
+
+async def _wait_or_raise(policy: RetryPolicy, exc: LLMError, tries: int, start: float) -> None:
+    """Sleep before the next attempt, or raise `exc` (with `attempts` set) when none is due."""
+    exc.attempts = tries
+    if not exc.retryable or tries >= policy.max_attempts:
+        raise exc
+    retry_after = getattr(exc, "retry_after", None)
+    delay = retry_after if retry_after is not None else policy.backoff(tries)
+    if policy.clock() - start + delay >= policy.deadline:
+        raise exc
+    await policy.sleep(delay)
+
+
+async def stream_with_retries(
+    policy: RetryPolicy,
+    attempt: Callable[[float], AsyncGenerator[StreamPart, None]],
+    *,
+    provider: str = "",
+) -> AsyncIterator[StreamPart]:
+    """Iterate `attempt(time_left)` (deltas, then one `LLMResponse`), retrying as `chat()`.
+
+    An attempt that fails before its first piece, or breaks midway, is
+    retried whole per the policy. What reaches the caller never repeats:
+    the text yielded so far is kept, and a retry's text yields only what
+    extends beyond it; once a retry's text diverges from it, no more
+    `TextDelta`s are yielded for this call. After a midway break no more
+    `ToolCallDelta`s are yielded. The `LLMResponse` always comes, last.
+    """
+    start = policy.clock()
+    tries = 0
+    shown = ""  # the text yielded to the caller so far
+    text_open = True  # may more TextDeltas be yielded?
+    calls_open = True  # may more ToolCallDeltas be yielded?
+    yielded = False  # has the caller seen any piece yet?
+    while True:
+        tries += 1
+        time_left = policy.deadline - (policy.clock() - start)
+        matched = 0  # how much of `shown` this attempt's text has repeated
+        try:
+            async with contextlib.aclosing(attempt(time_left)) as parts:
+                async for part in parts:
+                    if isinstance(part, LLMResponse):
+                        yield part
+                        return
+                    if isinstance(part, ToolCallDelta):
+                        if calls_open:
+                            yielded = True
+                            yield part
+                        continue
+                    if not isinstance(part, TextDelta) or not part.text or not text_open:
+                        continue
+                    overlap = shown[matched : matched + len(part.text)]
+                    if not part.text.startswith(overlap):
+                        text_open = False  # the retry words it differently
+                        continue
+                    matched += len(part.text)
+                    extra = part.text[len(overlap) :]
+                    if extra:
+                        shown += extra
+                        yielded = True
+                        yield TextDelta(extra)
+            raise LLMConnectionError(
+                f"{provider or 'the LLM provider'}'s stream ended without a final response",
+                provider=provider,
+            )
+        except LLMError as exc:
+            await _wait_or_raise(policy, exc, tries, start)
+            if yielded:
+                calls_open = False
 
 
 def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:

@@ -18,17 +18,28 @@ How the neutral conversation maps onto the wire:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx
 
 from ..errors import ConfigurationError
-from ..messages import LLMResponse, MalformedToolCall, Message, ToolCall, ToolSpec, Usage
+from ..messages import (
+    LLMResponse,
+    MalformedToolCall,
+    Message,
+    StreamPart,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
+from ._sse import SSEEvent, json_data, stream_cut, stream_error
 from .errors import LLMResponseError
-from .tool_calls import is_error_result, token_count
+from .tool_calls import is_error_result, make_tool_call, token_count
 
 ANTHROPIC_VERSION = "2023-06-01"
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
@@ -96,6 +107,21 @@ class AnthropicLLM(HTTPAdapter):
         )
         return parse_response(data)
 
+    def stream_body(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
+        """The JSON body `stream()` sends: `chat()`'s with `"stream": true`."""
+        return {**self.request_body(messages, tools), "stream": True}
+
+    def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncIterator[StreamPart]:
+        """The reply as it is written: `TextDelta`s and `ToolCallDelta`s, then the
+        `LLMResponse` `chat()` would return (see `StreamingLLM`)."""
+        return self._http.stream(
+            f"{self.base_url}/v1/messages",
+            {"x-api-key": self._api_key, "anthropic-version": ANTHROPIC_VERSION},
+            self.stream_body(messages, tools),
+            parse_stream,
+            parse_response,
+        )
+
 
 def build_request(
     model: str, messages: Sequence[Message], tools: Sequence[ToolSpec], *, max_tokens: int
@@ -158,6 +184,15 @@ def parse_response(data: Any) -> LLMResponse:
             provider="anthropic",
             body=str(data),
         )
+    return _reply(content, data.get("stop_reason"), data.get("usage"))
+
+
+def _reply(
+    content: list[Any], stop_reason: Any, usage: Any, raw_inputs: Mapping[int, str] | None = None
+) -> LLMResponse:
+    """The neutral reply for a message's content blocks. `raw_inputs` holds, by
+    position, the JSON text of a streamed tool_use block's input, not yet parsed."""
+    raw_inputs = raw_inputs or {}
     texts: list[str] = []
     calls: list[ToolCall] = []
     for index, block in enumerate(content):
@@ -169,15 +204,19 @@ def parse_response(data: Any) -> LLMResponse:
         elif kind == "tool_use":
             call_id, name = str(block.get("id") or ""), str(block.get("name") or "")
             arguments = block.get("input")
-            cut_off = data.get("stop_reason") == "max_tokens" and index == len(content) - 1
-            if cut_off or not isinstance(arguments, dict):
+            cut_off = stop_reason == "max_tokens" and index == len(content) - 1
+            if index in raw_inputs and not cut_off:
+                # Streamed: parsed as the OpenAI adapter parses its JSON-string
+                # arguments (broken or too-deep JSON becomes a MalformedToolCall).
+                calls.append(make_tool_call(call_id, name, raw_inputs[index]))
+            elif cut_off or not isinstance(arguments, dict):
                 # A call cut off at max_tokens may hold half its arguments; never run it.
                 calls.append(
                     MalformedToolCall(
                         call_id,
                         name,
                         {},
-                        raw_arguments=repr(arguments),
+                        raw_arguments=raw_inputs.get(index, repr(arguments)),
                         arguments_error=(
                             f"The call to tool {name!r} was cut off (the reply hit max_tokens) "
                             "or had no argument object, so the tool was not run. Call it again, "
@@ -187,7 +226,100 @@ def parse_response(data: Any) -> LLMResponse:
                 )
             else:
                 calls.append(ToolCall(call_id, name, arguments))
-    return LLMResponse(text="".join(texts), tool_calls=calls, usage=_usage(data.get("usage")))
+    return LLMResponse(text="".join(texts), tool_calls=calls, usage=_usage(usage))
+
+
+async def parse_stream(events: AsyncIterator[SSEEvent]) -> AsyncGenerator[StreamPart, None]:
+    """Deltas, then the `LLMResponse`, from a Messages API event stream.
+
+    Follows message_start, content_block_start/delta/stop (text_delta,
+    input_json_delta; other deltas such as thinking are skipped, as
+    `parse_response` skips their blocks), message_delta (stop reason, usage)
+    and message_stop; an `error` event raises (see `stream_error`), and a
+    stream that ends before message_stop is a cut (`LLMConnectionError`).
+    """
+    blocks: dict[int, dict[str, Any]] = {}  # by the stream's block index
+    partial: dict[int, str] = {}  # a tool_use block's input JSON so far
+    call_index: dict[int, int] = {}  # block index -> the call's place in the reply
+    usage: dict[str, Any] = {}
+    stop_reason: Any = None
+    async for event in events:
+        if event.event == "ping":
+            continue
+        if event.event == "error":
+            raise stream_error("anthropic", event.data)
+        data = json_data(event, "anthropic")
+        if not isinstance(data, dict):
+            raise _bad_event(event)
+        kind = data.get("type", event.event)
+        if kind == "error":
+            raise stream_error("anthropic", event.data)
+        if kind == "message_start":
+            message = data.get("message")
+            if isinstance(message, dict):
+                _merge_usage(usage, message.get("usage"))
+                stop_reason = message.get("stop_reason") or stop_reason
+        elif kind == "content_block_start":
+            index, block = data.get("index"), data.get("content_block")
+            if not isinstance(index, int) or not isinstance(block, dict):
+                raise _bad_event(event)
+            blocks[index] = dict(block)
+            if block.get("type") == "tool_use":
+                call_index[index] = len(call_index)
+                partial[index] = ""
+                yield ToolCallDelta(
+                    call_index[index], str(block.get("id") or ""), str(block.get("name") or "")
+                )
+            elif (
+                block.get("type") == "text" and isinstance(block.get("text"), str) and block["text"]
+            ):
+                yield TextDelta(block["text"])
+        elif kind == "content_block_delta":
+            index, delta = data.get("index"), data.get("delta")
+            if not isinstance(delta, dict) or index not in blocks:
+                raise _bad_event(event)
+            block = blocks[index]
+            if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+                block["text"] = str(block.get("text") or "") + delta["text"]
+                if delta["text"]:
+                    yield TextDelta(delta["text"])
+            elif delta.get("type") == "input_json_delta" and index in partial:
+                piece = delta.get("partial_json")
+                if isinstance(piece, str) and piece:
+                    partial[index] += piece
+                    yield ToolCallDelta(call_index[index], arguments=piece)
+        elif kind == "message_delta":
+            delta = data.get("delta")
+            if isinstance(delta, dict):
+                stop_reason = delta.get("stop_reason") or stop_reason
+            _merge_usage(usage, data.get("usage"))
+        elif kind == "message_stop":
+            order = sorted(blocks)
+            raw_inputs = {
+                position: partial[index]
+                for position, index in enumerate(order)
+                if partial.get(index)
+            }
+            content = [blocks[index] for index in order]
+            yield _reply(content, stop_reason, usage or None, raw_inputs)
+            return
+        # content_block_stop and event types added later need nothing
+    raise stream_cut("anthropic", "message_stop")
+
+
+def _merge_usage(usage: dict[str, Any], raw: Any) -> None:
+    # message_delta's counts are cumulative: they replace message_start's.
+    if isinstance(raw, dict):
+        usage.update({key: value for key, value in raw.items() if value is not None})
+
+
+def _bad_event(event: SSEEvent) -> LLMResponseError:
+    return LLMResponseError(
+        f"anthropic streamed a {event.event!r} event that does not fit the Messages API; "
+        "is LLM_BASE_URL an Anthropic Messages API endpoint?",
+        provider="anthropic",
+        body=event.data,
+    )
 
 
 def _usage(raw: Any) -> Usage | None:

@@ -9,17 +9,31 @@
 
 Both read only the conversation they are sent, like a real model: resumed
 after a crash, they continue from what is stored. Neither touches the network.
+Both stream too (`stream()`, see `StreamingLLM`): the reply's text in
+word-sized `TextDelta`s, `delta_delay` seconds apart (0 by default), so a
+served offline agent streams visibly.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ..messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
+from ..messages import (
+    LLMResponse,
+    Message,
+    StreamPart,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
 
 ModelFunction = Callable[[list[Message], list[ToolSpec]], LLMResponse | Awaitable[LLMResponse]]
 
@@ -35,8 +49,9 @@ class FunctionLLM:
 
     model = "function"
 
-    def __init__(self, fn: ModelFunction) -> None:
+    def __init__(self, fn: ModelFunction, *, delta_delay: float = 0.0) -> None:
         self.fn = fn
+        self.delta_delay = delta_delay
         self.calls = 0
 
     async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
@@ -46,6 +61,30 @@ class FunctionLLM:
         if not isinstance(response, LLMResponse):
             raise TypeError(f"FunctionLLM's function returned {type(response).__name__}")
         return response
+
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec]
+    ) -> AsyncIterator[StreamPart]:
+        """`chat()`'s answer in pieces: its text word by word, its calls, then the answer."""
+        async for part in stream_response(await self.chat(messages, tools), self.delta_delay):
+            yield part
+
+
+def text_pieces(text: str) -> list[str]:
+    """`text` cut into word-sized pieces (each word with the spaces after it)."""
+    return re.findall(r"\s*\S+\s*", text) or ([text] if text else [])
+
+
+async def stream_response(response: LLMResponse, delay: float = 0.0) -> AsyncIterator[StreamPart]:
+    """Stream a known answer as a model would: word-sized `TextDelta`s (`delay` seconds
+    before each), one `ToolCallDelta` per call, then `response` itself."""
+    for piece in text_pieces(response.text):
+        if delay > 0:
+            await asyncio.sleep(delay)
+        yield TextDelta(piece)
+    for index, call in enumerate(response.tool_calls):
+        yield ToolCallDelta(index, call.id, call.name, json.dumps(call.arguments))
+    yield response
 
 
 class TestLLM:
@@ -76,10 +115,12 @@ class TestLLM:
         call_tools: Sequence[str] | None = None,
         one_per_step: bool = False,
         text: str | None = None,
+        delta_delay: float = 0.0,
     ) -> None:
         self.call_tools = list(call_tools) if call_tools is not None else None
         self.one_per_step = one_per_step
         self.text = text
+        self.delta_delay = delta_delay
         self.calls = 0
 
     async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
@@ -97,6 +138,14 @@ class TestLLM:
             ]
             return LLMResponse("", calls, usage)
         return LLMResponse(self._reply(turn), [], usage)
+
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec]
+    ) -> AsyncIterator[StreamPart]:
+        """`chat()`'s answer in pieces: its text word by word (`delta_delay` seconds
+        apart), its calls, then the answer."""
+        async for part in stream_response(await self.chat(messages, tools), self.delta_delay):
+            yield part
 
     def _reply(self, turn: Sequence[Message]) -> str:
         if self.text is not None:

@@ -16,15 +16,25 @@ Arguments that are not a JSON object become a `MalformedToolCall` (see
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx
 
 from ..errors import ConfigurationError
-from ..messages import LLMResponse, Message, ToolCall, ToolSpec, Usage
+from ..messages import (
+    LLMResponse,
+    Message,
+    StreamPart,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
+from ._sse import SSEEvent, json_data, stream_cut, stream_error
 from .errors import LLMResponseError, provider_message
 from .tool_calls import make_tool_call, token_count
 
@@ -89,6 +99,25 @@ class OpenAILLM(HTTPAdapter):
             f"{self.base_url}/chat/completions", headers, self.request_body(messages, tools)
         )
         return parse_response(data)
+
+    def stream_body(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
+        """The JSON body `stream()` sends: `chat()`'s with `"stream": true` and usage asked for."""
+        body = self.request_body(messages, tools)
+        body["stream"] = True
+        body.setdefault("stream_options", {"include_usage": True})
+        return body
+
+    def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncIterator[StreamPart]:
+        """The reply as it is written: `TextDelta`s and `ToolCallDelta`s, then the
+        `LLMResponse` `chat()` would return (see `StreamingLLM`)."""
+        headers = {"authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        return self._http.stream(
+            f"{self.base_url}/chat/completions",
+            headers,
+            self.stream_body(messages, tools),
+            parse_stream,
+            parse_response,
+        )
 
 
 def build_request(
@@ -222,3 +251,125 @@ def _text(content: Any) -> str:
             if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
     return ""
+
+
+class ChunkReader:
+    """Builds a reply from streamed `chat.completion.chunk` objects, one `add()` each.
+
+    `add(chunk)` returns the deltas the chunk carries: its text, and its
+    tool-call pieces by `index` (id and name with a call's first piece, the
+    arguments' JSON text as it comes). `reply()` is the `LLMResponse`,
+    parsed as `parse_response` parses a whole answer (same tool calls, same
+    `MalformedToolCall`s, usage from the chunk that carries it). Servers
+    that send a call whole (no `index`, arguments maybe an object) are
+    read too.
+    """
+
+    def __init__(self, provider: str = "openai") -> None:
+        self.provider = provider
+        self.finished = False  # a choice said its finish_reason
+        self._texts: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._usage: Any = None
+
+    def add(self, chunk: Any) -> list[StreamPart]:
+        if not isinstance(chunk, dict):
+            raise LLMResponseError(
+                f"{self.provider} streamed a {type(chunk).__name__}, not a chunk object",
+                provider=self.provider,
+                body=repr(chunk),
+            )
+        if chunk.get("error"):
+            raise stream_error(self.provider, json.dumps(chunk))
+        if chunk.get("usage") is not None:
+            self._usage = chunk["usage"]
+        parts: list[StreamPart] = []
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta", choice.get("message"))
+            if isinstance(delta, dict):
+                parts.extend(self.add_text(delta.get("content")))
+                parts.extend(self.add_tool_calls(delta.get("tool_calls")))
+            if choice.get("finish_reason"):
+                self.finished = True
+        return parts
+
+    def add_text(self, content: Any) -> list[StreamPart]:
+        text = _text(content)
+        if not text:
+            return []
+        self._texts.append(text)
+        return [TextDelta(text)]
+
+    def add_tool_calls(self, raw: Any) -> list[StreamPart]:
+        parts: list[StreamPart] = []
+        for item in raw if isinstance(raw, list) else ():
+            if not isinstance(item, dict):
+                continue
+            index = item.get("index")
+            if not isinstance(index, int) or isinstance(index, bool):
+                index = len(self._calls)  # a call sent whole, without an index
+            function = item.get("function")
+            source = function if isinstance(function, dict) else item
+            call = self._calls.get(index)
+            first = call is None
+            if call is None:
+                call = self._calls[index] = {"id": "", "name": "", "arguments": None}
+            new_id = new_name = None
+            if item.get("id") and not call["id"]:
+                call["id"] = new_id = str(item["id"])
+            if source.get("name") and not call["name"]:
+                call["name"] = new_name = str(source["name"])
+            arguments, piece = source.get("arguments"), ""
+            if isinstance(arguments, str):
+                if not isinstance(call["arguments"], str | None):
+                    call["arguments"] = ""  # an object, then text: keep the text
+                call["arguments"] = (call["arguments"] or "") + arguments
+                piece = arguments
+            elif arguments is not None:  # an object sent whole (already depth-checked)
+                call["arguments"] = arguments
+                piece = json.dumps(arguments, ensure_ascii=False)
+            if first or new_id or new_name or piece:
+                parts.append(ToolCallDelta(index, new_id, new_name, piece))
+        return parts
+
+    def reply(self) -> LLMResponse:
+        calls = [
+            {"id": call["id"], "function": {"name": call["name"], "arguments": call["arguments"]}}
+            for _, call in sorted(self._calls.items())
+        ]
+        return LLMResponse(
+            text="".join(self._texts),
+            tool_calls=parse_tool_calls(calls),
+            usage=parse_usage(self._usage),
+        )
+
+
+async def parse_stream(events: AsyncIterator[SSEEvent]) -> AsyncGenerator[StreamPart, None]:
+    """Deltas, then the `LLMResponse`, from a Chat Completions stream (`data: [DONE]` ends it).
+
+    An error object in the stream raises (see `stream_error`); a stream that
+    ends before `[DONE]` is a cut (`LLMConnectionError`), unless its choice
+    had already finished (some compatible servers send no `[DONE]`).
+    """
+    async for part in read_chunks(events, ChunkReader("openai")):
+        yield part
+
+
+async def read_chunks(
+    events: AsyncIterator[SSEEvent], reader: ChunkReader
+) -> AsyncGenerator[StreamPart, None]:
+    """`parse_stream` with a given chunk reader (Workers AI brings its own)."""
+    async for event in events:
+        if event.data.strip() == "[DONE]":
+            yield reader.reply()
+            return
+        if event.event == "error":
+            raise stream_error(reader.provider, event.data)
+        for part in reader.add(json_data(event, reader.provider)):
+            yield part
+    if not reader.finished:
+        raise stream_cut(reader.provider, "[DONE]")
+    yield reader.reply()

@@ -19,21 +19,30 @@ handled:
 A failure raised by the binding is mapped by its Workers AI error code onto
 the same error classes the HTTP adapters raise, and retried when transient
 (3040 out of capacity, 3007/3008 timeouts).
+
+`stream()` passes `stream: true`: the binding then answers with a
+ReadableStream of server-sent events, `data: {"response": "<text piece>"}`
+(tool calls and usage in the events that carry them; OpenAI-style
+`chat.completion.chunk`s from the models that speak that) up to
+`data: [DONE]`, read piece by piece.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigurationError
-from ..messages import LLMResponse, Message, ToolSpec
-from ._retry import RetryPolicy, attempt_timeout, call_with_retries
+from ..messages import LLMResponse, Message, StreamPart, TextDelta, ToolSpec
+from ._retry import RetryPolicy, attempt_timeout, call_with_retries, stream_with_retries
+from ._sse import sse_events, sse_lines
 from .errors import (
     LLMAuthenticationError,
+    LLMConnectionError,
     LLMContextLengthError,
     LLMError,
     LLMHTTPError,
@@ -42,8 +51,15 @@ from .errors import (
     LLMResponseError,
     LLMTimeoutError,
 )
+from .openai import (
+    ChunkReader,
+    parse_tool_calls,
+    parse_usage,
+    read_chunks,
+    to_openai_messages,
+    to_openai_tool,
+)
 from .openai import parse_response as parse_openai_response
-from .openai import parse_tool_calls, parse_usage, to_openai_messages, to_openai_tool
 
 DEFAULT_WORKERS_AI_MODEL = "@cf/meta/llama-3.3-70b-instruct-fp8-fast"
 
@@ -141,6 +157,129 @@ class WorkersAILLM:
 
         result = await call_with_retries(self.retry, attempt)
         return parse_result(result)
+
+    def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncIterator[StreamPart]:
+        """The reply as the model writes it: `TextDelta`s and `ToolCallDelta`s, then the
+        `LLMResponse` `chat()` would return (see `StreamingLLM`). A binding that
+        answers with a whole result instead of a stream gives its text as one delta."""
+        inputs = {**self.request_inputs(messages, tools), "stream": True}
+        argument = self.convert_input(inputs) if self.convert_input else inputs
+
+        async def attempt(time_left: float) -> AsyncGenerator[StreamPart, None]:
+            limit = attempt_timeout(self.timeout, time_left)
+            try:
+                async with asyncio.timeout(limit):
+                    result = await self.binding.run(self.model, argument)
+            except TimeoutError as exc:
+                raise LLMTimeoutError(
+                    f"Workers AI did not answer within {limit:.3g} s (model {self.model})",
+                    provider=self.provider,
+                ) from exc
+            except Exception as exc:  # the binding raises JS errors as plain exceptions
+                raise binding_error(exc) from exc
+            if not _is_stream(result):
+                reply = parse_result(result)
+                if reply.text:
+                    yield TextDelta(reply.text)
+                yield reply
+                return
+            events = sse_events(sse_lines(_stream_chunks(result, limit, self.model)))
+            async with contextlib.aclosing(read_chunks(events, _WorkersAIChunks())) as parts:
+                async for part in parts:
+                    yield part
+
+        return stream_with_retries(self.retry, attempt, provider=self.provider)
+
+
+class _WorkersAIChunks(ChunkReader):
+    """Reads Workers AI's stream events: `{"response": "<piece>"}` with `tool_calls` and
+    `usage` where they come, or OpenAI-style chunks (`choices`)."""
+
+    def __init__(self) -> None:
+        super().__init__("workers-ai")
+
+    def add(self, chunk: Any) -> list[StreamPart]:
+        if not isinstance(chunk, dict) or "choices" in chunk or chunk.get("error"):
+            return super().add(chunk)
+        if chunk.get("usage") is not None:
+            super().add({"usage": chunk["usage"]})
+        response = chunk.get("response")
+        if response is not None and not isinstance(response, str):
+            response = json.dumps(response, ensure_ascii=False)  # JSON mode
+        return self.add_text(response) + self.add_tool_calls(chunk.get("tool_calls"))
+
+
+def _is_stream(result: Any) -> bool:
+    return hasattr(result, "__aiter__") or callable(getattr(result, "getReader", None))
+
+
+async def _stream_chunks(stream: Any, limit: float, model: str) -> AsyncGenerator[bytes, None]:
+    """The bytes of what `run(..., stream=True)` returned: a JS ReadableStream (read
+    with its reader, each read bounded by `limit`) or a Python async iterable."""
+    reader: Any = None
+    if callable(getattr(stream, "getReader", None)):
+        reader = stream.getReader()
+        read: Callable[[], Any] = reader.read
+    else:
+        read = stream.__aiter__().__anext__
+    done = False
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(limit):
+                    step = await read()
+            except StopAsyncIteration:
+                done = True
+                return
+            except TimeoutError as exc:
+                raise LLMTimeoutError(
+                    f"the Workers AI stream stalled for {limit:.3g} s (model {model})",
+                    provider="workers-ai",
+                ) from exc
+            except Exception as exc:  # the stream errored (a JS error)
+                error = binding_error(exc)
+                if isinstance(error, LLMHTTPError):
+                    raise error from exc
+                raise LLMConnectionError(
+                    f"the Workers AI stream broke off: {exc}", provider="workers-ai"
+                ) from exc
+            if reader is None:
+                value = step
+            else:
+                if _field(step, "done"):
+                    done = True
+                    return
+                value = _field(step, "value")
+            if value is not None:
+                yield _as_bytes(value)
+    finally:
+        if reader is not None and not done:
+            with contextlib.suppress(Exception):
+                await reader.cancel()
+
+
+def _field(step: Any, name: str) -> Any:
+    """A field of a reader's `{done, value}` (a dict once converted, else a JS proxy)."""
+    to_py = getattr(step, "to_py", None)
+    if callable(to_py) and not isinstance(step, Mapping):
+        step = to_py()
+    if isinstance(step, Mapping):
+        return step.get(name)
+    return getattr(step, name, None)
+
+
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    to_bytes = getattr(value, "to_bytes", None)  # a JS Uint8Array's proxy
+    if callable(to_bytes):
+        return bytes(to_bytes())
+    to_py = getattr(value, "to_py", None)
+    if callable(to_py):
+        return _as_bytes(to_py())
+    return bytes(value)
 
 
 def _messages(messages: Sequence[Message]) -> list[dict[str, Any]]:

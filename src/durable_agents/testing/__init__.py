@@ -18,13 +18,13 @@ cannot be swallowed by an `except Exception` in a handler or in the loop.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import ConfigurationError
-from ..llm.offline import FunctionLLM, TestLLM
-from ..messages import LLMResponse, Message, ToolSpec
+from ..llm.offline import FunctionLLM, TestLLM, stream_response
+from ..messages import LLMResponse, Message, StreamPart, ToolSpec
 from ..stores.base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo, Store
 
 Step = (
@@ -58,10 +58,12 @@ class ScriptedLLM:
     """An LLM that plays a script: each step is an `LLMResponse` to return, an
     exception to raise, or a callable `(messages, tools) -> LLMResponse` (sync or
     async) for answers that depend on the conversation. Every call is recorded
-    on `.calls`."""
+    on `.calls`. `stream()` plays the same step in pieces (its text word by
+    word, `delta_delay` seconds apart, then the `LLMResponse`)."""
 
-    def __init__(self, steps: Sequence[Step]) -> None:
+    def __init__(self, steps: Sequence[Step], *, delta_delay: float = 0.0) -> None:
         self.steps = list(steps)
+        self.delta_delay = delta_delay
         self.calls: list[LLMCall] = []
 
     @property
@@ -84,6 +86,13 @@ class ScriptedLLM:
             return step
         answer = step(list(messages), list(tools))
         return await answer if inspect.isawaitable(answer) else answer
+
+    async def stream(
+        self, messages: list[Message], tools: list[ToolSpec]
+    ) -> AsyncIterator[StreamPart]:
+        """The next step, as `chat()` plays it, in pieces: deltas, then the `LLMResponse`."""
+        async for part in stream_response(await self.chat(messages, tools), self.delta_delay):
+            yield part
 
 
 class CrashingStore:
