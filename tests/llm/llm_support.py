@@ -52,28 +52,40 @@ def strict_validator(tp: Any) -> SchemaValidator:
     return SchemaValidator(schema)
 
 
-def _anthropic_validator() -> SchemaValidator:
-    from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
+def _anthropic_validator(streaming: bool) -> SchemaValidator:
+    from anthropic.types.message_create_params import (
+        MessageCreateParamsNonStreaming,
+        MessageCreateParamsStreaming,
+    )
 
-    return strict_validator(MessageCreateParamsNonStreaming)
+    return strict_validator(
+        MessageCreateParamsStreaming if streaming else MessageCreateParamsNonStreaming
+    )
 
 
-def _openai_validator() -> SchemaValidator:
-    from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
+def _openai_validator(streaming: bool) -> SchemaValidator:
+    from openai.types.chat.completion_create_params import (
+        CompletionCreateParamsNonStreaming,
+        CompletionCreateParamsStreaming,
+    )
 
-    return strict_validator(CompletionCreateParamsNonStreaming)
+    return strict_validator(
+        CompletionCreateParamsStreaming if streaming else CompletionCreateParamsNonStreaming
+    )
 
 
-_validators: dict[str, SchemaValidator] = {}
+_validators: dict[tuple[str, bool], SchemaValidator] = {}
 
 
 def validate_request(provider: str, body: dict[str, Any]) -> None:
-    """Raise pydantic's ValidationError unless `body` fits the official SDK's request type."""
-    if provider not in _validators:
-        _validators[provider] = (
-            _anthropic_validator() if provider == "anthropic" else _openai_validator()
+    """Raise pydantic's ValidationError unless `body` fits the official SDK's request type
+    (the SDK's streaming request type when the body has `"stream": true`)."""
+    key = (provider, body.get("stream") is True)
+    if key not in _validators:
+        _validators[key] = (
+            _anthropic_validator(key[1]) if provider == "anthropic" else _openai_validator(key[1])
         )
-    _validators[provider].validate_python(body, strict=True)
+    _validators[key].validate_python(body, strict=True)
 
 
 # ---------------------------------------------------------------- retry policy
@@ -107,7 +119,14 @@ def fast_retry(
 
 @dataclass
 class Reply:
-    """One scripted answer: a status and JSON body, or a dropped connection, maybe late."""
+    """One scripted answer: a status and JSON body, or a dropped connection, maybe late.
+
+    With `events`, a server-sent event stream instead: each event written and
+    flushed on its own, chunked (or, with `chunked=False`, ended by closing
+    the connection). `cut_after=n` sends n events and drops the connection
+    (mid-body); `hold_after=n` sends n events, then waits for the server's
+    `release` before the rest.
+    """
 
     body: Any = None
     status: int = 200
@@ -115,6 +134,10 @@ class Reply:
     delay: float = 0.0
     drop: bool = False
     raw: bytes | None = None
+    events: list[bytes] | None = None
+    chunked: bool = True
+    cut_after: int | None = None
+    hold_after: int | None = None
 
 
 @dataclass
@@ -137,6 +160,8 @@ class ScriptedServer:
         self.replies = list(replies)
         self.requests: list[Recorded] = []
         self.exhausted = False
+        self.release = threading.Event()  # lets a held stream go on
+        self.stream_ended = threading.Event()  # a stream's last event was written
         self._lock = threading.Lock()
         self._release = threading.Event()
         server = self
@@ -172,6 +197,9 @@ class ScriptedServer:
                 if reply.drop:
                     self.close_connection = True
                     return
+                if reply.events is not None:
+                    self.send_events(reply)
+                    return
                 payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
                 try:
                     self.send_response(reply.status)
@@ -182,6 +210,37 @@ class ScriptedServer:
                     self.end_headers()
                     self.wfile.write(payload)
                 except OSError:  # the client gave up (a timeout test)
+                    self.close_connection = True
+
+            def send_events(self, reply: Reply) -> None:
+                assert reply.events is not None
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("content-type", "text/event-stream; charset=utf-8")
+                    self.send_header("cache-control", "no-cache")
+                    if reply.chunked:
+                        self.send_header("transfer-encoding", "chunked")
+                    else:
+                        self.send_header("connection", "close")
+                        self.close_connection = True
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    self.wfile.flush()
+                    for number, event in enumerate(reply.events):
+                        if number == reply.cut_after:
+                            self.close_connection = True
+                            return
+                        if number == reply.hold_after:
+                            server.release.wait(10)
+                        frame = f"{len(event):x}\r\n".encode() + event + b"\r\n"
+                        self.wfile.write(frame if reply.chunked else event)
+                        self.wfile.flush()
+                    if reply.chunked:
+                        self.wfile.write(b"0\r\n\r\n")
+                        self.wfile.flush()
+                    server.stream_ended.set()
+                except OSError:  # the client went away
                     self.close_connection = True
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -202,6 +261,7 @@ class ScriptedServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self._release.set()
+        self.release.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
@@ -300,3 +360,13 @@ def capture_transport(answer: Callable[[Any], Any]) -> tuple[httpx.MockTransport
         return httpx.Response(200, json=answer(body))
 
     return httpx.MockTransport(handler), seen
+
+
+# ---------------------------------------------------------------- server-sent events
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One server-sent event: `event:` (if named) and `data:` (JSON unless bytes/str)."""
+    text = data if isinstance(data, str) else json.dumps(data)
+    head = f"event: {event}\n" if event else ""
+    return (head + f"data: {text}\n\n").encode()

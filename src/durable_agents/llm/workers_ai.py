@@ -183,10 +183,12 @@ class WorkersAILLM:
                     yield TextDelta(reply.text)
                 yield reply
                 return
-            events = sse_events(sse_lines(_stream_chunks(result, limit, self.model)))
-            async with contextlib.aclosing(read_chunks(events, _WorkersAIChunks())) as parts:
-                async for part in parts:
-                    yield part
+            chunks = _stream_chunks(result, limit, self.model)
+            async with contextlib.aclosing(chunks):  # cancels the reader if left early
+                events = sse_events(sse_lines(chunks))
+                async with contextlib.aclosing(read_chunks(events, _WorkersAIChunks())) as parts:
+                    async for part in parts:
+                        yield part
 
         return stream_with_retries(self.retry, attempt, provider=self.provider)
 
