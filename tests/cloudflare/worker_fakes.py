@@ -3,7 +3,9 @@
 - `FakeServices`: one HTTP server holding three fakes: an OpenAI-compatible
   LLM (`/v1/chat/completions`) that answers from the conversation it is sent
   (get_issue -> post_slack -> final text; after a tool-durability-error, a
-  final text that does not post again), an issue tracker (`/api/issues/{id}`;
+  final text that does not post again), with `"stream": true` as server-sent
+  events (the text word by word and the call in pieces, `chunk_delay` seconds
+  apart, usage last, then `data: [DONE]`), an issue tracker (`/api/issues/{id}`;
   `issue_bodies[id]` replaces an issue's answer with raw bytes) and a Slack
   webhook (`/hook`) that records every post and can hold its answer until
   released.
@@ -57,6 +59,7 @@ class FakeServices:
         self.posts: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.issue_bodies: dict[str, bytes] = {}
         self.hold_posts = False
+        self.chunk_delay = 0.0  # seconds between a streamed answer's chunks
         self.post_received = threading.Event()
         self.release_posts = threading.Event()
         self._lock = threading.Lock()
@@ -91,6 +94,12 @@ class FakeServices:
         with self._lock:
             self.llm_requests.append(body)
         return _completion(*_next_move(body["messages"]))
+
+    def chat_chunks(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The same answer as `chat`, as the `chat.completion.chunk`s of a stream."""
+        with self._lock:
+            self.llm_requests.append(body)
+        return _completion_chunks(*_next_move(body["messages"]))
 
     def post(self, headers: dict[str, str], body: dict[str, Any]) -> None:
         with self._lock:
@@ -149,6 +158,35 @@ def _completion(text: str, call: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def _completion_chunks(text: str, call: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """`_completion`'s answer as a stream sends it (with `include_usage`): the role, the
+    text word by word, the call's id and name then its arguments in two pieces, the
+    finish reason, and the usage in a last chunk without choices."""
+
+    def chunk(delta: dict[str, Any] | None, finish: str | None = None) -> dict[str, Any]:
+        choices = [] if delta is None else [
+            {"index": 0, "delta": delta, "finish_reason": finish}
+        ]  # fmt: skip
+        return {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
+                "model": "fake-triage", "choices": choices, "usage": None}  # fmt: skip
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    chunks += [chunk({"content": word}) for word in re.findall(r"\S+\s*", text)]
+    if call is not None:
+        arguments = json.dumps(call["arguments"])
+        half = len(arguments) // 2
+        start = {"index": 0, "id": f"call_{time.monotonic_ns()}", "type": "function",
+                 "function": {"name": call["name"], "arguments": ""}}  # fmt: skip
+        chunks.append(chunk({"tool_calls": [start]}))
+        for piece in (arguments[:half], arguments[half:]):
+            chunks.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}))
+    chunks.append(chunk({}, "tool_calls" if call else "stop"))
+    last = chunk(None)
+    last["usage"] = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    chunks.append(last)
+    return chunks
+
+
 def _handler_for(services: FakeServices) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -184,9 +222,29 @@ def _handler_for(services: FakeServices) -> type[BaseHTTPRequestHandler]:
                 return
             self._json(200, {"id": issue, "title": f"Login fails ({issue})", "status": "open"})
 
+        def _events(self, chunks: list[dict[str, Any]]) -> None:
+            # Chunked, each event flushed on its own, `chunk_delay` apart.
+            with contextlib.suppress(OSError):
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream; charset=utf-8")
+                self.send_header("cache-control", "no-cache")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                self.wfile.flush()
+                events = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks]
+                for number, event in enumerate([*events, b"data: [DONE]\n\n"]):
+                    if number and services.chunk_delay:
+                        time.sleep(services.chunk_delay)
+                    self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+
         def do_POST(self) -> None:
             body = self._body()
-            if self.path == "/v1/chat/completions":
+            if self.path == "/v1/chat/completions" and body.get("stream") is True:
+                self._events(services.chat_chunks(body))
+            elif self.path == "/v1/chat/completions":
                 self._json(200, services.chat(body))
             elif self.path == "/hook":
                 services.post({k.lower(): v for k, v in self.headers.items()}, body)

@@ -798,3 +798,34 @@ async def test_an_unfinished_event_at_the_end_is_dropped() -> None:
         SSEEvent("message", "1"),
         SSEEvent("message", "2"),
     ]
+
+
+# ---------------------------------------------------------------- the over-HTTP tests' fake
+
+
+async def test_the_fake_model_of_the_dev_server_tests_streams_in_timed_chunks() -> None:
+    from worker_fakes import FakeServices
+
+    conversation = [Message.system("Triage."), Message.user("triage issue 7")]
+    with FakeServices() as fake:
+        fake.chunk_delay = 0.05
+        llm = OpenAILLM("fake-triage", base_url=f"{fake.url}/v1", retry=fast_retry())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        arrivals: list[tuple[float, StreamPart]] = []
+        async for part in llm.stream(conversation, TOOLS):
+            arrivals.append((loop.time() - started, part))
+        whole = await llm.chat(conversation, TOOLS)
+        await llm.aclose()
+    deltas = [part for _, part in arrivals[:-1]]
+    final = arrivals[-1][1]
+    assert isinstance(final, LLMResponse)
+    assert text_of(deltas) == ["Looking ", "it ", "up."]
+    assert (
+        (final.text, final.usage) == (whole.text, whole.usage) == ("Looking it up.", Usage(11, 7))
+    )
+    assert [(c.name, c.arguments) for c in final.tool_calls] == [("get_issue", {"id": "7"})]
+    assert [(c.name, c.arguments) for c in whole.tool_calls] == [("get_issue", {"id": "7"})]
+    assert len([d for d in deltas if isinstance(d, ToolCallDelta)]) == 3
+    assert arrivals[-1][0] - arrivals[0][0] >= 0.05 * 7  # chunk_delay apart, not all at once
+    assert [body.get("stream") for body in fake.llm_requests] == [True, None]
