@@ -55,7 +55,7 @@ const PROJECT_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "
 const DEV_TOKEN = "dev-token";
 // The kit's own settings: read from the process environment even when neither [vars]
 // nor .dev.vars name them (as are the agent module's SETTINGS and DEV_STUBS names).
-const KIT_SETTINGS = ["API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY"];
+const KIT_SETTINGS = ["API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY", "CHAT_PAGE"];
 const MAX_REQUEST_BYTES = 100 * 1024 * 1024; // Cloudflare's request body limit (free plan)
 const DEFAULT_REQUEST_TIMEOUT_S = 30;
 // fetch's forbidden methods: `new Request` throws for them, so no Worker can be given one.
@@ -412,11 +412,101 @@ async function serve(whenReady, request, response, { origin, requestTimeoutMs, e
     process.stderr.write(`dev: the Worker threw: ${error?.stack ?? error}\n`);
     return sendJson(response, 500, { error: { code: "internal", message: String(error?.message ?? error).slice(0, 500) } });
   }
-  const payload = Buffer.from(await jsResponse.arrayBuffer());
-  const outHeaders = {};
-  for (const [name, value] of jsResponse.headers) if (name !== "content-length") outHeaders[name] = value;
-  outHeaders["content-length"] = String(payload.length);
-  response.writeHead(jsResponse.status, outHeaders).end(request.method === "HEAD" ? undefined : payload);
+  return forward(request, response, jsResponse);
+}
+
+// The length of a body that is already complete: a Response built from a string, bytes,
+// a Blob or JSON (undici's extractBody knows it); 0 without a body; null for a stream
+// (sent chunked, as it comes).
+function knownLength(jsResponse) {
+  if (jsResponse.body === null) return 0;
+  try {
+    const state = Object.getOwnPropertySymbols(jsResponse).find((symbol) => symbol.description === "state");
+    const length = state && jsResponse[state]?.body?.length;
+    return Number.isSafeInteger(length) && length >= 0 ? length : null;
+  } catch {
+    return null;
+  }
+}
+
+// Resolves once `response` can take more (or the client went away).
+function drained(response) {
+  return new Promise((resolve) => {
+    const done = () => {
+      response.off("drain", done).off("close", done);
+      resolve();
+    };
+    response.on("drain", done).on("close", done);
+  });
+}
+
+// The Worker's Response to the client, unbuffered, as workerd sends it: the head at once,
+// then each chunk of the body as the Worker's stream gives it (chunked; content-length
+// only for a body that is already complete). When the client goes away mid-body, the
+// Worker's body is cancelled (as workerd cancels it: a Durable Object writing to it sees
+// its writes fail, and goes on). Returns what happened: "sent", "gone" (the client went
+// away) or "failed" (the Worker's stream errored: the connection is cut, no last chunk).
+async function forward(request, response, jsResponse) {
+  const body = jsResponse.body;
+  const cancel = (reason) => body?.cancel(reason).catch(() => undefined);
+  if (response.destroyed || request.socket.destroyed) {
+    cancel(new Error("the client went away"));
+    return "gone";
+  }
+  const status = jsResponse.status;
+  const bodyless = request.method === "HEAD" || status === 204 || status === 304;
+  const headers = {};
+  for (const [name, value] of jsResponse.headers) {
+    if (name === "content-length" || HOP_BY_HOP.has(name)) continue;
+    // Only set-cookie repeats (Headers joins the others with ", ").
+    if (name in headers) headers[name] = [headers[name], value].flat();
+    else headers[name] = value;
+  }
+  const length = knownLength(jsResponse);
+  if (length !== null && status !== 204 && status !== 304) headers["content-length"] = String(length);
+  response.writeHead(status, headers);
+  if (body === null || bodyless) {
+    if (body !== null && !body.locked) cancel(new Error("a bodyless answer"));
+    response.end();
+    return "sent";
+  }
+  response.flushHeaders(); // the head now: the body may take minutes (an SSE stream)
+  const reader = body.getReader();
+  let gone = false;
+  const onClose = () => {
+    if (response.writableFinished) return;
+    gone = true;
+    reader.cancel(new Error("the client went away")).catch(() => undefined);
+  };
+  response.once("close", onClose);
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done || gone) break;
+      if (!ArrayBuffer.isView(value) && !(value instanceof ArrayBuffer)) {
+        throw new TypeError(
+          `the Worker's response body gave a ${value?.constructor?.name ?? typeof value} chunk: ` +
+            "a body stream must give bytes (an ArrayBuffer or a typed array), as workerd requires",
+        );
+      }
+      // A copy: the view may be of memory the Worker reuses (Pyodide's heap).
+      const chunk = ArrayBuffer.isView(value)
+        ? Buffer.from(new Uint8Array(value.buffer, value.byteOffset, value.byteLength))
+        : Buffer.from(new Uint8Array(value));
+      if (chunk.length && !response.write(chunk)) await drained(response);
+    }
+  } catch (error) {
+    if (gone) return "gone";
+    process.stderr.write(`dev: the Worker's response body failed mid-way: ${error?.stack ?? error}\n`);
+    reader.cancel(error).catch(() => undefined);
+    response.destroy(); // no last chunk: the client sees the body cut short, as from workerd
+    return "failed";
+  } finally {
+    response.off("close", onClose);
+  }
+  if (gone) return "gone";
+  response.end();
+  return "sent";
 }
 
 // --- cron: `wrangler dev --test-scheduled`'s GET /__scheduled?cron=...&time=..., and
@@ -463,15 +553,23 @@ async function main() {
     const socket = request.socket;
     inFlight.set(socket, response);
     response.once("close", () => inFlight.get(socket) === response && inFlight.delete(socket));
+    let outcome;
     try {
-      await serve(whenReady, request, response, serverState);
+      outcome = await serve(whenReady, request, response, serverState);
     } catch (error) {
       process.stderr.write(`dev: ${error?.stack ?? error}\n`);
       if (!response.headersSent) sendJson(response, 500, { error: { code: "internal", message: "dev server error" } });
       else response.destroy();
     }
     const status = response.headersSent ? response.statusCode : "- (the client went away)";
-    console.log(`${request.method} ${request.url} ${status} ${Math.round(performance.now() - t0)}ms`);
+    const after = !response.headersSent
+      ? ""
+      : outcome === "gone"
+        ? " - (the client went away mid-body)"
+        : outcome === "failed"
+          ? " - (the Worker's body failed mid-way)"
+          : "";
+    console.log(`${request.method} ${request.url} ${status} ${Math.round(performance.now() - t0)}ms${after}`);
   };
   const server = http.createServer(
     {
@@ -479,6 +577,7 @@ async function main() {
       // body is timed by readBody. Nothing times the answer: a turn may take minutes.
       headersTimeout: timeoutMs,
       requestTimeout: 0,
+      noDelay: true, // each chunk of a streamed body goes out as it comes (no Nagle delay)
       connectionsCheckingInterval: Math.min(30_000, Math.max(50, Math.round(timeoutMs / 5))),
     },
     onRequest,
@@ -566,6 +665,7 @@ async function main() {
   );
   ready(worker);
   console.log(`ready on ${origin}`);
+  if (servesAgent && runtime.env.CHAT_PAGE === "on") console.log(`dev: chat page: ${origin}/`);
 }
 
 // A path relative to this repo when it is in it, else absolute.
@@ -586,6 +686,8 @@ function settle(workerEnv, config, devVars, agent, origin, agentFile) {
     env.API_TOKEN = DEV_TOKEN;
     notes.push(`API_TOKEN is not set: using the dev token "${DEV_TOKEN}" (Authorization: Bearer ${DEV_TOKEN})`);
   }
+  // The chat page at / (the Worker serves it when CHAT_PAGE is "on"): on unless set.
+  if (isEmpty(env.CHAT_PAGE)) env.CHAT_PAGE = "on";
   const stubbed = agent.dev_stubs.filter((name) => isEmpty(env[name]));
   for (const name of stubbed) env[name] = `${origin}/__dev/${name}`;
   if (stubbed.length) env.DEV_STUBS = "on";
