@@ -1,5 +1,6 @@
 """The LLM adapters inside Pyodide: the default HTTP client goes through `fetch`, and
-WorkersAILLM talks to a JS `AI` binding wrapped the way the workers SDK wraps env bindings."""
+WorkersAILLM talks to a JS `AI` binding wrapped the way the workers SDK wraps env bindings.
+Streams (stream()) arrive in pieces through `FetchTransport` and through the binding."""
 
 import ast
 import json
@@ -8,13 +9,16 @@ import sys
 import js
 from workers.rpc import _BindingWrapper
 
-from durable_agents import Message, ToolCall, ToolSpec, Usage
+from durable_agents import LLMResponse, Message, ToolCall, ToolSpec, Usage
 from durable_agents.cloudflare import FetchTransport
 from durable_agents.llm import (
+    AnthropicLLM,
     LLMConnectionError,
     LLMResponseError,
     OpenAILLM,
     RetryPolicy,
+    TextDelta,
+    ToolCallDelta,
     WorkersAILLM,
 )
 
@@ -108,3 +112,205 @@ async def test_workers_ai_through_a_wrapped_js_binding():
     }
     assert sent["inputs"]["messages"][3]["tool_call_id"] == "call_1"
     assert sent["inputs"]["tools"][0]["function"]["parameters"]["required"] == ["city"]
+
+
+# ---------------------------------------------------------------- streams
+
+# A JS provider: `fetch` (or `AI.run`) answers with a ReadableStream that sends each
+# event 30 ms after the previous one is read, logging what it sent, so a test can see
+# that a piece reached Python while the rest was still unsent.
+_STREAMING_JS = """(events) => {
+  const log = [];
+  const requests = [];
+  const stream = () => {
+    const encoder = new TextEncoder();
+    let next = 0;
+    return new ReadableStream({
+      async pull(controller) {
+        if (next > 0) await new Promise((resolve) => setTimeout(resolve, 30));
+        if (next >= events.length) {
+          log.push("end");
+          controller.close();
+          return;
+        }
+        log.push("sent " + next);
+        controller.enqueue(encoder.encode(events[next++]));
+      },
+    }, { highWaterMark: 0 });
+  };
+  return {
+    log,
+    requests,
+    fetch: async (url, init) => {
+      const body = new TextDecoder().decode(init.body);
+      requests.push(JSON.stringify({ url, headers: init.headers, body }));
+      return new Response(stream(), {
+        status: 200,
+        headers: { "content-type": "text/event-stream; charset=utf-8" },
+      });
+    },
+    ai: {
+      async run(model, inputs) {
+        requests.push(JSON.stringify({ model, inputs }));
+        return stream();
+      },
+    },
+  };
+}"""
+
+
+def _provider(events):
+    return js.eval(_STREAMING_JS)(js.JSON.parse(json.dumps(events)))
+
+
+def _sse(data, event=None):
+    text = data if isinstance(data, str) else json.dumps(data)
+    return (f"event: {event}\n" if event else "") + f"data: {text}\n\n"
+
+
+async def _read(stream, provider):
+    """Every part, each with what the provider had logged when it arrived."""
+    seen = []
+    async for part in stream:
+        seen.append((part, list(provider.log)))
+    return seen
+
+
+def _chunk(delta, finish=None, usage=None):
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": choices, "usage": usage}  # fmt: skip
+
+
+async def test_an_openai_stream_arrives_in_pieces_through_fetch():
+    call = {"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": '}}  # fmt: skip
+    events = [
+        _sse(_chunk({"role": "assistant", "content": "Sunny "})),
+        _sse(_chunk({"content": "in "})),
+        _sse(_chunk({"content": "Parí"})),
+        _sse(_chunk({"content": "s."})),
+        _sse(_chunk({"tool_calls": [call]})),
+        _sse(_chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]})),
+        _sse(_chunk({}, "tool_calls")),
+        _sse(_chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 4})),
+        "data: [DONE]\n\n",
+    ]
+    provider = _provider(events)
+    llm = OpenAILLM(
+        "m", "sk-secret", base_url="https://llm.example/v1",
+        transport=FetchTransport(provider.fetch), retry=RetryPolicy.none(),
+    )  # fmt: skip
+    seen = await _read(llm.stream([Message.user("Paris?")], [WEATHER]), provider)
+    await llm.aclose()
+    texts = [(part.text, log) for part, log in seen if isinstance(part, TextDelta)]
+    assert [text for text, _ in texts] == ["Sunny ", "in ", "Parí", "s."]
+    first_log = texts[0][1]
+    assert "end" not in first_log
+    assert "sent 3" not in first_log
+    calls = [part for part, _ in seen if isinstance(part, ToolCallDelta)]
+    assert [(c.id, c.name, c.arguments) for c in calls] == [
+        ("call_1", "get_weather", '{"city": '), (None, None, '"Paris"}'),
+    ]  # fmt: skip
+    final = seen[-1][0]
+    assert final == LLMResponse(
+        "Sunny in París.", [ToolCall("call_1", "get_weather", {"city": "Paris"})], Usage(9, 4)
+    )
+    sent = json.loads(provider.requests[0])
+    assert sent["url"] == "https://llm.example/v1/chat/completions"
+    assert json.loads(sent["body"])["stream"] is True
+    assert ["accept", "text/event-stream"] in [[k.lower(), v] for k, v in sent["headers"]]
+
+
+async def test_an_anthropic_stream_arrives_in_pieces_through_fetch():
+    start = {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+        "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 20, "output_tokens": 1}}}  # fmt: skip
+
+    def text(piece):
+        return {"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": piece}}  # fmt: skip
+
+    events = [
+        _sse(start, "message_start"),
+        _sse(
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+            "content_block_start",
+        ),
+        _sse(text("Twenty-"), "content_block_delta"),
+        ": keep-alive\n\n",
+        _sse(text("one "), "content_block_delta"),
+        _sse(text("degrees."), "content_block_delta"),
+        _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+        _sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn"},
+                "usage": {"output_tokens": 6},
+            },
+            "message_delta",
+        ),
+        _sse({"type": "message_stop"}, "message_stop"),
+    ]
+    provider = _provider(events)
+    llm = AnthropicLLM(
+        "claude-sonnet-4-5", "sk-ant-secret", base_url="https://anthropic.example",
+        transport=FetchTransport(provider.fetch), retry=RetryPolicy.none(),
+    )  # fmt: skip
+    seen = await _read(llm.stream([Message.user("Paris?")], []), provider)
+    await llm.aclose()
+    texts = [(part.text, log) for part, log in seen if isinstance(part, TextDelta)]
+    assert [t for t, _ in texts] == ["Twenty-", "one ", "degrees."]
+    assert "end" not in texts[0][1]
+    assert "sent 5" not in texts[0][1]
+    assert seen[-1][0] == LLMResponse("Twenty-one degrees.", [], Usage(20, 6))
+    sent = json.loads(provider.requests[0])
+    assert sent["url"] == "https://anthropic.example/v1/messages"
+    assert json.loads(sent["body"])["stream"] is True
+
+
+async def test_a_workers_ai_stream_arrives_in_pieces_through_a_wrapped_binding():
+    events = [
+        _sse({"response": "Cold ", "p": "ab"}),
+        _sse({"response": "in ", "p": "abc"}),
+        _sse({"response": "Oslo.", "p": "a"}),
+        _sse({"response": "", "usage": {"prompt_tokens": 7, "completion_tokens": 3}}),
+        "data: [DONE]\n\n",
+    ]
+    provider = _provider(events)
+    llm = WorkersAILLM(_BindingWrapper(provider.ai), "@cf/meta/llama-3.3-70b-instruct-fp8-fast")
+    seen = await _read(llm.stream([Message.user("Oslo?")], [WEATHER]), provider)
+    texts = [(part.text, log) for part, log in seen if isinstance(part, TextDelta)]
+    assert [t for t, _ in texts] == ["Cold ", "in ", "Oslo."]
+    assert "end" not in texts[0][1]
+    assert "sent 2" not in texts[0][1]
+    assert seen[-1][0] == LLMResponse("Cold in Oslo.", [], Usage(7, 3))
+    sent = json.loads(provider.requests[0])
+    assert sent["inputs"]["stream"] is True
+    assert sent["inputs"]["messages"] == [{"role": "user", "content": "Oslo?"}]
+
+
+async def test_stream_goes_over_fetch_by_default(local_http_server):
+    # The echo server answers with JSON, not a stream: the adapter reads it as a whole
+    # answer, which is no chat completion, and the echo shows what went over fetch.
+    llm = OpenAILLM("m", "sk-secret", base_url=local_http_server + "/v1", retry=RetryPolicy.none())
+    error = None
+    try:
+        async for _ in llm.stream([Message.user("héllo")], [WEATHER]):
+            pass
+    except LLMResponseError as exc:
+        error = exc
+    assert isinstance(llm._http.client._transport, FetchTransport)
+    await llm.aclose()
+    assert error is not None
+    echoed = ast.literal_eval(error.body)
+    assert echoed["path"] == "/v1/chat/completions"
+    assert echoed["headers"]["accept"] == "text/event-stream"
+    assert echoed["headers"]["authorization"] == "Bearer [redacted]"
+    sent = json.loads(echoed["body"])
+    assert (sent["stream"], sent["stream_options"]) == (True, {"include_usage": True})
