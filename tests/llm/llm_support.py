@@ -203,7 +203,8 @@ class ScriptedServer:
                 payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
                 try:
                     self.send_response(reply.status)
-                    self.send_header("content-type", "application/json")
+                    if "content-type" not in reply.headers:
+                        self.send_header("content-type", "application/json")
                     self.send_header("content-length", str(len(payload)))
                     for name, value in reply.headers.items():
                         self.send_header(name, value)

@@ -829,3 +829,15 @@ async def test_the_fake_model_of_the_dev_server_tests_streams_in_timed_chunks() 
     assert len([d for d in deltas if isinstance(d, ToolCallDelta)]) == 3
     assert arrivals[-1][0] - arrivals[0][0] >= 0.05 * 7  # chunk_delay apart, not all at once
     assert [body.get("stream") for body in fake.llm_requests] == [True, None]
+
+
+async def test_an_html_page_instead_of_a_stream_is_a_response_error_not_retried(
+    provider: Provider,
+) -> None:
+    page = Reply(raw=b"<html>proxy login</html>", headers={"content-type": "text/html"})
+    with ScriptedServer([page, Reply(events=provider.events(["x"]))]) as server:
+        llm = provider.llm(server)
+        with pytest.raises(LLMResponseError, match="LLM_BASE_URL"):
+            await collect(llm.stream(ASK, []))
+        await llm.aclose()
+    assert len(server.requests) == 1

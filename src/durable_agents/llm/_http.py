@@ -182,7 +182,8 @@ class HTTPPoster:
         error status before the stream starts is the same error `post_json`
         raises; a body that breaks midway is an `LLMConnectionError`, retried
         (see `stream_with_retries`). A server that answers with one JSON body
-        instead of a stream is read with `parse_whole` (its text as one delta).
+        instead of a stream is read with `parse_whole` (its text as one delta);
+        a body that is neither is the `LLMResponseError` `post_json` raises.
         """
         payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         all_headers = {"content-type": "application/json", "accept": "text/event-stream"}
@@ -201,7 +202,7 @@ class HTTPPoster:
                         await response.aread()
                         raise self.http_error(response, self.scrub(response.text))
                     kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
-                    if kind in ("application/json", "text/json"):
+                    if kind not in ("", "text/event-stream"):  # JSON, or an HTML error page
                         await response.aread()
                         reply = parse_whole(
                             self.decode_json(response, self.scrub(response.text), url)

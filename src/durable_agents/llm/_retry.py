@@ -26,7 +26,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """How `chat()` retries a failed LLM call.
+    """How `chat()` (and `stream()`) retries a failed LLM call.
 
     - `max_attempts`: calls in all, the first included (1 = never retry).
     - `base_delay` / `max_delay`: the wait before retry n is a random value in
