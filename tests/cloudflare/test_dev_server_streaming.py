@@ -218,6 +218,41 @@ def test_a_client_that_goes_away_leaves_the_object_writing_and_the_server_servin
     assert "dev: the Worker's response body failed" not in server.output
 
 
+@pytest.mark.parametrize(
+    ("name", "query", "events", "logged"),
+    [
+        ("broken", "abort_after=2", 2, "the object broke its stream"),
+        ("strings", "as=text", 0, "a body stream must give bytes"),
+    ],
+)
+def test_a_body_that_fails_mid_way_is_cut_short_and_the_server_serves_on(
+    server: Server, name: str, query: str, events: int, logged: str
+) -> None:
+    """The Worker's stream errors (the object aborts it, or gives strings, which workerd
+    refuses in a body): the client gets the head and what came before, then the body
+    cut short (no last chunk), as from workerd; the server logs why and serves on."""
+    connection = server.connect()
+    connection.request("GET", f"/do/{name}/stream?chunks={CHUNKS}&delay=0.05&{query}")
+    answer = connection.getresponse()
+    assert answer.status == 200
+    assert [e["i"] for _, e in read_events(answer, events)] == list(range(events))
+    with pytest.raises(http.client.IncompleteRead):
+        answer.read()
+    connection.close()
+    line = server.log_line(f"GET /do/{name}/stream?")
+    assert line.endswith(" - (the Worker's body failed mid-way)"), line
+    deadline = time.monotonic() + 5
+    while logged not in server.output:
+        assert time.monotonic() < deadline, server.output[-3000:]
+        time.sleep(0.05)
+    status, _, body = server.request("GET", "/text")
+    assert (status, body) == (200, b"a body that is complete")
+    run = wait_finished(server, name)
+    assert run["written"] + run["failed"] == CHUNKS
+    assert run["failed"] >= 1
+    assert server.process.poll() is None
+
+
 def test_complete_and_bodyless_answers(server: Server) -> None:
     # A body built from a string: content-length, not chunked; HEAD the same head.
     status, headers, body = server.request("GET", "/text")

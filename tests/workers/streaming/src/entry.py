@@ -3,7 +3,9 @@
 Test fixture (tests/cloudflare/test_dev_server_streaming.py):
 - /do/<name>/stream?chunks=N&delay=S: the object's answer, as the stub gave it: an SSE
   body of N events `data: {"i", "written_at"}`, S seconds apart, written by a task the
-  object hands to ctx.waitUntil (the readable side of a TransformStream);
+  object hands to ctx.waitUntil (the readable side of a TransformStream); with
+  `abort_after=K` the task aborts the stream before event K; with `as=text` it writes
+  strings, not bytes (which workerd refuses in a body);
 - /do/<name>/rewrap?...: the same body in a new Response (the Worker's own status and
   headers around the object's JS ReadableStream);
 - /do/<name>/report: what the object's tasks did: per stream, chunks written, writes
@@ -36,6 +38,8 @@ class Streamer(DurableObject):
         query = parse_qs(url.query)
         chunks = int(query.get("chunks", ["5"])[0])
         delay = float(query.get("delay", ["0.2"])[0])
+        abort_after = int(query.get("abort_after", ["-1"])[0])
+        as_text = query.get("as", [""])[0] == "text"
         run = {"chunks": chunks, "written": 0, "failed": 0, "finished": False}
         self.runs.append(run)
         pipe = js.TransformStream.new()
@@ -43,11 +47,15 @@ class Streamer(DurableObject):
 
         async def write_all():
             for i in range(chunks):
+                if i == abort_after:
+                    with contextlib.suppress(Exception):
+                        await writer.abort(js.Error.new("the object broke its stream"))
                 if i:
                     await asyncio.sleep(delay)
                 event = {"i": i, "written_at": time.time()}
+                text = f"data: {json.dumps(event)}\n\n"
                 try:
-                    await writer.write(to_js(f"data: {json.dumps(event)}\n\n".encode()))
+                    await writer.write(text if as_text else to_js(text.encode()))
                     run["written"] += 1
                 except Exception:  # the reader cancelled (the client went away): go on
                     run["failed"] += 1
