@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,8 +45,7 @@ from durable_agents.testing.worker import DevWorker
 pytestmark = pytest.mark.slow
 
 TOKEN = "test-token"
-CHUNK_DELAY_S = 0.2
-STEP_DELAY_S = 0.6
+CHUNK_DELAY_S = 0.2  # a turn of three streamed answers runs for seconds
 TURN_TIMEOUT_MS = 60_000
 # Whether the page made a message element for each stored message, once, in order.
 POSITIONS_JS = "() => [...document.querySelectorAll('#transcript .msg[data-position]')]" \
@@ -68,19 +66,9 @@ def chromium() -> str:
     return path
 
 
-class SlowModel(FakeServices):
-    """The fakes, with a model that thinks `STEP_DELAY_S` before each answer (besides
-    streaming it in chunks `CHUNK_DELAY_S` apart): a turn runs for seconds, long
-    enough to reload or cancel the page mid-turn."""
-
-    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        time.sleep(STEP_DELAY_S)
-        return super().chat(body)
-
-
 @pytest.fixture(scope="module")
 def services() -> Iterator[FakeServices]:
-    with SlowModel() as fakes:
+    with FakeServices() as fakes:
         fakes.chunk_delay = CHUNK_DELAY_S
         yield fakes
 
@@ -180,7 +168,7 @@ class Tab:
             "#transcript .msg[data-position]", "(ms) => ms.map((m) => m.dataset.role)"
         )
         assert roles == [m["role"] for m in stored]
-        assert self.page.locator("#live").count() == 0
+        assert self.page.locator("#live, #sent").count() == 0
 
     def screenshot(self, path: Path) -> None:
         self.page.screenshot(path=str(path), full_page=True)
@@ -221,8 +209,11 @@ def test_a_turn_streams_in(tab: Tab, tmp_path: Path) -> None:
         timeout=TURN_TIMEOUT_MS,
     ).json_value()
     assert state["status"] == "running"
+    # What was sent shows at once, stored or not yet.
+    assert tab.page.text_content("#transcript .msg-user .text") == "Please triage issue 42"
     assert state["messages"] < 6  # user, call, result, call, result, reply: not all there yet
     assert tab.page.is_enabled("#cancel")
+    tab.screenshot(tmp_path / "chat-page-streaming.png")
 
     tab.wait_status("complete")
     stored = tab.stored()
@@ -354,6 +345,14 @@ def test_approve_and_deny_from_the_page(
         assert card.locator(".name").text_content() == "issue_refund"
         assert '"order_id": "7"' in (card.locator(".arguments").text_content() or "")
         assert len(payments.refund_requests) == before  # nothing refunded before the decision
+        shown = tab.positions()
+        tab.send("and order 9 too")  # refused while a call waits: shown, given back
+        tab.wait_status("error")
+        assert "approval-pending" in (page.text_content("#errors") or "")
+        assert page.input_value("#message") == "and order 9 too"
+        assert tab.positions() == shown
+        assert page.locator("#sent").count() == 0
+        assert card.count() == 1  # still waiting for a decision
         page.reload()  # the page finds the waiting call again (GET .../events says so)
         tab.wait_status("awaiting_approval")
         assert card.locator(".name").text_content() == "issue_refund"

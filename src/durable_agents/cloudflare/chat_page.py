@@ -82,7 +82,7 @@ CHAT_PAGE_HTML: str = r"""<!doctype html>
   .tool-call .name, .msg-tool .name { font-family: ui-monospace, monospace; font-weight: 600; }
   pre { margin: 4px 0 0; padding: 6px 8px; background: rgba(0,0,0,.04); border-radius: 6px;
         white-space: pre-wrap; overflow-wrap: anywhere; font: 12.5px/1.4 ui-monospace, monospace; }
-  #live { border-style: dashed; }
+  #live, #sent { border-style: dashed; }
   #live .text::after { content: "\258D"; color: var(--accent);
                        animation: blink 1s steps(1) infinite; }
   @keyframes blink { 50% { opacity: 0; } }
@@ -236,7 +236,7 @@ function showMessage(position, message, keep) {
   const node = renderMessage(position, message);
   const after = Array.from(transcript.querySelectorAll(".msg[data-position]"))
     .find((other) => Number(other.dataset.position) > position);
-  transcript.insertBefore(node, after || $("live") || null);
+  transcript.insertBefore(node, after || $("sent") || $("live") || null);
   if (keep) {
     kept.messages[String(position)] = message;
     advanceLastId();
@@ -259,6 +259,21 @@ function liveBubble() {
 function dropLive() {
   const live = $("live");
   if (live) live.remove();
+}
+
+// What the person sent, shown until the stored user message arrives (the run may
+// store it together with the model's first answer, after that answer's deltas).
+function showSent(text) {
+  dropSent();
+  const node = el("div", "msg msg-user sent");
+  node.id = "sent";
+  node.append(el("div", "who", "user (sending)"), el("div", "text", text));
+  $("transcript").append(node);
+}
+
+function dropSent() {
+  const sent = $("sent");
+  if (sent) sent.remove();
 }
 
 function setStatus(status, text) {
@@ -295,6 +310,7 @@ function renderKept() {
 
 function showDone(result) {
   dropLive();
+  dropSent();
   setRunning(false);
   const status = String(result.status || "unknown");
   let text = "Done: " + status + ".";
@@ -414,14 +430,17 @@ function handleEvent(type, data, id) {
     const position = Number(id);
     if (id === null || !Number.isInteger(position)) return;
     if (payload && payload.role === "assistant") dropLive();
+    if (payload && payload.role === "user") dropSent();
     showMessage(position, payload, true);
-    const live = $("live");  // keep the live bubble last
-    if (live) $("transcript").append(live);
+    for (const last of [$("sent"), $("live")]) {  // the unsaved bubbles stay last
+      if (last) $("transcript").append(last);
+    }
   } else if (type === "done") {
     showDone(payload || {});
   } else if (type === "error") {
     const error = (payload && payload.error) || {};
     dropLive();
+    dropSent();
     setRunning(false);
     setStatus("error", "Error: " + String(error.message || error.code || data) + ".");
     showError(String(error.code || "error") + ": " + String(error.message || ""));
@@ -469,6 +488,10 @@ async function streamRequest(method, path, options) {
         return;
       }
       const error = (body && body.error) || {};
+      dropSent();
+      // A message the API refused was not stored: give it back to be sent again.
+      const refused = options.body && options.body.message;
+      if (refused && !$("message").value) $("message").value = refused;
       setRunning(false);
       setStatus("error", "Error " + response.status + ".");
       showError(String(error.code || "http-" + response.status) + ": " +
@@ -488,6 +511,7 @@ async function streamRequest(method, path, options) {
       stream = null;
       if (!finished) {
         dropLive();
+        dropSent();
         setRunning(false);
         setStatus("interrupted", "The stream ended early. Reload to catch up, or Resume.");
       }
@@ -504,13 +528,14 @@ function follow() {
 }
 
 function send(text) {
-  clearNotices();
+  $("errors").replaceChildren();  // the approvals stay: a refused message leaves them waiting
+  showSent(text);
   const options = { body: { message: text }, label: "Running…" };
   return streamRequest("POST", sessionPath("/messages"), options);
 }
 
 function resume() {
-  clearNotices();
+  $("errors").replaceChildren();
   return streamRequest("POST", sessionPath("/resume"), { body: {}, label: "Resuming…" });
 }
 
