@@ -841,3 +841,15 @@ async def test_an_html_page_instead_of_a_stream_is_a_response_error_not_retried(
             await collect(llm.stream(ASK, []))
         await llm.aclose()
     assert len(server.requests) == 1
+
+
+async def test_a_stream_that_stalls_midway_times_out_and_is_retried(provider: Provider) -> None:
+    events = provider.events(["Still ", "here."])
+    stalled = Reply(events=events, hold_after=provider.first_text_event() + 1)  # never released
+    with ScriptedServer([stalled, Reply(events=events)]) as server:
+        llm = provider.llm(server, timeout=0.5)
+        deltas, final = await collect(llm.stream(ASK, []))
+        await llm.aclose()
+    assert len(server.requests) == 2
+    assert text_of(deltas) == ["Still ", "here."]
+    assert final.text == "Still here."
