@@ -31,6 +31,14 @@
 //   --local` and `npx wrangler d1 migrations apply <db> --local` (with the
 //   same `--persist-to`) see the same data; on start, wrangler itself applies
 //   the migrations (while Pyodide loads);
+// - CHAT_PAGE=on for the kit's Worker unless [vars], .dev.vars or the environment set it
+//   (e.g. CHAT_PAGE=off): the Worker serves its chat page at /; `dev: chat page: <origin>/`
+//   is printed after `ready on`;
+// - answers stream as on workerd: the head as soon as the Worker returns its Response, then
+//   each body chunk as the Worker's stream gives it (chunked; content-length only for a body
+//   that is already complete), never compressed or held back; a client that goes away
+//   mid-body cancels the Worker's body stream (a Durable Object writing to it sees its
+//   writes fail and goes on); a body stream that errors cuts the connection short;
 // - one log line per request; survives SIGKILL: everything durable is in D1,
 //   and a workerd left behind by a killed server is stopped on the next start;
 // - forwards every request the Worker can be given, and answers the others
