@@ -239,7 +239,7 @@ BAD_REQUESTS: list[tuple[str, str, bytes | None, dict[str, str], int]] = [
     ("DELETE", "/sessions/bad-11", None, {}, 405),
     ("PUT", "/sessions/bad-12/messages", message("triage issue 1"), {}, 405),
     ("POST", "/sessions/bad-13/other", message("triage issue 1"), {}, 404),
-    ("GET", "/", None, {}, 404),
+    ("GET", "/no-such-route", None, {}, 404),
     ("POST", "/sessions/bad-14/resume", None, {}, 404),  # nothing to resume
 ]
 

@@ -95,11 +95,13 @@ class FakeServices:
             self.llm_requests.append(body)
         return _completion(*_next_move(body["messages"]))
 
-    def chat_chunks(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        """The same answer as `chat`, as the `chat.completion.chunk`s of a stream."""
-        with self._lock:
-            self.llm_requests.append(body)
-        return _completion_chunks(*_next_move(body["messages"]))
+    def chat_chunks(self, body: dict[str, Any]) -> list[dict[str, Any]] | dict[str, Any]:
+        """`chat`'s answer (a subclass's too) as the `chat.completion.chunk`s of a stream;
+        an answer that is not a completion (an error object) as it is."""
+        completion = self.chat(body)
+        if not completion.get("choices"):
+            return completion
+        return _completion_chunks(completion)
 
     def post(self, headers: dict[str, str], body: dict[str, Any]) -> None:
         with self._lock:
@@ -158,10 +160,12 @@ def _completion(text: str, call: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def _completion_chunks(text: str, call: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """`_completion`'s answer as a stream sends it (with `include_usage`): the role, the
-    text word by word, the call's id and name then its arguments in two pieces, the
+def _completion_chunks(completion: dict[str, Any]) -> list[dict[str, Any]]:
+    """A `chat.completion` as a stream sends it (with `include_usage`): the role, the
+    text word by word, each call's id and name then its arguments in two pieces, the
     finish reason, and the usage in a last chunk without choices."""
+    message = completion["choices"][0]["message"]
+    text, calls = message.get("content") or "", message.get("tool_calls") or []
 
     def chunk(delta: dict[str, Any] | None, finish: str | None = None) -> dict[str, Any]:
         choices = [] if delta is None else [
@@ -172,17 +176,18 @@ def _completion_chunks(text: str, call: dict[str, Any] | None) -> list[dict[str,
 
     chunks = [chunk({"role": "assistant", "content": ""})]
     chunks += [chunk({"content": word}) for word in re.findall(r"\S+\s*", text)]
-    if call is not None:
-        arguments = json.dumps(call["arguments"])
+    for index, call in enumerate(calls):
+        arguments = call["function"]["arguments"]
         half = len(arguments) // 2
-        start = {"index": 0, "id": f"call_{time.monotonic_ns()}", "type": "function",
-                 "function": {"name": call["name"], "arguments": ""}}  # fmt: skip
+        start = {"index": index, "id": call["id"], "type": "function",
+                 "function": {"name": call["function"]["name"], "arguments": ""}}  # fmt: skip
         chunks.append(chunk({"tool_calls": [start]}))
         for piece in (arguments[:half], arguments[half:]):
-            chunks.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}))
-    chunks.append(chunk({}, "tool_calls" if call else "stop"))
+            delta = {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+            chunks.append(chunk(delta))
+    chunks.append(chunk({}, "tool_calls" if calls else "stop"))
     last = chunk(None)
-    last["usage"] = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    last["usage"] = completion.get("usage")
     chunks.append(last)
     return chunks
 
@@ -243,7 +248,11 @@ def _handler_for(services: FakeServices) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             body = self._body()
             if self.path == "/v1/chat/completions" and body.get("stream") is True:
-                self._events(services.chat_chunks(body))
+                answer = services.chat_chunks(body)
+                if isinstance(answer, list):
+                    self._events(answer)
+                else:
+                    self._json(200, answer)
             elif self.path == "/v1/chat/completions":
                 self._json(200, services.chat(body))
             elif self.path == "/hook":
