@@ -143,20 +143,23 @@ class WorkersAILLM:
         argument = self.convert_input(inputs) if self.convert_input else inputs
 
         async def attempt(time_left: float) -> Any:
-            limit = attempt_timeout(self.timeout, time_left)
-            try:
-                async with asyncio.timeout(limit):
-                    return await self.binding.run(self.model, argument)
-            except TimeoutError as exc:
-                raise LLMTimeoutError(
-                    f"Workers AI did not answer within {limit:.3g} s (model {self.model})",
-                    provider=self.provider,
-                ) from exc
-            except Exception as exc:  # the binding raises JS errors as plain exceptions
-                raise binding_error(exc) from exc
+            return await self._run(argument, attempt_timeout(self.timeout, time_left))
 
         result = await call_with_retries(self.retry, attempt)
         return parse_result(result)
+
+    async def _run(self, argument: Any, limit: float) -> Any:
+        """One `binding.run()` within `limit` seconds; its errors as `LLMError`s."""
+        try:
+            async with asyncio.timeout(limit):
+                return await self.binding.run(self.model, argument)
+        except TimeoutError as exc:
+            raise LLMTimeoutError(
+                f"Workers AI did not answer within {limit:.3g} s (model {self.model})",
+                provider=self.provider,
+            ) from exc
+        except Exception as exc:  # the binding raises JS errors as plain exceptions
+            raise binding_error(exc) from exc
 
     def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncIterator[StreamPart]:
         """The reply as the model writes it: `TextDelta`s and `ToolCallDelta`s, then the
@@ -167,16 +170,7 @@ class WorkersAILLM:
 
         async def attempt(time_left: float) -> AsyncGenerator[StreamPart, None]:
             limit = attempt_timeout(self.timeout, time_left)
-            try:
-                async with asyncio.timeout(limit):
-                    result = await self.binding.run(self.model, argument)
-            except TimeoutError as exc:
-                raise LLMTimeoutError(
-                    f"Workers AI did not answer within {limit:.3g} s (model {self.model})",
-                    provider=self.provider,
-                ) from exc
-            except Exception as exc:  # the binding raises JS errors as plain exceptions
-                raise binding_error(exc) from exc
+            result = await self._run(argument, limit)
             if not _is_stream(result):
                 reply = parse_result(result)
                 if reply.text:
