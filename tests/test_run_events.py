@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from durable_agents import (
     Agent,
     CancelToken,
+    ConfigurationError,
     LLMResponse,
     Message,
     MessageStored,
@@ -24,6 +25,7 @@ from durable_agents import (
     ToolCallDelta,
     ToolContext,
     ToolSpec,
+    Usage,
     run,
     tool,
 )
@@ -236,3 +238,64 @@ async def test_a_stream_that_ends_without_a_response_ends_the_run_with_an_error(
     )  # fmt: skip
     assert result.status == "error"
     assert "without an LLMResponse" in (result.error or "")
+
+
+# --- spend limits: Agent(max_session_tokens=N) ---
+
+
+class CountingModel(StreamingModel):
+    """StreamingModel whose answers each report 10 input + 5 output tokens."""
+
+    def answer(self, messages: list[Message]) -> LLMResponse:
+        response = super().answer(messages)
+        return LLMResponse(response.text, response.tool_calls, Usage(10, 5))
+
+
+async def test_a_session_over_its_token_limit_stops_before_the_next_llm_call(
+    tmp_path: Path,
+) -> None:
+    store = count_writes(sqlite_store(tmp_path / "s.db"))
+    limited = Agent(name="poster", instructions="Post.", tools=[post], max_session_tokens=20)
+    model = CountingModel()
+    first = await run(limited, llm=model, message="post hi", session_id="s", store=store)
+    # 15 tokens after the first call (< 20): the second call runs; 30 after it: the turn
+    # already ended with the reply, so this one completes
+    assert first.status == "complete"
+    assert model.calls == 2
+    writes = store.appends
+
+    second = await run(limited, llm=model, message="post again", session_id="s", store=store)
+    assert second.status == "budget_exceeded"
+    assert "30 tokens" in (second.error or "")
+    assert "limit of 20" in (second.error or "")
+    assert model.calls == 2  # no LLM call at all
+    history = await store.load_messages("s")
+    assert history[-1].role == "user"  # the message is kept, for message=None
+    assert store.appends == writes + 1
+    assert POSTED == ["hi"]
+
+    again = await run(limited, llm=model, session_id="s", store=store)
+    assert again.status == "budget_exceeded"  # still over: nothing written
+    assert store.appends == writes + 1
+
+    raised = Agent(name="poster", instructions="Post.", tools=[post], max_session_tokens=1000)
+    resumed = await run(raised, llm=model, session_id="s", store=store)
+    assert resumed.status == "complete"
+    assert POSTED == ["hi", "hi"]  # the second turn ran, once
+
+
+async def test_the_budget_counts_stored_usage_so_it_survives_a_new_process(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    await run(AGENT, llm=CountingModel(), message="post", session_id="s", store=sqlite_store(path))
+    limited = Agent(name="poster", instructions="Post.", tools=[post], max_session_tokens=30)
+    result = await run(limited, llm=CountingModel(), message="more", session_id="s",
+                       store=sqlite_store(path))  # fmt: skip
+    assert result.status == "budget_exceeded"
+
+
+@pytest.mark.parametrize("bad", [0, -5, True, 2.5, "100"])
+def test_max_session_tokens_must_be_a_positive_int(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match="max_session_tokens"):
+        Agent(name="a", max_session_tokens=bad)  # type: ignore[arg-type]

@@ -27,6 +27,11 @@ class Agent(Generic[DepsT]):
       (`limits.MAX_ROW_BYTES`, 1,900,000 bytes, under D1's 2,000,000).
     - `max_message_bytes`: a user message larger than this is refused with
       `MessageTooLargeError` before anything is stored or sent.
+    - `max_session_tokens`: a spend limit. Before each LLM call the session's
+      stored usage (input + output tokens of every stored assistant message,
+      so it survives crashes) is added up; at or over the limit the turn
+      stops with status `"budget_exceeded"`, resumable once it is raised.
+      None: no limit.
     - `deps_type`: the type of the `deps` its runs take (`ctx.deps` in its
       handlers), for the type checker only: `Agent(..., deps_type=MyDeps)`
       is an `Agent[MyDeps]`, and `run(agent, deps=...)` must pass a `MyDeps`.
@@ -40,6 +45,7 @@ class Agent(Generic[DepsT]):
     max_result_bytes: int = 1_000_000
     max_message_bytes: int = 1_000_000
     deps_type: type[DepsT] | None = None
+    max_session_tokens: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
@@ -47,6 +53,9 @@ class Agent(Generic[DepsT]):
             raise ConfigurationError("an agent needs a name")
         if self.max_steps < 1:
             raise ConfigurationError(f"max_steps must be at least 1, got {self.max_steps}")
+        budget = self.max_session_tokens
+        if budget is not None and (type(budget) is not int or budget < 1):
+            raise ConfigurationError(f"max_session_tokens must be a positive int, got {budget!r}")
         for limit in ("max_result_bytes", "max_message_bytes"):
             value = getattr(self, limit)
             if not 0 < value <= MAX_ROW_BYTES:

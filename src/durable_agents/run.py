@@ -87,7 +87,9 @@ from .stores.base import ApprovalChange, Lease, LeaseHolder, Store
 from .stores.memory import memory_store
 from .tools import DepsT, Handler, Tool, ToolContext
 
-RunStatus = Literal["complete", "max_steps", "error", "awaiting_approval", "cancelled"]
+RunStatus = Literal[
+    "complete", "max_steps", "error", "awaiting_approval", "cancelled", "budget_exceeded"
+]
 
 _log = logging.getLogger("durable_agents")
 
@@ -101,7 +103,9 @@ class RunResult:
     (the LLM call failed; `error` says why), `"awaiting_approval"` (calls
     of tools declared `requires_approval` wait for a person's decision; they
     are in `pending`, see `durable_agents.approvals`) or `"cancelled"` (its
-    `CancelToken` was cancelled; it stopped at a step boundary). In every
+    `CancelToken` was cancelled; it stopped at a step boundary) or
+    `"budget_exceeded"` (the session's stored usage reached
+    `agent.max_session_tokens` before an LLM call; `error` says how far). In every
     case but the first the stored history is consistent and
     `run(..., message=None)` continues the turn (once waiting calls are decided).
     `messages` is the whole conversation as the LLM sees it, system message
@@ -426,12 +430,13 @@ class _Session:
             try:
                 # A step boundary: every write so far has landed, none is due.
                 if self.cancel is not None and self.cancel.cancelled:
-                    raise _Cancelled
+                    raise _Stopped("cancelled", self.cancel.reason)
+                self.check_budget()
                 response = await self.call_llm(llm, [self.system, *self.history, *unstored])
-            except _Cancelled:
+            except _Stopped as stop:
                 if unstored:  # keep the turn's message, so message=None can finish the turn
                     await self.append(unstored, release=True)
-                return self.result("cancelled", "", steps, usage, self.cancel_reason())
+                return self.result(stop.status, "", steps, usage, stop.reason)
             except Exception as exc:  # an LLM failure ends the run; the history stays consistent
                 if unstored:
                     # The turn's first call failed for good: keep its message (one
@@ -482,11 +487,21 @@ class _Session:
                 with contextlib.suppress(BaseException):
                     await call
         if call.cancelled():
-            raise _Cancelled
+            raise _Stopped("cancelled", self.cancel.reason)
         return call.result()
 
-    def cancel_reason(self) -> str | None:
-        return None if self.cancel is None else self.cancel.reason
+    def check_budget(self) -> None:
+        """Stop before an LLM call once the session's stored usage reaches its limit."""
+        limit = self.agent.max_session_tokens
+        if limit is None:
+            return
+        used = sum(m.usage.total_tokens for m in self.history if m.usage)
+        if used >= limit:
+            raise _Stopped(
+                "budget_exceeded",
+                f"session {self.session_id} has used {used:,} tokens, at or over its limit of "
+                f"{limit:,} (max_session_tokens); raise it to go on with message=None",
+            )
 
     def needing_approval(self, calls: Sequence[ToolCall]) -> dict[str, ApprovalChange]:
         """The `requested` events of the calls that wait for a person: those of tools
@@ -710,8 +725,13 @@ class _Session:
         )
 
 
-class _Cancelled(Exception):
-    """The run's CancelToken was cancelled: stop at this step boundary."""
+class _Stopped(Exception):
+    """Stop at this step boundary: cancelled, or the session's budget is spent."""
+
+    def __init__(self, status: RunStatus, reason: str | None) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
 
 
 class _Events:
