@@ -16,8 +16,8 @@ PUBLIC = {
         "ToolSpec", "LLMResponse", "Usage", "ToolDurabilityError", "MemoryStoreNotDurableError",
         "SessionConflictError", "SessionBusyError", "LLM", "ConfigurationError",
         "DurableAgentsError", "MalformedToolCall", "MessageTooLargeError", "SessionInfo",
-        "SessionNotFoundError",
-        "RequestKeyReusedError", "ToolErrorKind", "ToolArgumentsError",
+        "SessionPage", "SessionNotFoundError",
+        "RequestKeyReusedError", "InvalidCursorError", "ToolErrorKind", "ToolArgumentsError",
         "Store", "StoreError",
         "idempotency_key", "pending_tool_calls",
         "approve", "approval_digest", "pending_approvals", "PendingApproval", "ApprovalError",
@@ -28,7 +28,7 @@ PUBLIC = {
     },
     "durable_agents.stores": {
         "memory_store", "sqlite_store", "MemoryStore", "SQLiteStore", "SessionInfo", "Store",
-        "Lease", "LeaseHolder", "ApprovalChange", "ApprovalEvent",
+        "Lease", "LeaseHolder", "ApprovalChange", "ApprovalEvent", "SessionPage",
     },
     "durable_agents.testing": {
         "ScriptedLLM", "SimulatedCrash", "crash_on_write", "crash_after_tool_results",
@@ -57,6 +57,7 @@ def test_every_error_has_a_stable_code_under_one_root() -> None:
         durable_agents.ToolDurabilityError,
         durable_agents.SessionNotFoundError,
         durable_agents.RequestKeyReusedError,
+        durable_agents.InvalidCursorError,
         durable_agents.ToolArgumentsError,
         durable_agents.ApprovalError,
         durable_agents.ApprovalNotFoundError,

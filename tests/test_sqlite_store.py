@@ -7,8 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from durable_agents import Agent, LLMResponse, Message, SessionConflictError, StoreError, run
-from durable_agents.stores import sqlite_store
+from durable_agents import (
+    Agent,
+    LLMResponse,
+    Message,
+    SessionConflictError,
+    StoreError,
+    Usage,
+    run,
+)
+from durable_agents.stores import _sql, sqlite_store
 from durable_agents.stores.sqlite import _transaction
 from durable_agents.testing import ScriptedLLM
 
@@ -34,12 +42,45 @@ async def test_schema_has_the_documented_tables_and_columns(tmp_path: Path) -> N
     }
     conn.close()
     assert columns["agent_sessions"] == [
-        "id", "agent_name", "state", "message_count", "created_at", "updated_at"
+        "id", "agent_name", "state", "message_count", "created_at", "updated_at",
+        "name", "input_tokens", "output_tokens",
     ]  # fmt: skip
     assert columns["agent_messages"] == [
         "session_id", "seq", "role", "content", "tool_call_id", "tool_name", "tool_calls",
         "input_tokens", "output_tokens", "request_key", "created_at",
     ]  # fmt: skip
+
+
+async def test_a_file_from_before_names_is_migrated_once_on_open(tmp_path: Path) -> None:
+    """A file written by 0001-0003 gets 0004 on open: names = ids, totals summed."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    for _, statements in _sql.MIGRATIONS[:3]:
+        for statement in statements:
+            conn.execute(statement)
+    conn.execute("INSERT INTO agent_sessions VALUES ('old', 'support', 'idle', 3, 1000, 2000)")
+    for seq, (role, inp, out) in enumerate(
+        [("user", None, None), ("assistant", 10, 3), ("assistant", 5, 4)]
+    ):
+        conn.execute(
+            "INSERT INTO agent_messages (session_id, seq, role, content, input_tokens, "
+            "output_tokens, created_at) VALUES ('old', ?, ?, 'x', ?, ?, 1000)",
+            (seq, role, inp, out),
+        )
+    conn.commit()
+    conn.close()
+    for _ in range(2):  # the second open adds no column twice and changes nothing
+        async with sqlite_store(path) as store:
+            info = await store.get_session("old")
+            assert info is not None
+            assert (info.name, info.input_tokens, info.output_tokens) == ("old", 15, 7)
+            assert [i.id for i in await store.find_sessions("old")] == ["old"]
+    async with sqlite_store(path) as store:
+        await store.append_messages_atomic("old", 3, [Message.assistant("y", usage=Usage(1, 1))])
+        info = await store.get_session("old")
+        assert info is not None
+        assert (info.name, info.input_tokens, info.output_tokens) == ("old", 16, 8)
+        assert (await store.list_sessions()).sessions == [info]
 
 
 async def test_history_survives_closing_and_reopening(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from .errors import (
     ApprovalPendingError,
     ConfigurationError,
     DurableAgentsError,
+    InvalidCursorError,
     MemoryStoreNotDurableError,
     MessageTooLargeError,
     RequestKeyReusedError,
@@ -42,7 +43,7 @@ from .messages import (
     Usage,
 )
 from .run import RunResult, idempotency_key, pending_tool_calls, run
-from .stores.base import SessionInfo, Store
+from .stores.base import SessionInfo, SessionPage, Store
 from .tools import Tool, ToolContext, tool
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "CancelToken",
     "ConfigurationError",
     "DurableAgentsError",
+    "InvalidCursorError",
     "LLMResponse",
     "MalformedToolCall",
     "MemoryStoreNotDurableError",
@@ -71,6 +73,7 @@ __all__ = [
     "SessionConflictError",
     "SessionInfo",
     "SessionNotFoundError",
+    "SessionPage",
     "Store",
     "StoreError",
     "StreamingLLM",

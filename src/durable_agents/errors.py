@@ -8,8 +8,10 @@
     │   ├── MemoryStoreNotDurableError   "memory-store-not-durable"
     │   ├── SessionNotFoundError         "session-not-found"
     │   │       `message=None` on a session with no history
-    │   └── RequestKeyReusedError        "request-key-reused"
-    │           a request key sent again with another message
+    │   ├── RequestKeyReusedError        "request-key-reused"
+    │   │       a request key sent again with another message
+    │   └── InvalidCursorError           "invalid-cursor"
+    │           a `list_sessions` cursor the store did not hand out
     ├── ToolArgumentsError (ValueError)  "invalid-arguments"
     │       a call's arguments break its tool's input schema
     │       (`Tool.parse_arguments`; `run()` stores it as a result)
@@ -238,6 +240,22 @@ class RequestKeyReusedError(ConfigurationError):
         super().__init__(
             f"request_key {request_key!r} already started a turn with another message in "
             f"session {session_id!r}; use a new key for a new message"
+        )
+
+
+class InvalidCursorError(ConfigurationError):
+    """A `list_sessions(cursor=...)` that is not a cursor a store handed out
+    (`SessionPage.next_cursor`): malformed, cut short or edited. Start again
+    from the first page (`cursor=None`)."""
+
+    code = "invalid-cursor"
+
+    def __init__(self, cursor: object) -> None:
+        self.cursor = cursor
+        shown = repr(cursor) if len(repr(cursor)) <= 80 else repr(cursor)[:77] + "..."
+        super().__init__(
+            f"{shown} is not a session listing cursor; pass a next_cursor a listing returned, "
+            "or none for the first page"
         )
 
 

@@ -31,7 +31,14 @@ from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
 from ..stores import _sql
-from ..stores.base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo
+from ..stores.base import (
+    ApprovalChange,
+    ApprovalEvent,
+    Lease,
+    LeaseHolder,
+    SessionInfo,
+    SessionPage,
+)
 
 __all__ = ["D1Binding", "D1PreparedStatement", "D1Store", "d1_store"]
 
@@ -87,9 +94,16 @@ class D1Store:
         """Create the schema if missing. For tests: deployments use the migration.
 
         One `prepare().run()` per statement: D1's multi-statement `exec()`
-        splits on newlines and rejects the trigger's BEGIN...END body.
+        splits on newlines and rejects the trigger's BEGIN...END body. A
+        migration's ALTERs run only where its columns are missing
+        (`_sql.schema_plan`), so calling it again is harmless.
         """
-        for statement in _sql.SCHEMA:
+        try:
+            info = await self._db.prepare(_sql.SESSION_TABLE_INFO).raw()
+        except Exception as exc:
+            raise StoreError(f"D1 could not read the schema: {_d1_message(exc)}") from exc
+        columns = {str(row[1]) for row in info}
+        for statement in _sql.schema_plan({"agent_sessions": columns}):
             try:
                 await self._db.prepare(statement).run()
             except Exception as exc:
@@ -111,13 +125,14 @@ class D1Store:
         agent_name: str | None = None,
         lease: Lease | None = None,
         approvals: Sequence[ApprovalChange] = (),
+        session_name: str | None = None,
     ) -> int:
         statements = [
             self._db.prepare(sql).bind(*params)
             for sql, params in _sql.append_statements(
                 session_id, expected_seq, messages, self._now_ms(),
                 agent_name=agent_name, lease=lease, approvals=approvals,
-                max_row_bytes=self._max_row_bytes,
+                max_row_bytes=self._max_row_bytes, session_name=session_name,
             )
         ]  # fmt: skip
         try:
@@ -177,11 +192,38 @@ class D1Store:
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         rows = await self._read(_sql.SELECT_SESSION, (session_id,), f"read session {session_id!r}")
-        return _session_info(rows[0]) if rows else None
+        return _sql.row_session_info(rows[0]) if rows else None
 
-    async def list_sessions(self, *, limit: int = 100, offset: int = 0) -> list[SessionInfo]:
-        rows = await self._read(_sql.LIST_SESSIONS, (limit, offset), "list sessions")
-        return [_session_info(row) for row in rows]
+    async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
+        _sql.check_limit(limit)
+        created_at, last_id = _sql.decode_cursor(cursor)
+        rows = await self._read(
+            _sql.LIST_SESSIONS, (created_at, last_id, limit + 1), "list sessions"
+        )
+        return SessionPage(*_sql.page_of([_sql.row_session_info(r) for r in rows], limit))
+
+    async def find_sessions(self, name: str) -> list[SessionInfo]:
+        rows = await self._read(_sql.FIND_SESSIONS, (name,), f"find sessions named {name!r}")
+        return [_sql.row_session_info(row) for row in rows]
+
+    async def load_timeline(self, session_id: str) -> list[tuple[int, Message]]:
+        rows = await self._read(
+            _sql.SELECT_TIMELINE, (session_id,), f"load the timeline of session {session_id!r}"
+        )
+        return [_sql.row_timeline_entry(session_id, i, row) for i, row in enumerate(rows)]
+
+    async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
+        """One batch: each statement picks the same idle sessions (see `_sql.DELETE_IDLE`)."""
+        _sql.check_limit(limit)
+        try:
+            results = await self._db.batch(
+                [self._db.prepare(sql).bind(before_ms, limit) for sql in _sql.DELETE_IDLE]
+            )
+        except Exception as exc:
+            raise StoreError(
+                f"D1 failed to delete sessions idle since {before_ms}: {_d1_message(exc)}"
+            ) from exc
+        return int(results[-1]["meta"]["changes"])
 
     async def delete_session(self, session_id: str) -> bool:
         try:
@@ -222,18 +264,6 @@ def d1_store(
     `max_row_bytes` bounds one message row, below D1's 2,000,000-byte limit.
     """
     return D1Store(binding, clock=clock, max_row_bytes=max_row_bytes)
-
-
-def _session_info(row: Sequence[Any]) -> SessionInfo:
-    session_id, agent_name, state, message_count, created_at, updated_at = row
-    return SessionInfo(
-        id=session_id,
-        agent_name=agent_name,
-        state=state,
-        message_count=int(message_count),
-        created_at=int(created_at),
-        updated_at=int(updated_at),
-    )
 
 
 def _d1_message(exc: BaseException) -> str:

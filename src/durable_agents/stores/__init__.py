@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo, Store
+from .base import (
+    ApprovalChange,
+    ApprovalEvent,
+    Lease,
+    LeaseHolder,
+    SessionInfo,
+    SessionPage,
+    Store,
+)
 from .memory import MemoryStore, memory_store
 
 if TYPE_CHECKING:
@@ -44,6 +52,7 @@ __all__ = [
     "MemoryStore",
     "SQLiteStore",
     "SessionInfo",
+    "SessionPage",
     "Store",
     "memory_store",
     "sqlite_store",

@@ -1,10 +1,12 @@
 """The one SQL source shared by the SQLite store and the D1 store.
 
 `migrations/` is this module's `MIGRATIONS` written out, one file each (a test
-keeps them equal); `SCHEMA` is all of them in order, every statement
-idempotent, which is what the SQLite store runs on open. Every statement
-uses `?` placeholders, which both sqlite3 and D1 accept, and binds at most 11
-parameters (D1 allows 100).
+keeps them equal); `SCHEMA` is all of them in order. Every statement but a
+migration's `ALTER TABLE ... ADD COLUMN` and its backfill is idempotent;
+`schema_plan()` leaves those out for a database that has the column already,
+which is what the SQLite store (and `D1Store.create_tables`) run on open.
+Every statement uses `?` placeholders, which both sqlite3 and D1 accept, and
+binds at most 11 parameters (D1 allows 100).
 
 Why the schema itself guards the history: rows are insert-only and keyed by
 (session_id, seq). The UNIQUE key makes a writer that lost a race collide; the
@@ -18,13 +20,23 @@ tool call" and "one turn per request key".
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import base64
+import binascii
+import json
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..errors import ConfigurationError, MessageTooLargeError, SessionConflictError, StoreError
+from ..errors import (
+    ConfigurationError,
+    InvalidCursorError,
+    MessageTooLargeError,
+    SessionConflictError,
+    StoreError,
+)
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls
-from .base import ApprovalChange, ApprovalEvent, Lease
+from .base import ApprovalChange, ApprovalEvent, Lease, SessionInfo
 
 _INIT: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS agent_sessions (
@@ -96,13 +108,61 @@ _APPROVALS: tuple[str, ...] = (
     ON agent_approvals (session_id, tool_call_id) WHERE event IN ('approved', 'denied')""",
 )
 
+# Session names and usage totals (issue 13). The totals are kept by the append
+# that stores the messages (UPSERT_SESSION adds them), so reading them is one
+# row, never a SUM. Sessions written before this migration get their totals
+# summed once here and their id as their name. Listing pages by the immutable
+# (created_at, id), newest first; finding by name reads the name index.
+_SESSION_NAMES: tuple[str, ...] = (
+    "ALTER TABLE agent_sessions ADD COLUMN name TEXT",
+    "ALTER TABLE agent_sessions ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE agent_sessions ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0",
+    """UPDATE agent_sessions SET name = COALESCE(name, id),
+    input_tokens = (SELECT COALESCE(SUM(m.input_tokens), 0) FROM agent_messages AS m
+        WHERE m.session_id = agent_sessions.id),
+    output_tokens = (SELECT COALESCE(SUM(m.output_tokens), 0) FROM agent_messages AS m
+        WHERE m.session_id = agent_sessions.id)""",
+    """CREATE INDEX IF NOT EXISTS agent_sessions_by_creation
+    ON agent_sessions (created_at, id)""",
+    """CREATE INDEX IF NOT EXISTS agent_sessions_by_name
+    ON agent_sessions (name, created_at, id)""",
+)
+
 # (file name in migrations/, statements). Append; never edit one that shipped.
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("0001_init.sql", _INIT),
     ("0002_session_leases.sql", _LEASES),
     ("0003_approvals.sql", _APPROVALS),
+    ("0004_session_names.sql", _SESSION_NAMES),
 )
 SCHEMA: tuple[str, ...] = tuple(s for _, statements in MIGRATIONS for s in statements)
+
+_ADD_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
+
+
+def schema_plan(columns: Mapping[str, Collection[str]]) -> list[str]:
+    """The statements that bring a database to `SCHEMA`, given the columns its
+    tables have now (`{table: columns}`, a missing table absent or empty).
+
+    The idempotent statements always run; a migration that adds columns runs
+    its ALTERs and its backfill only if its first added column is missing
+    (a migration lands whole: either the database has all of it or none).
+    Run the plan in one transaction, so two processes opening an old file
+    cannot both add the column.
+    """
+    plan: list[str] = []
+    for _, statements in MIGRATIONS:
+        added = [m for s in statements if (m := _ADD_COLUMN.match(s))]
+        applied = bool(added) and added[0][2] in columns.get(added[0][1], ())
+        for statement in statements:
+            one_off = _ADD_COLUMN.match(statement) or statement.startswith("UPDATE ")
+            if not (applied and one_off):
+                plan.append(statement)
+    return plan
+
+
+# Rows (cid, name, type, notnull, dflt_value, pk); none for a missing table.
+SESSION_TABLE_INFO = "PRAGMA table_info(agent_sessions)"
 
 INSERT_MESSAGE = (
     "INSERT INTO agent_messages (session_id, seq, role, content, tool_call_id, tool_name, "
@@ -110,23 +170,40 @@ INSERT_MESSAGE = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
-# Created on first write; later writes refresh it. Upsert, not read-modify-write.
+# Created on first write (with its name, never changed after); later writes
+# refresh it and add their messages' usage to the totals. Upsert, not
+# read-modify-write.
 UPSERT_SESSION = (
-    "INSERT INTO agent_sessions (id, agent_name, state, message_count, created_at, updated_at) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+    "INSERT INTO agent_sessions (id, agent_name, state, message_count, created_at, updated_at, "
+    "name, input_tokens, output_tokens) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
     "agent_name = COALESCE(excluded.agent_name, agent_sessions.agent_name), "
     "state = excluded.state, message_count = excluded.message_count, "
-    "updated_at = excluded.updated_at"
+    "updated_at = excluded.updated_at, "
+    "input_tokens = agent_sessions.input_tokens + excluded.input_tokens, "
+    "output_tokens = agent_sessions.output_tokens + excluded.output_tokens"
 )
 
 MESSAGE_COLUMNS = (
     "role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens, request_key"
 )
 SELECT_MESSAGES = f"SELECT {MESSAGE_COLUMNS} FROM agent_messages WHERE session_id = ? ORDER BY seq"
-SESSION_COLUMNS = "id, agent_name, state, message_count, created_at, updated_at"
+SELECT_TIMELINE = (
+    f"SELECT {MESSAGE_COLUMNS}, created_at FROM agent_messages WHERE session_id = ? ORDER BY seq"
+)
+SESSION_COLUMNS = (
+    "id, agent_name, state, message_count, created_at, updated_at, name, input_tokens, "
+    "output_tokens"
+)
 SELECT_SESSION = f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE id = ?"
+# Newest created first, by keys no write changes: a page's cursor is the last
+# row's (created_at, id). The first page binds a cursor above every row.
 LIST_SESSIONS = (
-    f"SELECT {SESSION_COLUMNS} FROM agent_sessions ORDER BY updated_at DESC, id LIMIT ? OFFSET ?"
+    f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE (created_at, id) < (?, ?) "
+    "ORDER BY created_at DESC, id DESC LIMIT ?"
+)
+FIND_SESSIONS = (
+    f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE name = ? ORDER BY created_at DESC, id DESC"
 )
 DELETE_MESSAGES = "DELETE FROM agent_messages WHERE session_id = ?"
 DELETE_LEASE = "DELETE FROM agent_leases WHERE session_id = ?"
@@ -144,6 +221,18 @@ RENEW_LEASE = "UPDATE agent_leases SET expires_at = ? WHERE session_id = ? AND o
 RELEASE_LEASE = "DELETE FROM agent_leases WHERE session_id = ? AND owner = ?"
 DELETE_SESSION = "DELETE FROM agent_sessions WHERE id = ?"
 DELETE_APPROVALS = "DELETE FROM agent_approvals WHERE session_id = ?"
+
+# delete_idle: up to `?` sessions idle since before `?`, oldest first. Every
+# statement picks the same sessions (the session rows go last), so the four
+# run as one transaction (SQLite) or one batch (D1) with no read before them;
+# the last one's change count is how many sessions were deleted.
+_IDLE = "SELECT id FROM agent_sessions WHERE updated_at < ? ORDER BY updated_at, id LIMIT ?"
+DELETE_IDLE: tuple[str, ...] = (
+    f"DELETE FROM agent_messages WHERE session_id IN ({_IDLE})",
+    f"DELETE FROM agent_leases WHERE session_id IN ({_IDLE})",
+    f"DELETE FROM agent_approvals WHERE session_id IN ({_IDLE})",
+    f"DELETE FROM agent_sessions WHERE id IN ({_IDLE})",
+)
 
 _APPROVAL_COLUMNS = "session_id, tool_call_id, event, tool_name, digest, reason, created_at"
 REQUEST_APPROVAL = f"INSERT INTO agent_approvals ({_APPROVAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -225,6 +314,7 @@ def append_statements(
     lease: Lease | None,
     approvals: Sequence[ApprovalChange],
     max_row_bytes: int = MAX_ROW_BYTES,
+    session_name: str | None = None,
 ) -> list[Statement]:
     """Every statement of one atomic append, in order, all built (and checked)
     before anything is written: the messages, the session row, the approval
@@ -234,7 +324,10 @@ def append_statements(
     if messages:
         count = expected_seq + len(messages)
         statements.append(
-            (UPSERT_SESSION, session_row(session_id, agent_name, messages, count, now_ms))
+            (
+                UPSERT_SESSION,
+                session_row(session_id, agent_name, messages, count, now_ms, session_name),
+            )
         )
     statements += [approval_statement(session_id, change, now_ms) for change in approvals]
     renew_or_release = lease_statement(session_id, lease, now_ms)
@@ -244,9 +337,95 @@ def append_statements(
 
 
 def session_row(
-    session_id: str, agent_name: str | None, messages: Sequence[Message], count: int, now_ms: int
+    session_id: str,
+    agent_name: str | None,
+    messages: Sequence[Message],
+    count: int,
+    now_ms: int,
+    session_name: str | None = None,
 ) -> tuple[Any, ...]:
-    return (session_id, agent_name, session_state(messages[-1]), count, now_ms, now_ms)
+    input_tokens, output_tokens = usage_totals(messages)
+    return (
+        session_id, agent_name, session_state(messages[-1]), count, now_ms, now_ms,
+        session_id if session_name is None else session_name, input_tokens, output_tokens,
+    )  # fmt: skip
+
+
+def usage_totals(messages: Iterable[Message]) -> tuple[int, int]:
+    """The input and output tokens of `messages`' stored usage, summed."""
+    usages = [m.usage for m in messages if m.usage is not None]
+    return sum(u.input_tokens for u in usages), sum(u.output_tokens for u in usages)
+
+
+def row_session_info(row: Sequence[Any]) -> SessionInfo:
+    """A SessionInfo from a SESSION_COLUMNS row (tuple, list, or D1's positional row)."""
+    session_id, agent_name, state, count, created_at, updated_at, name, inp, out = row
+    return SessionInfo(
+        id=str(session_id),
+        agent_name=None if agent_name is None else str(agent_name),
+        state=str(state),
+        message_count=int(count),
+        created_at=int(created_at),
+        updated_at=int(updated_at),
+        name=None if name is None else str(name),
+        input_tokens=int(inp or 0),
+        output_tokens=int(out or 0),
+    )
+
+
+# Above every stored (created_at, id): Unix ms for the next ~285,000 years, and
+# an id of no character sorts after U+10FFFF (ids are text: they sort before it).
+_FIRST_PAGE: tuple[int, str] = (2**53, "\U0010ffff")
+
+
+def check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigurationError(f"limit must be a positive integer, not {limit!r}")
+
+
+def encode_cursor(info: SessionInfo) -> str:
+    """The opaque cursor after `info`: url-safe base64 of its JSON [created_at, id]."""
+    return encode_cursor_keys(info.created_at, info.id)
+
+
+def decode_cursor(cursor: str | None) -> tuple[int, str]:
+    """The (created_at, id) a cursor stands for (above every row for None);
+    anything `encode_cursor` did not make raises `InvalidCursorError`."""
+    if cursor is None:
+        return _FIRST_PAGE
+    try:
+        if not isinstance(cursor, str) or not cursor or len(cursor) > 4096:
+            raise ValueError("not a cursor")
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, session_id = json.loads(raw.decode())
+        if (
+            isinstance(created_at, bool)
+            or not isinstance(created_at, int)
+            or not isinstance(session_id, str)
+            or not 0 <= created_at < 2**53
+        ):
+            raise ValueError("not a cursor")
+        if encode_cursor_keys(created_at, session_id) != cursor:
+            raise ValueError("not a cursor")  # only the kit's own spelling is one
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidCursorError(cursor) from None
+    return created_at, session_id
+
+
+def encode_cursor_keys(created_at: int, session_id: str) -> str:
+    raw = json.dumps([created_at, session_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def page_of(infos: Sequence[SessionInfo], limit: int) -> tuple[list[SessionInfo], str | None]:
+    """A page from up to `limit + 1` rows: the first `limit`, and a cursor if more follow."""
+    page = list(infos[:limit])
+    return page, encode_cursor(page[-1]) if len(infos) > limit else None
+
+
+def row_timeline_entry(session_id: str, seq: int, row: Sequence[Any]) -> tuple[int, Message]:
+    """A (created_at, Message) from a SELECT_TIMELINE row."""
+    return int(row[-1]), row_messages(session_id, [row[:-1]], start=seq)[0]
 
 
 def row_message(row: Sequence[Any]) -> Message:
@@ -266,10 +445,12 @@ def row_message(row: Sequence[Any]) -> Message:
     )
 
 
-def row_messages(session_id: str, rows: Iterable[Sequence[Any]]) -> list[Message]:
+def row_messages(
+    session_id: str, rows: Iterable[Sequence[Any]], *, start: int = 0
+) -> list[Message]:
     """The messages of SELECT_MESSAGES rows; a row that does not decode is a StoreError."""
     messages = []
-    for seq, row in enumerate(rows):
+    for seq, row in enumerate(rows, start):
         try:
             messages.append(row_message(row))
         except (ValueError, TypeError, KeyError) as exc:

@@ -11,7 +11,13 @@ from ..messages import Message
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
-    """A stored session's summary row (no messages). Times are Unix milliseconds."""
+    """A stored session's summary row (no messages). Times are Unix milliseconds.
+
+    `name` is what the session was created under (`run(session_name=)`, the
+    Worker's URL name; the id for a session stored before names were), kept
+    from its first write on. `input_tokens` / `output_tokens` total the usage
+    of its stored messages, kept by the appends themselves.
+    """
 
     id: str
     agent_name: str | None
@@ -19,6 +25,18 @@ class SessionInfo:
     message_count: int
     created_at: int
     updated_at: int
+    name: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    """One page of `list_sessions`: the sessions, newest created first, and the
+    cursor of the next page (None on the last one)."""
+
+    sessions: list[SessionInfo]
+    next_cursor: str | None
 
 
 ApprovalEventName = Literal["requested", "approved", "denied", "claimed"]
@@ -97,10 +115,13 @@ class Store(Protocol):
         agent_name: str | None = None,
         lease: Lease | None = None,
         approvals: Sequence[ApprovalChange] = (),
+        session_name: str | None = None,
     ) -> int:
         """Append all of `messages` at positions `expected_seq...`, or nothing.
 
-        Creates the session on its first write. Returns the new message count.
+        Creates the session on its first write, under `session_name` (default:
+        its id; a later append's name is ignored). Returns the new message
+        count. The same write adds the messages' usage to the session's totals.
         With `lease`, the same transaction renews or releases that lease (a
         no-op if its owner no longer holds it). `approvals` are recorded in
         the same transaction, each only if its condition holds (see
@@ -138,10 +159,34 @@ class Store(Protocol):
         """The session's summary row (no messages), or None if it was never written."""
         ...
 
-    async def list_sessions(self, *, limit: int = 100, offset: int = 0) -> list[SessionInfo]:
-        """Sessions, most recently updated first."""
+    async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
+        """Up to `limit` sessions, newest created first (by created_at, then id,
+        both descending), after `cursor` (a `next_cursor` of the page before).
+
+        The keys never change, so paging while sessions are written lists every
+        session that existed when paging began exactly once (sessions created
+        meanwhile may or may not appear). Raises `InvalidCursorError` for a
+        cursor the store did not hand out, `ConfigurationError` for `limit < 1`.
+        """
+        ...
+
+    async def find_sessions(self, name: str) -> list[SessionInfo]:
+        """The sessions stored under `name`, newest created first."""
         ...
 
     async def delete_session(self, session_id: str) -> bool:
-        """Remove a session and its messages; False if there was none."""
+        """Remove every row of the session (messages, approvals, lease, session
+        row) in one atomic write; False if there was none. A run still writing
+        to it then gets `SessionConflictError` (its append expects a position
+        that no longer follows anything)."""
+        ...
+
+    async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
+        """Delete up to `limit` sessions last written before `before_ms` (Unix
+        ms), oldest first, with all their rows, in one atomic write; returns
+        how many. Call again while it returns `limit`."""
+        ...
+
+    async def load_timeline(self, session_id: str) -> list[tuple[int, Message]]:
+        """The session's messages in order, each with when it was stored (Unix ms)."""
         ...

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from ..errors import SessionConflictError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
-from ._sql import append_rows, session_state
-from .base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo
+from ._sql import append_rows, check_limit, decode_cursor, page_of, session_state, usage_totals
+from .base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo, SessionPage
 
 
 @dataclass
@@ -18,7 +18,11 @@ class _Session:
     agent_name: str | None
     created_at: int
     updated_at: int
+    name: str
     messages: list[Message] = field(default_factory=list)
+    stored_at: list[int] = field(default_factory=list)  # each message's created_at
+    input_tokens: int = 0
+    output_tokens: int = 0
     answered: set[str] = field(default_factory=set)  # tool_call_ids with a stored result
     request_keys: set[str] = field(default_factory=set)
 
@@ -55,6 +59,7 @@ class MemoryStore:
         agent_name: str | None = None,
         lease: Lease | None = None,
         approvals: Sequence[ApprovalChange] = (),
+        session_name: str | None = None,
     ) -> int:
         now = int(self._clock() * 1000)
         # Built for their checks only (empty, position, size), as the SQL stores do.
@@ -82,10 +87,15 @@ class MemoryStore:
         if not messages:
             return expected_seq
         if session is None:
-            session = self._sessions[session_id] = _Session(agent_name, now, now)
+            name = session_id if session_name is None else session_name
+            session = self._sessions[session_id] = _Session(agent_name, now, now, name)
         session.answered.update(m.tool_call_id for m in messages if m.tool_call_id)
         session.request_keys.update(m.request_key for m in messages if m.request_key)
         session.messages.extend(messages)
+        session.stored_at.extend(now for _ in messages)
+        input_tokens, output_tokens = usage_totals(messages)
+        session.input_tokens += input_tokens
+        session.output_tokens += output_tokens
         session.updated_at = now
         session.agent_name = agent_name or session.agent_name
         return len(session.messages)
@@ -153,15 +163,36 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         return self._info(session_id, session) if session else None
 
-    async def list_sessions(self, *, limit: int = 100, offset: int = 0) -> list[SessionInfo]:
-        infos = [self._info(sid, s) for sid, s in self._sessions.items()]
-        infos.sort(key=lambda info: (-info.updated_at, info.id))
-        return infos[offset : offset + limit]
+    async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
+        check_limit(limit)
+        after = decode_cursor(cursor)
+        infos = [
+            self._info(sid, s) for sid, s in self._sessions.items() if (s.created_at, sid) < after
+        ]
+        infos.sort(key=lambda info: (info.created_at, info.id), reverse=True)
+        return SessionPage(*page_of(infos[: limit + 1], limit))
+
+    async def find_sessions(self, name: str) -> list[SessionInfo]:
+        infos = [self._info(sid, s) for sid, s in self._sessions.items() if s.name == name]
+        return sorted(infos, key=lambda info: (info.created_at, info.id), reverse=True)
 
     async def delete_session(self, session_id: str) -> bool:
         self._leases.pop(session_id, None)
         self._approvals.pop(session_id, None)
         return self._sessions.pop(session_id, None) is not None
+
+    async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
+        check_limit(limit)
+        idle = sorted(
+            (s.updated_at, sid) for sid, s in self._sessions.items() if s.updated_at < before_ms
+        )[:limit]
+        for _, session_id in idle:
+            await self.delete_session(session_id)
+        return len(idle)
+
+    async def load_timeline(self, session_id: str) -> list[tuple[int, Message]]:
+        session = self._sessions.get(session_id)
+        return list(zip(session.stored_at, session.messages, strict=True)) if session else []
 
     @staticmethod
     def _info(session_id: str, session: _Session) -> SessionInfo:
@@ -172,6 +203,9 @@ class MemoryStore:
             message_count=len(session.messages),
             created_at=session.created_at,
             updated_at=session.updated_at,
+            name=session.name,
+            input_tokens=session.input_tokens,
+            output_tokens=session.output_tokens,
         )
 
 

@@ -21,7 +21,7 @@ from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
 from . import _sql
-from .base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo
+from .base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo, SessionPage
 
 T = TypeVar("T")
 
@@ -73,11 +73,12 @@ class SQLiteStore:
         agent_name: str | None = None,
         lease: Lease | None = None,
         approvals: Sequence[ApprovalChange] = (),
+        session_name: str | None = None,
     ) -> int:
         statements = _sql.append_statements(
             session_id, expected_seq, messages, int(self._clock() * 1000),
             agent_name=agent_name, lease=lease, approvals=approvals,
-            max_row_bytes=self._max_row_bytes,
+            max_row_bytes=self._max_row_bytes, session_name=session_name,
         )  # fmt: skip
 
         def write(conn: sqlite3.Connection) -> None:
@@ -123,17 +124,41 @@ class SQLiteStore:
         row = await self._call(
             lambda c: c.execute(_sql.SELECT_SESSION, (session_id,)).fetchone(), session_id
         )
-        return SessionInfo(*row) if row else None
+        return _sql.row_session_info(row) if row else None
 
-    async def list_sessions(self, *, limit: int = 100, offset: int = 0) -> list[SessionInfo]:
-        rows = await self._call(lambda c: c.execute(_sql.LIST_SESSIONS, (limit, offset)).fetchall())
-        return [SessionInfo(*row) for row in rows]
+    async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
+        _sql.check_limit(limit)
+        created_at, last_id = _sql.decode_cursor(cursor)
+        rows = await self._call(
+            lambda c: c.execute(_sql.LIST_SESSIONS, (created_at, last_id, limit + 1)).fetchall()
+        )
+        return SessionPage(*_sql.page_of([_sql.row_session_info(r) for r in rows], limit))
+
+    async def find_sessions(self, name: str) -> list[SessionInfo]:
+        rows = await self._call(lambda c: c.execute(_sql.FIND_SESSIONS, (name,)).fetchall())
+        return [_sql.row_session_info(row) for row in rows]
 
     async def delete_session(self, session_id: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
             return _transaction(conn, lambda: _delete(conn, session_id))
 
         return await self._call(delete, session_id)
+
+    async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
+        _sql.check_limit(limit)
+
+        def delete(conn: sqlite3.Connection) -> int:
+            changes = [conn.execute(sql, (before_ms, limit)).rowcount for sql in _sql.DELETE_IDLE]
+            return changes[-1]
+
+        return await self._call(lambda conn: _transaction(conn, lambda: delete(conn)))
+
+    async def load_timeline(self, session_id: str) -> list[tuple[int, Message]]:
+        def load(conn: sqlite3.Connection) -> list[tuple[int, Message]]:
+            rows = conn.execute(_sql.SELECT_TIMELINE, (session_id,))
+            return [_sql.row_timeline_entry(session_id, i, row) for i, row in enumerate(rows)]
+
+        return await self._call(load, session_id)
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -181,8 +206,7 @@ class SQLiteStore:
             if self.durable:
                 conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")
-            for statement in _sql.SCHEMA:
-                conn.execute(statement)
+            _transaction(conn, lambda: _migrate(conn))
         except BaseException:
             conn.close()
             raise
@@ -208,6 +232,14 @@ def _transaction(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
             conn.execute("ROLLBACK")
         raise
     return result
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    # In one BEGIN IMMEDIATE transaction: two processes opening an old file
+    # queue here, and the second sees the columns the first added.
+    columns = {row[1] for row in conn.execute(_sql.SESSION_TABLE_INFO)}
+    for statement in _sql.schema_plan({"agent_sessions": columns}):
+        conn.execute(statement)
 
 
 def _delete(conn: sqlite3.Connection, session_id: str) -> bool:

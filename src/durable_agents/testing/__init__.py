@@ -25,7 +25,15 @@ from typing import Any, Literal
 from ..errors import ConfigurationError
 from ..llm.offline import FunctionLLM, TestLLM, stream_response
 from ..messages import LLMResponse, Message, StreamPart, ToolSpec
-from ..stores.base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo, Store
+from ..stores.base import (
+    ApprovalChange,
+    ApprovalEvent,
+    Lease,
+    LeaseHolder,
+    SessionInfo,
+    SessionPage,
+    Store,
+)
 
 Step = (
     LLMResponse
@@ -132,6 +140,7 @@ class CrashingStore:
         agent_name: str | None = None,
         lease: Lease | None = None,
         approvals: Sequence[ApprovalChange] = (),
+        session_name: str | None = None,
     ) -> int:
         self.appends += 1
         crash = self.appends == self.crash_on
@@ -139,7 +148,7 @@ class CrashingStore:
             raise SimulatedCrash(f"simulated crash before atomic append #{self.appends}")
         count = await self.inner.append_messages_atomic(
             session_id, expected_seq, messages, agent_name=agent_name, lease=lease,
-            approvals=approvals,
+            approvals=approvals, session_name=session_name,
         )  # fmt: skip
         if crash:
             raise SimulatedCrash(f"simulated crash after atomic append #{self.appends}")
@@ -159,11 +168,20 @@ class CrashingStore:
     async def get_session(self, session_id: str) -> SessionInfo | None:
         return await self.inner.get_session(session_id)
 
-    async def list_sessions(self, *, limit: int = 100, offset: int = 0) -> list[SessionInfo]:
-        return await self.inner.list_sessions(limit=limit, offset=offset)
+    async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
+        return await self.inner.list_sessions(limit=limit, cursor=cursor)
+
+    async def find_sessions(self, name: str) -> list[SessionInfo]:
+        return await self.inner.find_sessions(name)
 
     async def delete_session(self, session_id: str) -> bool:
         return await self.inner.delete_session(session_id)
+
+    async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
+        return await self.inner.delete_idle(before_ms, limit=limit)
+
+    async def load_timeline(self, session_id: str) -> list[tuple[int, Message]]:
+        return await self.inner.load_timeline(session_id)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -14,9 +14,15 @@ The store must be built with a clock that advances between calls
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Awaitable, Callable
 
-from ..errors import MessageTooLargeError, SessionConflictError
+from ..errors import (
+    ConfigurationError,
+    InvalidCursorError,
+    MessageTooLargeError,
+    SessionConflictError,
+)
 from ..messages import Message, ToolCall, Usage
 from ..stores.base import ApprovalChange, Lease, Store
 
@@ -197,9 +203,211 @@ async def list_sessions_newest_first(store: Store) -> None:
     for name in ("s1", "s2", "s3"):
         await store.append_messages_atomic(name, 0, [Message.user(name)])
     await store.append_messages_atomic("s1", 1, [Message.assistant("again")])
-    listed = [info.id for info in await store.list_sessions()]
-    assert listed == ["s1", "s3", "s2"]
-    assert [i.id for i in await store.list_sessions(limit=1, offset=1)] == ["s3"]
+    page = await store.list_sessions()
+    # Newest CREATED first: a later write does not move a session.
+    assert [info.id for info in page.sessions] == ["s3", "s2", "s1"]
+    assert page.next_cursor is None
+    assert page.sessions[2].message_count == 2
+
+
+async def session_names_are_stored_once(store: Store) -> None:
+    await store.append_messages_atomic("id-1", 0, [Message.user("a")], session_name="alpha")
+    # A later append's name is ignored: the name is the creating write's.
+    await store.append_messages_atomic("id-1", 1, [Message.assistant("b")], session_name="beta")
+    await store.append_messages_atomic("id-2", 0, [Message.user("c")])  # no name: its id
+    one, two = await store.get_session("id-1"), await store.get_session("id-2")
+    assert one is not None
+    assert one.name == "alpha", one
+    assert two is not None
+    assert two.name == "id-2", two
+    listed = {i.id: i.name for i in (await store.list_sessions()).sessions}
+    assert listed == {"id-1": "alpha", "id-2": "id-2"}, listed
+    # A refused append (a stale position) creates nothing and names nothing.
+    await _expect_conflict(
+        store.append_messages_atomic("id-3", 1, [Message.user("x")], session_name="gamma")
+    )
+    assert await store.find_sessions("gamma") == []
+
+
+async def usage_totals_are_summed_by_the_appends(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("hi")])
+    info = await store.get_session("s")
+    assert info is not None
+    assert (info.input_tokens, info.output_tokens) == (0, 0), info
+    await store.append_messages_atomic("s", 1, _step(1))  # Usage(11, 5)
+    await store.append_messages_atomic(
+        "s", 4, [Message.assistant("done", usage=Usage(100, 7)), Message.user("more")]
+    )
+    await store.append_messages_atomic("s", 6, _step(2))  # Usage(12, 5)
+    # A refused append adds nothing; an approvals-only append adds nothing.
+    await _expect_conflict(
+        store.append_messages_atomic("s", 2, [Message.assistant("late", usage=Usage(1000, 1000))])
+    )
+    await store.append_messages_atomic("s", 9, [], approvals=[_request("c2a")])
+    info = await store.get_session("s")
+    assert info is not None
+    assert (info.input_tokens, info.output_tokens) == (123, 17), info
+    stored = [m.usage for m in await store.load_messages("s") if m.usage]
+    assert sum(u.input_tokens for u in stored) == info.input_tokens
+    assert sum(u.output_tokens for u in stored) == info.output_tokens
+    listed = (await store.list_sessions()).sessions[0]
+    found = (await store.find_sessions("s"))[0]
+    assert (listed.input_tokens, found.output_tokens) == (123, 17)
+
+
+async def listing_pages_by_cursor_newest_created_first(store: Store) -> None:
+    for n in range(1, 6):
+        await store.append_messages_atomic(f"s{n}", 0, [Message.user(str(n))])
+    first = await store.list_sessions(limit=2)
+    assert [i.id for i in first.sessions] == ["s5", "s4"]
+    assert isinstance(first.next_cursor, str)
+    assert first.next_cursor
+    # Written while paging: updates do not move a session, new ones are newer
+    # than every cursor, so the pages go on exactly where they were.
+    await store.append_messages_atomic("s2", 1, [Message.assistant("updated")])
+    await store.append_messages_atomic("s6", 0, [Message.user("new")])
+    second = await store.list_sessions(limit=2, cursor=first.next_cursor)
+    assert [i.id for i in second.sessions] == ["s3", "s2"]
+    assert second.sessions[1].message_count == 2
+    assert second.next_cursor is not None
+    last = await store.list_sessions(limit=2, cursor=second.next_cursor)
+    assert [i.id for i in last.sessions] == ["s1"]
+    assert last.next_cursor is None
+    # A limit that ends exactly at the last session has no next page.
+    whole = await store.list_sessions(limit=6)
+    assert [i.id for i in whole.sessions] == ["s6", "s5", "s4", "s3", "s2", "s1"]
+    assert whole.next_cursor is None
+    assert (await store.list_sessions(limit=1000)).sessions == whole.sessions
+    # The same cursor reads the same page again.
+    again = await store.list_sessions(limit=2, cursor=first.next_cursor)
+    assert [i.id for i in again.sessions] == ["s3", "s2"]
+    assert (await store.list_sessions()).sessions == whole.sessions  # default limit 50
+    empty_after = await store.list_sessions(limit=1, cursor=last.next_cursor)
+    assert empty_after.sessions == [whole.sessions[0]]  # None is the first page
+
+
+async def a_bad_cursor_or_limit_is_refused(store: Store) -> None:
+    await store.append_messages_atomic("s1", 0, [Message.user("a")])
+    await store.append_messages_atomic("s2", 0, [Message.user("b")])
+    good = (await store.list_sessions(limit=1)).next_cursor
+    assert good is not None
+    bad = [
+        "", "!!!", "not a cursor", "e30", good + "=", good[:-2], good + "A", " " + good,
+        _b64(b"[1,2]"), _b64(b'["1","s"]'), _b64(b'[-1,"s"]'), _b64(b'[true,"s"]'),
+        _b64(b'[1,"s",3]'), _b64(b'{"created_at":1}'), _b64(b"\xff\xfe"), _b64(b'[1.5,"s"]'),
+        _b64(b'[ 1, "s"]'), "A" * 5000,
+    ]  # fmt: skip
+    for cursor in bad:
+        try:
+            await store.list_sessions(limit=1, cursor=cursor)
+        except InvalidCursorError as exc:
+            refused: InvalidCursorError = exc
+        else:
+            raise AssertionError(f"cursor {cursor[:40]!r} was accepted")
+        assert refused.code == "invalid-cursor"
+        assert isinstance(refused, ConfigurationError)
+    for limit in (0, -1):
+        try:
+            await store.list_sessions(limit=limit)
+        except ConfigurationError:
+            continue
+        raise AssertionError(f"limit={limit} was accepted")
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+async def find_sessions_by_name(store: Store) -> None:
+    await store.append_messages_atomic("a", 0, [Message.user("1")], session_name="support")
+    await store.append_messages_atomic("b", 0, [Message.user("2")], session_name="other")
+    await store.append_messages_atomic("c", 0, [Message.user("3")], session_name="support")
+    await store.append_messages_atomic("a", 1, [Message.assistant("later")])
+    found = await store.find_sessions("support")
+    assert [i.id for i in found] == ["c", "a"], found
+    assert found[1].message_count == 2
+    assert found[1].name == "support"
+    assert [i.id for i in await store.find_sessions("other")] == ["b"]
+    assert await store.find_sessions("nobody") == []
+    assert await store.find_sessions("Support") == []  # names match exactly
+    await store.delete_session("c")
+    assert [i.id for i in await store.find_sessions("support")] == ["a"]
+
+
+async def delete_session_is_whole_and_a_later_append_conflicts(store: Store) -> None:
+    await store.append_messages_atomic(
+        "s", 0, [Message.user("q"), *_step(1)], approvals=[_request("c1a")],
+        session_name="doomed",
+    )  # fmt: skip
+    assert await store.acquire_lease("s", "run-1", HOUR_MS) is None
+    await store.append_messages_atomic("keep", 0, [Message.user("other")])
+    assert await store.delete_session("s") is True
+    assert await store.get_session("s") is None
+    assert await store.load_messages("s") == []
+    assert await store.load_timeline("s") == []
+    assert await store.load_approvals("s") == []
+    assert await store.find_sessions("doomed") == []
+    assert [i.id for i in (await store.list_sessions()).sessions] == ["keep"]
+    assert await store.acquire_lease("s", "run-2", HOUR_MS) is None  # the lease went too
+    await store.release_lease("s", "run-2")
+    # The run that was writing to it: its next append expects position 4.
+    await _expect_conflict(
+        store.append_messages_atomic("s", 4, [Message.assistant("late")], lease=Lease("run-1", 1))
+    )
+    assert await store.load_messages("s") == []
+    assert await store.get_session("s") is None
+    assert await store.delete_session("s") is False
+    assert await store.load_messages("keep") == [Message.user("other")]
+
+
+async def delete_idle_deletes_the_oldest_idle_up_to_the_limit(store: Store) -> None:
+    for name in ("a", "b", "c", "d"):
+        await store.append_messages_atomic(name, 0, [Message.user(name)])
+    await store.append_messages_atomic(
+        "b", 1, [Message.assistant("still here")], approvals=[_request("x")]
+    )
+    await store.acquire_lease("c", "run", HOUR_MS)
+    d = await store.get_session("d")
+    assert d is not None
+    # Idle before d's last write: a, then c (b was written after d).
+    assert await store.delete_idle(d.updated_at - 10**9) == 0
+    assert await store.delete_idle(d.updated_at, limit=1) == 1
+    assert await store.get_session("a") is None
+    assert await store.load_messages("a") == []
+    assert await store.get_session("c") is not None
+    assert await store.delete_idle(d.updated_at, limit=5) == 1
+    assert await store.load_messages("c") == []
+    assert await store.acquire_lease("c", "other", HOUR_MS) is None  # c's lease went too
+    assert await store.delete_idle(d.updated_at, limit=5) == 0
+    assert sorted(i.id for i in (await store.list_sessions()).sessions) == ["b", "d"]
+    assert len(await store.load_approvals("b")) == 1
+    # Up to `limit`, oldest first, then the rest on the next call.
+    assert await store.delete_idle(d.updated_at + 10**9, limit=1) == 1
+    assert [i.id for i in (await store.list_sessions()).sessions] == ["b"]
+    assert await store.delete_idle(d.updated_at + 10**9, limit=1) == 1
+    assert await store.load_approvals("b") == []
+    assert await store.delete_idle(d.updated_at + 10**9) == 0
+    try:
+        await store.delete_idle(d.updated_at, limit=0)
+    except ConfigurationError:
+        return
+    raise AssertionError("delete_idle(limit=0) was accepted")
+
+
+async def load_timeline_gives_each_message_its_time(store: Store) -> None:
+    assert await store.load_timeline("nobody") == []
+    await store.append_messages_atomic("s", 0, [Message.user("q")])
+    await store.append_messages_atomic("s", 1, _step(1))
+    await store.append_messages_atomic("s", 4, [Message.assistant("done", usage=Usage(1, 2))])
+    timeline = await store.load_timeline("s")
+    assert [m for _, m in timeline] == await store.load_messages("s")
+    times = [t for t, _ in timeline]
+    info = await store.get_session("s")
+    assert info is not None
+    assert times[0] == info.created_at
+    assert times[-1] == info.updated_at
+    assert times[0] < times[1] == times[2] == times[3] < times[4], times  # one append, one time
+    assert all(isinstance(t, int) for t in times)
 
 
 async def delete_removes_everything(store: Store) -> None:
@@ -244,7 +452,7 @@ async def a_lease_has_one_holder_until_released_expired_or_taken(store: Store) -
     # A lease is not a session.
     assert await store.get_session("s") is None
     assert await store.load_messages("s") == []
-    assert [i.id for i in await store.list_sessions()] == []
+    assert (await store.list_sessions()).sessions == []
 
 
 async def racing_lease_takers_one_wins(store: Store) -> None:
@@ -374,6 +582,14 @@ CHECKS: tuple[Check, ...] = (
     sessions_are_isolated,
     session_info_tracks_writes,
     list_sessions_newest_first,
+    session_names_are_stored_once,
+    usage_totals_are_summed_by_the_appends,
+    listing_pages_by_cursor_newest_created_first,
+    a_bad_cursor_or_limit_is_refused,
+    find_sessions_by_name,
+    delete_session_is_whole_and_a_later_append_conflicts,
+    delete_idle_deletes_the_oldest_idle_up_to_the_limit,
+    load_timeline_gives_each_message_its_time,
     delete_removes_everything,
     empty_append_is_refused,
     a_lease_has_one_holder_until_released_expired_or_taken,
