@@ -137,6 +137,7 @@ async def run(
     wait_seconds: float = 30.0,
     on_event: OnEvent | None = None,
     cancel: CancelToken | None = None,
+    session_name: str | None = None,
 ) -> RunResult:
     """Run one turn of `agent`, durably when given a durable `store` and a `session_id`.
 
@@ -177,6 +178,10 @@ async def run(
       progress is abandoned, a step whose write #1 landed first runs its
       handlers and stores their results. `message=None` goes on from there.
 
+    `session_name` is stored with a new session (the write that creates it)
+    and never changed after; default: the session id. Listings show it and
+    `store.find_sessions(name)` finds the session by it.
+
     `tools` supplies or overrides handlers by tool name. `deps` reaches every
     handler as `ctx.deps`. `new_id` makes session and tool call ids (default:
     random UUIDs, drawn at call time).
@@ -192,7 +197,7 @@ async def run(
     events = _Events(on_event)
     result = await _run(
         agent, llm, message, session_id, store, tools, deps, new_id, request_key,
-        lease_seconds, wait_seconds, events, cancel,
+        lease_seconds, wait_seconds, events, cancel, session_name,
     )  # fmt: skip
     await events.emit(RunFinished(result))
     return result
@@ -212,6 +217,7 @@ async def _run(
     wait_seconds: float,
     events: _Events,
     cancel: CancelToken | None,
+    session_name: str | None = None,
 ) -> RunResult:
     make_id = new_id or _random_id
     if message is not None:
@@ -227,6 +233,7 @@ async def _run(
                 "a new session needs a message (or pass an existing session_id)"
             )
         session = _Session(agent, store, make_id(), [], bound, deps, make_id, None, events, cancel)
+        session.name = session_name
         return await session.run(message, llm, request_key)
     if not store.durable:
         raise MemoryStoreNotDurableError(session_id)
@@ -248,6 +255,7 @@ async def _run(
         session = _Session(
             agent, store, session_id, history, bound, deps, make_id, lease, events, cancel
         )
+        session.name = session_name
         start = None if request_key is None or message is None else (
             session.find_request(request_key, message)
         )  # fmt: skip
@@ -395,6 +403,7 @@ class _Session:
         self.system = Message.system(agent.instructions)
         self.specs = [t.spec for t in tools.values()]
         self.call_ids = {c.id for m in history for c in m.tool_calls}
+        self.name: str | None = None  # stored by the append that creates the session
 
     def find_request(self, request_key: str, message: str) -> int | None:
         """The position of the user message stored with `request_key`, if any."""
@@ -581,6 +590,7 @@ class _Session:
             agent_name=self.agent.name,
             lease=lease,
             approvals=approvals,
+            session_name=self.name,
         )
         self.history.extend(messages)
         if self.lease is not None and release:
