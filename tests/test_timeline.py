@@ -1,0 +1,488 @@
+"""The session timeline page (`durable_agents.timeline.render_timeline`, issue 13 item 2).
+
+Unit tests of its HTML (parsed with the standard library's HTMLParser): every
+stored text escaped, kinds, pending approvals, usage sums, no script at all.
+Then a triage-like session built on CPython with a crash that loses a
+`post_slack` result (resumed with `run(message=None)`, so the call is repaired
+with a `tool-durability-error`), rendered to a file and opened in headless
+Debian chromium with JavaScript disabled: DOM assertions and a screenshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Sequence
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser
+from pydantic import BaseModel
+
+from durable_agents import Agent, LLMResponse, Message, ToolCall, Usage, run, tool
+from durable_agents.errors import ToolDurabilityError
+from durable_agents.messages import ToolErrorKind, tool_error_content
+from durable_agents.stores import Store, sqlite_store
+from durable_agents.stores.base import ApprovalEvent
+from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
+from durable_agents.testing.conformance import ticking_clock
+from durable_agents.timeline import render_timeline
+from headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
+
+HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
+T0 = 1_800_000_000_000  # 2027-01-15 08:00:00 UTC
+
+
+# -- a parsed page ---------------------------------------------------------------------------
+
+
+class Element:
+    def __init__(self, tag: str, attrs: dict[str, str], parent: Element | None) -> None:
+        self.tag, self.attrs, self.parent = tag, attrs, parent
+        self.children: list[Element] = []
+        self.texts: list[str] = []
+
+    def text(self) -> str:
+        return "".join(self.texts) + "".join(c.text() for c in self.children)
+
+    def iter(self) -> list[Element]:
+        return [self, *(e for c in self.children for e in c.iter())]
+
+    def find_all(self, tag: str | None = None, **attrs: str) -> list[Element]:
+        return [
+            e
+            for e in self.iter()
+            if (tag is None or e.tag == tag)
+            and all(e.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items())
+        ]
+
+
+VOID = {"meta", "link", "br", "img", "hr", "input"}
+
+
+class Parser(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.root = Element("#root", {}, None)
+        self.current = self.root
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element = Element(tag, {k: v or "" for k, v in attrs}, self.current)
+        self.current.children.append(element)
+        if tag not in VOID:
+            self.current = element
+
+    def handle_endtag(self, tag: str) -> None:
+        node: Element | None = self.current
+        while node is not None and node.tag != tag:
+            node = node.parent
+        assert node is not None, f"stray </{tag}>"
+        assert node.parent is not None
+        self.current = node.parent
+
+    def handle_data(self, data: str) -> None:
+        self.current.texts.append(data)
+
+
+def parse(page: str) -> Element:
+    parser = Parser()
+    parser.feed(page)
+    parser.close()
+    assert parser.current is parser.root, f"unclosed <{parser.current.tag}>"
+    return parser.root
+
+
+def render(messages: Sequence[Message], approvals: Sequence[ApprovalEvent] = (), **kw: Any) -> str:
+    entries = [(T0 + 1000 * i, m) for i, m in enumerate(messages)]
+    args: dict[str, Any] = {"name": "s1", "session_id": "a" * 64, "agent": "triage", **kw}
+    return render_timeline(entries=entries, approvals=approvals, **args)
+
+
+def article(root: Element, position: int) -> Element:
+    (found,) = root.find_all("article", data_position=str(position))
+    return found
+
+
+# -- unit tests of the HTML ------------------------------------------------------------------
+
+
+def test_every_stored_text_is_escaped_and_there_is_no_script() -> None:
+    call = ToolCall("c<1>", f"x{HOSTILE}", {"text": HOSTILE, HOSTILE: 1})
+    messages = [
+        Message.user(f"hi {HOSTILE}"),
+        Message.assistant(f"ok {HOSTILE}", [call]),
+        Message.tool_result(call, json.dumps({"title": HOSTILE})),
+        Message.assistant(HOSTILE),
+    ]
+    page = render(messages, name=f"n{HOSTILE}", session_id=f'"{HOSTILE}', agent=HOSTILE)
+    assert "<script" not in page.lower()
+    assert "<img" not in page.lower()
+    root = parse(page)
+    assert root.find_all("script") == []
+    assert root.find_all("img") == []
+    assert HOSTILE in article(root, 0).text()
+    assert HOSTILE in article(root, 1).text()  # text, tool name and arguments
+    (shown_call,) = article(root, 1).find_all(data_call_id="c<1>")
+    assert shown_call.attrs["data-tool"] == f"x{HOSTILE}"
+    assert json.loads(shown_call.find_all("pre")[0].text()) == call.arguments
+    assert json.loads(article(root, 2).find_all("pre")[0].text()) == {"title": HOSTILE}
+    assert HOSTILE in root.find_all("h1")[0].text()
+    assert HOSTILE in root.find_all("title")[0].text()
+    # No handler attribute, no javascript: URL, no external resource.
+    for element in root.iter():
+        for key, value in element.attrs.items():
+            assert not key.startswith("on"), (element.tag, key)
+            assert not value.lower().startswith(("javascript:", "http:", "https:", "//"))
+    assert "Content-Security-Policy" in page
+    assert "default-src 'none'" in page
+
+
+def test_messages_have_anchors_roles_kinds_and_turns() -> None:
+    a, b = ToolCall("c1", "get_issue", {"id": "42"}), ToolCall("c2", "post_slack", {})
+    messages = [
+        Message.user("triage 42"),
+        Message.assistant("", [a, b], usage=Usage(100, 10)),
+        Message.tool_result(a, '{"id": "42"}'),
+        Message.tool_result(b, tool_error_content(ToolErrorKind.TOOL_FAILED, "Tool failed: boom")),
+        Message.assistant("done", usage=Usage(200, 20)),
+        Message.user("again"),
+        Message.assistant("sure", usage=Usage(50, 5)),
+    ]
+    root = parse(render(messages))
+    articles = root.find_all("article")
+    assert [e.attrs["id"] for e in articles] == [f"m{i}" for i in range(7)]
+    assert [e.attrs["data-role"] for e in articles] == [m.role for m in messages]
+    assert [e.attrs["data-kind"] for e in articles] == [
+        "user", "tool-calls", "tool-result", "tool-failed", "reply", "user", "reply",
+    ]  # fmt: skip
+    turns = root.find_all("section", **{"class": "turn"})
+    assert [t.attrs["data-turn"] for t in turns] == ["1", "2"]
+    assert [len(t.find_all("article")) for t in turns] == [5, 2]
+    assert root.find_all("main")
+    assert "2027-01-15 08:00:00 UTC" in articles[0].text()
+    assert "Tool failed" in articles[3].text()
+    # each call links to its result, each result to its call
+    assert [e.attrs["href"] for e in articles[1].find_all("a", **{"class": "result-link"})] == [
+        "#m2",
+        "#m3",
+    ]
+    assert any(e.attrs.get("href") == "#m1" for e in articles[3].find_all("a"))
+
+
+def test_usage_per_turn_and_in_total() -> None:
+    messages = [
+        Message.user("one"),
+        Message.assistant("", [ToolCall("c1", "t", {})], usage=Usage(100, 10)),
+        Message("tool", "{}", tool_call_id="c1", tool_name="t"),
+        Message.assistant("a", usage=Usage(1000, 200)),
+        Message.user("two"),
+        Message.assistant("b", usage=Usage(7, 3)),
+    ]
+    root = parse(render(messages))
+
+    def tokens(element: Element) -> tuple[int, int]:
+        found = element.find_all("span", **{"class": "tokens"})[0]
+        return int(found.attrs["data-input-tokens"]), int(found.attrs["data-output-tokens"])
+
+    turns = root.find_all("section", **{"class": "turn"})
+    assert [tokens(t) for t in turns] == [(1100, 210), (7, 3)]
+    assert tokens(root.find_all("dl")[0]) == (1107, 213)
+    assert "1,107 in · 213 out tokens" in root.find_all("dl")[0].text()
+
+
+def test_a_repaired_call_stands_out_with_why() -> None:
+    call = ToolCall("c9", "post_slack", {"channel": "#triage", "text": "hi"})
+    lost = ToolDurabilityError("post_slack", "c9").to_content()
+    messages = [
+        Message.user("go"),
+        Message.assistant("", [call]),
+        Message.tool_result(call, lost),
+        Message.assistant("It may have posted; please check."),
+    ]
+    root = parse(render(messages))
+    repaired = article(root, 2)
+    assert repaired.attrs["data-kind"] == "tool-durability-error"
+    assert "tone-crash" in repaired.attrs["class"]
+    text = " ".join(repaired.text().split())
+    assert "Repaired after a crash" in text
+    assert (
+        "requested before a crash; no result was stored, so it was not run again because "
+        "post_slack is not safe_to_retry" in text
+    )
+    assert "the process stopped before its result was stored" in text  # the stored error
+    # listed at the top, linking to it
+    (attention,) = root.find_all("section", **{"class": "attention"})
+    assert [a.attrs["href"] for a in attention.find_all("a")] == ["#m2"]
+    assert "Repaired after a crash" in attention.text()
+
+
+def test_a_timed_out_unsafe_call_is_an_unknown_outcome_not_a_crash() -> None:
+    call = ToolCall("c1", "post_slack", {})
+    error = ToolDurabilityError(
+        "post_slack", "c1", "Tool 'post_slack' (call c1) did not finish within 30 s and was stopped"
+    )
+    root = parse(render([Message.user("go"), Message.assistant("", [call]),
+                         Message.tool_result(call, error.to_content())]))  # fmt: skip
+    text = article(root, 2).text()
+    assert "Outcome unknown" in text
+    assert "timed out" in text
+    assert "crash" not in text.lower()
+
+
+def test_denials_other_kinds_and_unknown_errors() -> None:
+    calls = [ToolCall(f"c{i}", f"t{i}", {}) for i in range(4)]
+    denied = tool_error_content(
+        ToolErrorKind.TOOL_DENIED, "denied", toolName="t0", toolCallId="c0", reason=HOSTILE
+    )
+    messages = [
+        Message.user("go"),
+        Message.assistant("", calls),
+        Message.tool_result(calls[0], denied),
+        Message.tool_result(calls[1], tool_error_content(ToolErrorKind.UNKNOWN_TOOL, "no")),
+        Message.tool_result(calls[2], json.dumps({"error": "custom", "kind": "mine"})),
+        Message.tool_result(calls[3], "plain <b>text</b>"),
+    ]
+    root = parse(render(messages))
+    assert [article(root, p).attrs["data-kind"] for p in range(2, 6)] == [
+        "tool-denied", "unknown-tool", "mine", "tool-result",
+    ]  # fmt: skip
+    assert "Denied" in article(root, 2).text()
+    assert f"reason: {HOSTILE}" in article(root, 2).text()
+    assert "Unknown tool" in article(root, 3).text()
+    assert "Tool error" in article(root, 4).text()
+    assert article(root, 5).find_all("b") == []
+    assert "plain <b>text</b>" in article(root, 5).text()
+
+
+def _event(call: ToolCall, event: str, ms: int, reason: str | None = None) -> ApprovalEvent:
+    return ApprovalEvent(call.id, event, call.name, "0123456789abcdef" * 4, reason, ms)  # type: ignore[arg-type]
+
+
+def test_pending_approvals_show_with_their_digest_prefix() -> None:
+    refund, close, other = (
+        ToolCall("r1", "refund", {"amount": 5}),
+        ToolCall("r2", "close_issue", {}),
+        ToolCall("r3", "post", {}),
+    )
+    messages = [Message.user("go"), Message.assistant("", [refund, close, other])]
+    events = [
+        _event(refund, "requested", T0),
+        _event(close, "requested", T0),
+        _event(close, "approved", T0 + 5),
+    ]
+    root = parse(render(messages, events))
+    calls = {e.attrs["data-call-id"]: e for e in article(root, 1).find_all("div")
+             if "data-call-id" in e.attrs}  # fmt: skip
+    assert calls["r1"].attrs["data-kind"] == "pending-approval"
+    assert "Awaiting approval" in calls["r1"].text()
+    assert "digest 0123456789ab…" in calls["r1"].text()
+    assert calls["r2"].attrs["data-kind"] == "approved-not-run"
+    assert calls["r3"].attrs["data-kind"] == "no-result"
+    assert "tone-pending" in article(root, 1).attrs["class"]
+    (attention,) = root.find_all("section", **{"class": "attention"})
+    assert [li.attrs["data-kind"] for li in attention.find_all("li")] == [
+        "pending-approval", "approved-not-run", "no-result",
+    ]  # fmt: skip
+
+
+def test_a_quiet_session_and_an_empty_one() -> None:
+    root = parse(render([Message.user("hi"), Message.assistant("hello")]))
+    assert root.find_all(data_kind="all-clear")
+    assert root.find_all("section", **{"class": "attention"}) == []
+    empty = parse(render([]))
+    assert "no stored messages" in empty.text()
+
+
+def test_long_texts_fold_open() -> None:
+    root = parse(render([Message.user("x" * 5000)]))
+    (details,) = article(root, 0).find_all("details")
+    assert "open" in details.attrs
+    assert "5,000 characters" in details.text()
+
+
+# -- a crashed and resumed triage session, in chromium with JavaScript off -------------------
+
+
+class IssueRef(BaseModel):
+    id: str
+
+
+class SlackPost(BaseModel):
+    channel: str
+    text: str
+
+
+@tool(safe_to_retry=True)
+async def get_issue(args: IssueRef) -> dict[str, str]:
+    """Fetch an issue (a pure read)."""
+    return {"id": args.id, "title": f"Login fails {HOSTILE}", "status": "open"}
+
+
+@tool
+async def post_slack(args: SlackPost) -> dict[str, bool]:
+    """Post to Slack (a side effect)."""
+    return {"ok": True}
+
+
+@tool(requires_approval=True)
+async def close_issue(args: IssueRef) -> dict[str, bool]:
+    """Close an issue (needs a person's approval)."""
+    return {"closed": True}
+
+
+TRIAGE = Agent("triage", "Triage issues.", [get_issue, post_slack, close_issue])
+SESSION = "triage-42"
+SUMMARY = f"#42 Login fails {HOSTILE}: open"
+
+
+async def build_triage_session(store: Store) -> None:
+    """Turn 1 crashes before post_slack's result is stored and is resumed (the call is
+    repaired); turn 2 asks for an unknown tool; turn 3 waits for an approval."""
+    post = ToolCall("call-post", "post_slack", {"channel": "#triage", "text": SUMMARY})
+    llm = ScriptedLLM([
+        LLMResponse("Fetching the issue.", [ToolCall("call-get", "get_issue", {"id": "42"})],
+                    Usage(812, 24)),
+        LLMResponse("Posting a summary.", [post], Usage(951, 41)),
+        LLMResponse("The post to #triage may already have gone out (the process stopped "
+                    "while posting): please check the channel before I post again.",
+                    usage=Usage(1204, 38)),
+        LLMResponse("", [ToolCall("call-x", f"page_oncall{HOSTILE}", {"who": HOSTILE})],
+                    Usage(1300, 20)),
+        LLMResponse("I cannot page on-call: there is no such tool.", usage=Usage(1350, 15)),
+        LLMResponse("Closing it needs your approval.", [ToolCall("call-close", "close_issue",
+                    {"id": "42"})], Usage(1400, 22)),
+    ])  # fmt: skip
+    # Appends: 1 user + get_issue call, 2 its result, 3 the post_slack call, 4 its result.
+    with pytest.raises(SimulatedCrash):
+        await run(TRIAGE, llm=llm, message=f"Please triage issue 42 {HOSTILE}",
+                  session_id=SESSION, store=crash_on_write(store, 4))  # fmt: skip
+    resumed = await run(TRIAGE, llm=llm, message=None, session_id=SESSION, store=store)
+    assert resumed.status == "complete"
+    done = await run(TRIAGE, llm=llm, message="Page on-call too", session_id=SESSION, store=store)
+    assert done.status == "complete"
+    waiting = await run(TRIAGE, llm=llm, message="Close it", session_id=SESSION, store=store)
+    assert waiting.status == "awaiting_approval"
+
+
+async def timeline_of(store: Store, session_id: str) -> list[tuple[int, Message]]:
+    loader = getattr(store, "load_timeline", None)
+    if loader is not None:
+        timeline: list[tuple[int, Message]] = await loader(session_id)
+        return timeline
+    # Until the stores have load_timeline: the created_at column of each message.
+    import sqlite3
+
+    messages = await store.load_messages(session_id)
+    with sqlite3.connect(store.path) as db:  # type: ignore[attr-defined]
+        times = [r[0] for r in db.execute(
+            "SELECT created_at FROM agent_messages WHERE session_id = ? ORDER BY seq",
+            (session_id,),
+        )]  # fmt: skip
+    return list(zip(times, messages, strict=True))
+
+
+@pytest.fixture(scope="module")
+def triage_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    async def make(db: Path) -> str:
+        store = sqlite_store(db, clock=ticking_clock())
+        try:
+            await build_triage_session(store)
+            return render_timeline(
+                name=SESSION,
+                session_id=SESSION,
+                agent="triage",
+                entries=await timeline_of(store, SESSION),
+                approvals=await store.load_approvals(SESSION),
+            )
+        finally:
+            await store.close()
+
+    folder = tmp_path_factory.mktemp("timeline")
+    path = folder / "timeline.html"
+    path.write_text(asyncio.run(make(folder / "agents.db")), encoding="utf-8")
+    return path
+
+
+def test_the_triage_page_parses(triage_page: Path) -> None:
+    root = parse(triage_page.read_text(encoding="utf-8"))
+    kinds = [a.attrs["data-kind"] for a in root.find_all("article")]
+    assert kinds == [
+        "user", "tool-calls", "tool-result", "tool-calls", "tool-durability-error", "reply",
+        "user", "tool-calls", "unknown-tool", "reply",
+        "user", "tool-calls",
+    ]  # fmt: skip
+    assert root.find_all("script") == []
+
+
+def test_the_triage_page_in_chromium_without_javascript(
+    browser: Browser,
+    triage_page: Path,
+    tmp_path: Path,
+) -> None:
+    context = browser.new_context(
+        java_script_enabled=False, viewport={"width": 1000, "height": 900}
+    )
+    try:
+        page = context.new_page()
+        requests: list[str] = []
+        page.on("request", lambda request: requests.append(request.url))
+        page.goto(triage_page.as_uri())
+        assert requests == [triage_page.as_uri()]  # nothing else fetched
+        assert page.locator("script").count() == 0
+        assert page.locator("img").count() == 0
+        positions = [
+            int(p) for p in page.locator("article").evaluate_all(
+                "(es) => es.map((e) => e.dataset.position)")
+        ]  # fmt: skip
+        assert positions == list(range(12))
+        turns = page.locator("section.turn").evaluate_all("(ss) => ss.map((s) => s.dataset.turn)")
+        assert turns == ["1", "2", "3"]
+
+        repaired = page.locator('article[data-kind="tool-durability-error"]')
+        assert repaired.count() == 1
+        assert repaired.get_attribute("id") == "m4"
+        label = repaired.locator(".flag .label")
+        why = repaired.locator(".flag .why")
+        assert label.is_visible()
+        assert why.is_visible()
+        assert label.inner_text().lower() == "repaired after a crash"
+        assert why.inner_text().startswith(
+            "requested before a crash; no result was stored, so it was not run again "
+            "because post_slack is not safe_to_retry"
+        )
+        # It stands out: its own colour, unlike a plain result.
+        plain = page.locator('article[data-kind="tool-result"]').first
+        assert repaired.evaluate("(e) => getComputedStyle(e).borderTopColor") != plain.evaluate(
+            "(e) => getComputedStyle(e).borderTopColor"
+        )
+        # Listed at the top, linking to it; the call links to it too.
+        attention = page.locator("section.attention")
+        assert attention.is_visible()
+        assert attention.locator('a[href="#m4"]').count() == 1
+        assert page.locator('article#m3 a.result-link[href="#m4"]').count() == 1
+        pending = page.locator('div.call[data-kind="pending-approval"]')
+        assert pending.count() == 1
+        assert pending.is_visible()
+        assert "awaiting approval" in pending.inner_text().lower()
+        assert re.search(r"digest [0-9a-f]{12}…", pending.inner_text())
+        assert page.locator('article[data-kind="unknown-tool"]').is_visible()
+
+        # Hostile text is text, wherever it was stored.
+        assert HOSTILE in page.locator("#m0").inner_text()
+        assert HOSTILE in page.locator("#m2").inner_text()  # a tool result
+        assert HOSTILE in page.locator("#m3").inner_text()  # tool arguments
+        assert f"page_oncall{HOSTILE}" in page.locator("#m7").inner_text()  # a tool name
+
+        # An anchor reaches a message without JavaScript.
+        page.goto(triage_page.as_uri() + "#m4")
+        assert page.evaluate("() => window.scrollY") > 0
+        page.goto(triage_page.as_uri())
+        page.screenshot(path=str(tmp_path / "timeline.png"), full_page=True)
+        page.emulate_media(color_scheme="dark")
+        page.screenshot(path=str(tmp_path / "timeline-dark.png"), full_page=True)
+        print(f"screenshots: {tmp_path}")
+    finally:
+        context.close()
