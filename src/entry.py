@@ -35,6 +35,7 @@ from durable_agents.cloudflare.app import (
     error_reply,
     handle_request,
     internal_error,
+    run_retention,
     serve_session,
 )
 from durable_agents.cloudflare.js_streams import keep_running, readable_stream
@@ -77,10 +78,16 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
                 dispatch=self.to_session,
                 dev_stubs=SERVED.dev_stubs,
                 query=url.query,
+                sessions=lambda: d1_store(self.env.DB),
             )
         except Exception as exc:  # a bug: still answer JSON
             reply = internal_error(exc, "the Worker")
         return _response(reply)
+
+    async def scheduled(self, controller: Any) -> None:
+        """The cron ([triggers] in wrangler.toml): delete sessions idle past RETENTION_DAYS."""
+        deleted = await run_retention(d1_store(self.env.DB), self.env)
+        print(f"retention: deleted {deleted} idle session(s)")
 
     async def to_session(self, name: str, command: Command) -> Reply:
         stub = self.env.SESSIONS.getByName(name)

@@ -220,7 +220,7 @@ async def test_auth_comes_before_routing() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["/", "/sessions", "/sessions/", "/sessions/a/", "/sessions/a/other", "/sessions/a/messages/x",
+    ["/", "/sessions/a/", "/sessions/a/other", "/sessions/a/messages/x", "/sessionsx",
      "/session/a", "//sessions/a"],
 )  # fmt: skip
 async def test_unknown_paths_are_404(path: str) -> None:
@@ -232,8 +232,8 @@ async def test_unknown_paths_are_404(path: str) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [
-        ("POST", "/sessions/a", "GET"),
-        ("DELETE", "/sessions/a", "GET"),
+        ("POST", "/sessions/a", "GET, DELETE"),
+        ("PUT", "/sessions/a", "GET, DELETE"),
         ("GET", "/sessions/a/messages", "POST"),
         ("PUT", "/sessions/a/messages", "POST"),
         ("GET", "/sessions/a/resume", "POST"),
@@ -266,7 +266,7 @@ async def test_good_session_names_reach_their_object(name: str) -> None:
     recorder = Recorder()
     reply = await call("GET", f"/sessions/{name}", dispatch=recorder)
     assert reply.status == 200
-    assert recorder.commands == [(name, Command("history"))]
+    assert recorder.commands == [(name, Command("history", name=name))]
 
 
 # --- bodies ---
@@ -312,7 +312,7 @@ async def test_a_valid_message_reaches_its_object_as_sent() -> None:
     body = json.dumps({"message": text}).encode()
     reply = await call("POST", "/sessions/team-a/messages", body, dispatch=recorder)
     assert reply.status == 200
-    assert recorder.commands == [("team-a", Command("message", text))]
+    assert recorder.commands == [("team-a", Command("message", text, name="team-a"))]
 
 
 async def test_an_idempotency_key_travels_with_the_message() -> None:
@@ -321,7 +321,7 @@ async def test_an_idempotency_key_travels_with_the_message() -> None:
     reply = await call("POST", "/sessions/a/messages", body, dispatch=recorder,
                        headers={**AUTH, "idempotency-key": "req-42"})  # fmt: skip
     assert reply.status == 200
-    assert recorder.commands == [("a", Command("message", "hi", "req-42"))]
+    assert recorder.commands == [("a", Command("message", "hi", "req-42", name="a"))]
     for bad in ("", "x" * 256, "has space", "caf\u00e9"):
         bad_reply = await call("POST", "/sessions/a/messages", body, dispatch=recorder,
                                headers={**AUTH, "idempotency-key": bad})  # fmt: skip
@@ -384,7 +384,7 @@ async def test_a_body_reader_is_read_when_the_length_is_fine() -> None:
 
     reply = await call("POST", "/sessions/a/messages", reader, dispatch=recorder)
     assert reply.status == 200
-    assert recorder.commands == [("a", Command("message", "hi"))]
+    assert recorder.commands == [("a", Command("message", "hi", name="a"))]
 
 
 @pytest.mark.parametrize("body", [b"", b"{}", b" \n"])
@@ -392,7 +392,7 @@ async def test_resume_takes_no_body_or_an_empty_object(body: bytes) -> None:
     recorder = Recorder()
     reply = await call("POST", "/sessions/a/resume", body, dispatch=recorder)
     assert reply.status == 200
-    assert recorder.commands == [("a", Command("resume"))]
+    assert recorder.commands == [("a", Command("resume", name="a"))]
 
 
 @pytest.mark.parametrize(
@@ -429,7 +429,8 @@ def test_commands_round_trip(command: Command) -> None:
 @pytest.mark.parametrize(
     "text",
     ["{", "[]", '{"action": "message"}', '{"action": "message", "message": ""}',
-     '{"action": "resume", "message": "x"}', '{"action": "delete"}',
+     '{"action": "resume", "message": "x"}', '{"action": "drop"}',
+     '{"action": "history", "name": "a b"}',
      '{"action": "message", "message": "m", "request_key": ""}',
      '{"action": "resume", "request_key": "k"}'],
 )  # fmt: skip

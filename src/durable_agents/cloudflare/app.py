@@ -50,11 +50,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import datetime
 import hmac
 import inspect
 import json
 import re
 import sys
+import time
 import traceback
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -85,13 +88,21 @@ from ..events import CancelToken, OnEvent
 from ..llm.base import LLM
 from ..llm.settings import llm_from_env, setting
 from ..run import run
-from ..stores.base import Store
+from ..stores.base import SessionInfo, Store
 from .agent_module import DEV_STUB_PREFIX, DevStub, MakeDeps, MakeLLM
 from .live import LiveSession, LiveTurn, follow, message_event, sse
+from .tokens import (
+    SessionTokenError,
+    check_secret,
+    looks_like_session_token,
+    mint_session_token,
+    verify_session_token,
+)
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "ERROR_STATUS",
+    "MASTER",
     "REQUEST_KEY",
     "SESSION_NAME",
     "SSE_HEADERS",
@@ -99,13 +110,17 @@ __all__ = [
     "Command",
     "LiveSession",
     "Reply",
+    "authorize",
     "error_for",
     "error_reply",
     "handle_request",
     "internal_error",
+    "run_retention",
     "serve_dev_stub",
     "serve_session",
+    "session_summary",
     "tools_client",
+    "with_budget",
 ]
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
@@ -114,12 +129,20 @@ REQUEST_KEY = re.compile(r"[!-~]{1,255}")  # printable ASCII, as Stripe-style ke
 TOOL_CALL_ID = re.compile(r"[A-Za-z0-9_.:~-]{1,255}")
 DIGEST = re.compile(r"[0-9a-f]{64}")
 _SESSION_PATH = re.compile(
-    r"/sessions/([^/]+)(?:/(messages|resume|approvals|events|cancel)(?:/([^/]+))?)?"
+    r"/sessions/([^/]+)(?:/(messages|resume|approvals|events|cancel|view|token)(?:/([^/]+))?)?"
 )
 _ALLOWED = {
-    None: "GET", "messages": "POST", "resume": "POST", "approvals": "GET", "events": "GET",
-    "cancel": "POST",
+    None: ("GET", "DELETE"), "messages": ("POST",), "resume": ("POST",), "approvals": ("GET",),
+    "events": ("GET",), "cancel": ("POST",), "view": ("GET",), "token": ("POST",),
 }  # fmt: skip
+# What a session token may do (on its own session): talk, read, watch, decide, stop.
+_SCOPED = {
+    (None, "GET"), ("messages", "POST"), ("resume", "POST"), ("approvals", "GET"),
+    ("approvals", "POST"), ("events", "GET"), ("cancel", "POST"), ("view", "GET"),
+}  # fmt: skip
+DEFAULT_TOKEN_TTL_S = 3600
+MAX_TOKEN_TTL_S = 7 * 24 * 3600
+MAX_PAGE = 200
 _JSON = {"content-type": "application/json"}
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 _HTML = {"content-type": "text/html; charset=utf-8", "cache-control": "no-cache"}
@@ -192,12 +215,16 @@ class Command:
     last). It crosses from the Worker to the object as JSON (`to_json` / `from_json`).
     """
 
-    action: Literal["message", "resume", "history", "approvals", "approve", "events", "cancel"]
+    action: Literal[
+        "message", "resume", "history", "approvals", "approve", "events", "cancel", "view",
+        "delete",
+    ]  # fmt: skip
     message: str | None = None
     request_key: str | None = None  # the client's Idempotency-Key, with a message
     decision: Mapping[str, Any] | None = None  # tool_call_id, approved, digest, reason
     stream: bool = False  # answer a turn as server-sent events
     after: int | None = None  # events: replay the messages after this position
+    name: str | None = None  # the session's name, as the client gave it (set by the Worker)
 
     @property
     def runs_turn(self) -> bool:
@@ -213,6 +240,8 @@ class Command:
             data["stream"] = True
         if self.after is not None:
             data["after"] = self.after
+        if self.name is not None:
+            data["name"] = self.name
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
@@ -222,7 +251,9 @@ class Command:
         if not isinstance(data, dict):
             raise ValueError("a command is a JSON object")
         action, message, key = data.get("action"), data.get("message"), data.get("request_key")
-        stream, after = data.get("stream", False), data.get("after")
+        stream, after, name = data.get("stream", False), data.get("after"), data.get("name")
+        if name is not None and (not isinstance(name, str) or not SESSION_NAME.fullmatch(name)):
+            raise ValueError(f"not a command: {text[:200]!r}")
         key_ok = key is None or (isinstance(key, str) and REQUEST_KEY.fullmatch(key) is not None)
         turn = action in ("message", "resume", "approve")
         if not isinstance(stream, bool) or (stream and not turn):
@@ -230,13 +261,14 @@ class Command:
         if after is not None and (action != "events" or not _is_position(after)):
             raise ValueError(f"not a command: {text[:200]!r}")
         if action == "message" and isinstance(message, str) and message.strip() and key_ok:
-            return cls("message", message, key, stream=stream)
+            return cls("message", message, key, stream=stream, name=name)
         plain = message is None and key is None
-        if action in ("resume", "history", "approvals", "events", "cancel") and plain:
-            return cls(action, stream=stream, after=after)
+        simple = ("resume", "history", "approvals", "events", "cancel", "view", "delete")
+        if action in simple and plain:
+            return cls(action, stream=stream, after=after, name=name)
         decision = data.get("decision")
         if action == "approve" and isinstance(decision, dict) and _valid_decision(decision):
-            return cls("approve", decision=decision, stream=stream)
+            return cls("approve", decision=decision, stream=stream, name=name)
         raise ValueError(f"not a command: {text[:200]!r}")
 
 
@@ -262,6 +294,7 @@ class ApiSettings:
 
     api_token: str | None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    session_token_secret: str | None = None
 
     @classmethod
     def from_env(cls, env: Any) -> ApiSettings:
@@ -278,7 +311,15 @@ class ApiSettings:
                 raise ConfigurationError(
                     f"MAX_BODY_BYTES must be a positive integer (bytes), got {raw_limit!r}"
                 )
-        return cls(None if token is None else str(token), limit)
+        secret = setting(env, "SESSION_TOKEN_SECRET")
+        if secret is not None:
+            try:
+                check_secret(str(secret))
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
+        return cls(
+            None if token is None else str(token), limit, None if secret is None else str(secret)
+        )
 
 
 async def handle_request(
@@ -291,6 +332,8 @@ async def handle_request(
     dispatch: Dispatch,
     dev_stubs: Mapping[str, DevStub] | None = None,
     query: str = "",
+    sessions: Callable[[], Store] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Reply:
     """Answer one HTTP request to the Worker.
 
@@ -300,7 +343,9 @@ async def handle_request(
     valid request to the session's Durable Object (in entry.py) and is
     called for nothing else. `dev_stubs` (the agent module's `DEV_STUBS`)
     answer `/__dev/<NAME>/...` while the setting `DEV_STUBS` is "on". `query`
-    is the URL's query string (without "?").
+    is the URL's query string (without "?"). `sessions()` is the store that
+    lists every session (`GET /sessions`; the Worker's D1). `clock` reads
+    Unix seconds, for session tokens.
     """
     if dev_stubs and path.startswith(DEV_STUB_PREFIX) and setting(env, "DEV_STUBS") == "on":
         return await serve_dev_stub(method, path, headers, body, dev_stubs)
@@ -319,10 +364,17 @@ async def handle_request(
                 "`npx wrangler secret put API_TOKEN` (or in .dev.vars for the dev server)"
             )
         )
-    denied = check_bearer(headers.get("authorization"), settings.api_token)
-    if denied is not None:
-        return denied
+    grant = authorize(headers.get("authorization"), settings, clock())
+    if isinstance(grant, Reply):
+        return grant
+    method = method.upper()
 
+    if path in ("/sessions", "/sessions/"):
+        if method != "GET":
+            return error_reply(405, "method-not-allowed", f"{path} accepts GET only", Allow="GET")
+        if grant is not MASTER:
+            return _forbidden("listing sessions")
+        return await _list_sessions(sessions, query)
     match = _SESSION_PATH.fullmatch(path)
     if match is None:
         return error_reply(
@@ -331,20 +383,30 @@ async def handle_request(
     name, endpoint, call_id = match.group(1), match.group(2), match.group(3)
     if call_id is not None and endpoint != "approvals":
         return error_reply(404, "not-found", f"no endpoint at {path[:200]!r}")
-    allowed = "POST" if call_id is not None else _ALLOWED[endpoint]
-    if method.upper() != allowed:
-        return error_reply(
-            405, "method-not-allowed", f"{path} accepts {allowed} only", Allow=allowed
-        )
+    allowed = ("POST",) if call_id is not None else _ALLOWED[endpoint]
+    if method not in allowed:
+        listed = ", ".join(allowed)
+        return error_reply(405, "method-not-allowed", f"{path} accepts {listed} only", Allow=listed)
     if SESSION_NAME.fullmatch(name) is None:
         return error_reply(
             400,
             "invalid-session-name",
             "a session name is 1 to 64 characters from A-Z, a-z, 0-9, '_' and '-'",
         )
+    if grant is not MASTER:
+        if grant != name:
+            return _forbidden(f"session {name!r} (the token grants session {grant!r} only)")
+        if (endpoint, method) not in _SCOPED:
+            return _forbidden(f"{method} {path} (a session token talks and reads only)")
     stream = "text/event-stream" in headers.get("accept", "").lower()
+    if endpoint == "token":
+        return await _mint_token(headers, body, settings, name, clock())
+    if endpoint is None and method == "DELETE":
+        return await _forward(dispatch, name, Command("delete"))
     if endpoint is None:
         return await _forward(dispatch, name, Command("history"))
+    if endpoint == "view":
+        return await _forward(dispatch, name, Command("view"))
     if endpoint == "approvals" and call_id is None:
         return await _forward(dispatch, name, Command("approvals"))
     if endpoint == "events":
@@ -386,6 +448,73 @@ async def handle_request(
             400, "invalid-request", "Idempotency-Key must be 1 to 255 printable ASCII characters"
         )
     return await _forward(dispatch, name, Command("message", message, request_key, stream=stream))
+
+
+async def _list_sessions(sessions: Callable[[], Store] | None, query: str) -> Reply:
+    """GET /sessions?limit=&cursor=: newest created first, one page."""
+    if sessions is None:
+        return error_for(ConfigurationError("this Worker has no store to list sessions from"))
+    params = urllib.parse.parse_qs(query)
+    raw_limit = (params.get("limit") or ["50"])[-1]
+    if not raw_limit.isascii() or not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_PAGE:
+        return error_reply(400, "invalid-request", f"limit must be a whole number 1 to {MAX_PAGE}")
+    cursors = params.get("cursor")
+    cursor = cursors[-1] if cursors else None
+    try:
+        page = await sessions().list_sessions(limit=int(raw_limit), cursor=cursor or None)
+    except DurableAgentsError as exc:
+        return error_for(exc)
+    return Reply(
+        200,
+        {"sessions": [session_summary(s) for s in page.sessions], "next_cursor": page.next_cursor},
+    )
+
+
+def session_summary(info: SessionInfo) -> dict[str, Any]:
+    """A session as `GET /sessions` lists it."""
+    return {
+        "name": info.name,
+        "session_id": info.id,
+        "agent": info.agent_name,
+        "message_count": info.message_count,
+        "created_at": iso_time(info.created_at),
+        "updated_at": iso_time(info.updated_at),
+        "usage": {"input_tokens": info.input_tokens, "output_tokens": info.output_tokens},
+    }
+
+
+def iso_time(unix_ms: int) -> str:
+    """Unix milliseconds as ISO 8601 UTC, to the millisecond."""
+    moment = datetime.datetime.fromtimestamp(unix_ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def _mint_token(
+    headers: Mapping[str, str], body: bytes | BodyReader, settings: ApiSettings, name: str,
+    now: float,
+) -> Reply:  # fmt: skip
+    """POST /sessions/{name}/token ({"ttl_seconds"?}): a session token for `name`."""
+    if settings.session_token_secret is None:
+        return error_for(
+            ConfigurationError(
+                "SESSION_TOKEN_SECRET is not set, so no session token can be made: set it with "
+                "`npx wrangler secret put SESSION_TOKEN_SECRET` (32 bytes or more)"
+            )
+        )
+    data = await _read_json(headers, body, settings.max_body_bytes, required=False)
+    if isinstance(data, Reply):
+        return data
+    extra = sorted(set(data) - {"ttl_seconds"})
+    ttl = data.get("ttl_seconds", DEFAULT_TOKEN_TTL_S)
+    if extra or type(ttl) is not int or not 1 <= ttl <= MAX_TOKEN_TTL_S:
+        return error_reply(
+            422, "invalid-body",
+            f"the body is {{}} or {{'ttl_seconds': 1 to {MAX_TOKEN_TTL_S}}} (default "
+            f"{DEFAULT_TOKEN_TTL_S})",
+        )  # fmt: skip
+    expires_at = int(now) + ttl
+    token = mint_session_token(settings.session_token_secret, name, expires_at=expires_at)
+    return Reply(200, {"token": token, "expires_at": expires_at, "session": name})
 
 
 def _after_position(last_event_id: str | None, query: str) -> int | Reply | None:
@@ -441,7 +570,7 @@ async def _approval_request(
 
 async def _forward(dispatch: Dispatch, name: str, command: Command) -> Reply:
     try:
-        return await dispatch(name, command)
+        return await dispatch(name, dataclasses.replace(command, name=name))
     except Exception as exc:
         return internal_error(exc, f"session {name!r}")
 
@@ -453,9 +582,39 @@ def internal_error(exc: BaseException, where: str) -> Reply:
     return error_reply(500, "internal", f"{where} failed unexpectedly: {detail}")
 
 
+MASTER = object()  # what API_TOKEN grants: everything
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="durable-agents"'}
+
+
+def authorize(authorization: str | None, settings: ApiSettings, now: float) -> object | Reply:
+    """`MASTER` for `Bearer <API_TOKEN>`, the session name a valid session token grants,
+    or a 401. Both are compared in constant time; no token is ever logged."""
+    assert settings.api_token is not None  # checked before
+    denied = check_bearer(authorization, settings.api_token)
+    if denied is None:
+        return MASTER
+    token = (authorization or "").partition(" ")[2]
+    scheme = (authorization or "").partition(" ")[0].lower()
+    if scheme != "bearer" or not looks_like_session_token(token) or not token.isascii():
+        return denied
+    if settings.session_token_secret is None:
+        return error_reply(
+            401, "unauthorized", "session tokens are off (SESSION_TOKEN_SECRET is not set)",
+            **_CHALLENGE,
+        )  # fmt: skip
+    try:
+        return verify_session_token(settings.session_token_secret, token, now=now)
+    except SessionTokenError as exc:
+        return error_reply(401, "unauthorized", str(exc), **_CHALLENGE)
+
+
+def _forbidden(what: str) -> Reply:
+    return error_reply(403, "forbidden", f"a session token does not grant {what}")
+
+
 def check_bearer(authorization: str | None, api_token: str) -> Reply | None:
     """None if `authorization` is `Bearer <api_token>`, else a 401."""
-    challenge = {"WWW-Authenticate": 'Bearer realm="durable-agents"'}
+    challenge = _CHALLENGE
     if not authorization:
         return error_reply(
             401, "unauthorized", "missing 'Authorization: Bearer <API_TOKEN>'", **challenge
@@ -597,6 +756,12 @@ async def serve_session(
             return await _events(command, session_id, store, live)
         if command.action == "cancel":
             return await _cancel(session_id, live)
+        if command.action == "delete":
+            if not await store.delete_session(session_id):
+                return _no_session(session_id)
+            return Reply(200, {"session_id": session_id, "deleted": True})
+        if command.action == "view":
+            return await _view(command, session_id, store)
         if not command.runs_turn:
             history = await store.load_messages(session_id)
             if not history:
@@ -753,6 +918,24 @@ async def _idle_state(session_id: str, store: Store, history: list[Any]) -> dict
     return body
 
 
+async def _view(command: Command, session_id: str, store: Store) -> Reply:
+    """GET .../view: the session's timeline, one HTML page a person reads."""
+    from ..timeline import render_timeline
+
+    info = await store.get_session(session_id)
+    entries = await store.load_timeline(session_id)
+    if info is None or not entries:
+        return _no_session(session_id)
+    page = render_timeline(
+        name=command.name or info.name or session_id,
+        session_id=session_id,
+        agent=info.agent_name,
+        entries=entries,
+        approvals=await store.load_approvals(session_id),
+    )
+    return Reply(200, None, _HTML, text=page)
+
+
 async def _cancel(session_id: str, live: LiveSession) -> Reply:
     turn = live.turn
     if turn is None:
@@ -788,10 +971,11 @@ async def _run_turn(
             client = tools_client()
             owned.push_async_callback(client.aclose)
         result = await run(
-            agent,
+            with_budget(agent, env),
             llm=model,
             message=command.message,
             session_id=session_id,
+            session_name=command.name,
             store=store,
             deps=make_deps(env, client),
             request_key=command.request_key,
@@ -816,7 +1000,52 @@ async def _run_turn(
         )
         body["error"] = {"code": "llm-error", "message": message}
         return Reply(502, body)
+    if result.status == "budget_exceeded":
+        body["error"] = {"code": "budget-exceeded", "message": result.error}
     return Reply(200, body)
+
+
+def with_budget(agent: Agent, env: Any) -> Agent:
+    """`agent` with the Worker's `MAX_SESSION_TOKENS` setting as its `max_session_tokens`,
+    when set (it wins over the agent's own)."""
+    raw = setting(env, "MAX_SESSION_TOKENS")
+    if raw is None or str(raw).strip() == "":
+        return agent
+    text = str(raw).strip()
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise ConfigurationError(f"MAX_SESSION_TOKENS must be a positive integer, got {raw!r}")
+    return dataclasses.replace(agent, max_session_tokens=int(text))
+
+
+# D1 counts every statement against a Worker invocation's query limit (50 on the free
+# plan): a retention run deletes at most this many batches of sessions.
+RETENTION_BATCH = 100
+RETENTION_MAX_BATCHES = 8
+
+
+async def run_retention(store: Store, env: Any, now: float | None = None) -> int:
+    """The cron's work: delete the sessions idle for more than `RETENTION_DAYS` (unset or
+    empty: keep everything), up to RETENTION_BATCH x RETENTION_MAX_BATCHES per run, each
+    batch one atomic write. `now`: Unix seconds (default: the clock, read now). Returns
+    how many were deleted."""
+    now = time.time() if now is None else now
+    raw = setting(env, "RETENTION_DAYS")
+    if raw is None or str(raw).strip() == "":
+        return 0
+    try:
+        days = float(str(raw))
+    except ValueError:
+        days = 0
+    if not days > 0:
+        raise ConfigurationError(f"RETENTION_DAYS must be a positive number, got {raw!r}")
+    before_ms = int((now - days * 86400) * 1000)
+    deleted = 0
+    for _ in range(RETENTION_MAX_BATCHES):
+        count = await store.delete_idle(before_ms, limit=RETENTION_BATCH)
+        deleted += count
+        if count < RETENTION_BATCH:
+            break
+    return deleted
 
 
 def _awaiting(session_id: str, pending: list[Any]) -> dict[str, Any]:
