@@ -77,6 +77,7 @@ from ..errors import (
     ApprovalPendingError,
     ConfigurationError,
     DurableAgentsError,
+    InvalidCursorError,
     MessageTooLargeError,
     RequestKeyReusedError,
     SessionBusyError,
@@ -157,6 +158,7 @@ Dispatch = Callable[[str, "Command"], Awaitable["Reply"]]
 # The status of each error the kit raises; its `code` is the error's own. A
 # subclass not listed here takes its nearest listed base's status.
 ERROR_STATUS: Mapping[type[DurableAgentsError], int] = {
+    InvalidCursorError: 400,
     SessionNotFoundError: 404,
     ApprovalNotFoundError: 404,
     SessionConflictError: 409,
