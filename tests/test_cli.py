@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,11 +12,14 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from durable_agents import Agent, LLMResponse, ToolCall, run, tool
+from durable_agents import Agent, LLMResponse, ToolCall, Usage, run, tool
 from durable_agents.stores import sqlite_store
 from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
+from durable_agents.testing.conformance import ticking_clock
 
 SESSION = "cli-session-1"
+NAME = "ops-send"
+HOSTILE_NAME = "red\x1b[31m<script>\u202e"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -40,20 +44,26 @@ async def send(args: Target) -> dict[str, bool]:
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A session whose send's result was lost in a crash, then resumed."""
+    """A session whose send's result was lost in a crash, then resumed; then four
+    more sessions (two of them under one name), created a second apart."""
 
     async def make(path: Path) -> None:
         agent = Agent("cli-test", "Send when asked.", [send])
         llm = ScriptedLLM([
-            LLMResponse("Sending.", [ToolCall("c1", "send", {"to": "ops"})]),
-            LLMResponse("It may have been sent; please check."),
+            LLMResponse("Sending.", [ToolCall("c1", "send", {"to": "ops"})], Usage(120, 8)),
+            LLMResponse("It may have been sent; please check.", usage=Usage(150, 12)),
+            *[LLMResponse(f"hello {i}", usage=Usage(10, 1)) for i in range(4)],
         ])  # fmt: skip
-        store = sqlite_store(path)
+        store = sqlite_store(path, clock=ticking_clock())
         try:
             with pytest.raises(SimulatedCrash):
                 await run(agent, llm=llm, message="send it", session_id=SESSION,
-                          store=crash_on_write(store, 2))  # fmt: skip
+                          session_name=NAME, store=crash_on_write(store, 2))  # fmt: skip
             await run(agent, llm=llm, session_id=SESSION, store=store)
+            for session_id, name in [("dup-1", "dup"), ("dup-2", "dup"),
+                                     ("plain", "plain"), ("ansi", HOSTILE_NAME)]:  # fmt: skip
+                await run(agent, llm=llm, message="hi", session_id=session_id,
+                          session_name=name, store=store)  # fmt: skip
         finally:
             await store.close()
 
@@ -94,3 +104,97 @@ def test_the_command_knows_no_example() -> None:
     assert "sessions" in helped.stdout
     assert "demo" not in helped.stdout
     assert cli("demo").returncode == 2
+
+
+def test_list_pages_with_a_cursor(db: Path) -> None:
+    seen: list[str] = []
+    cursor: list[str] = []
+    for _ in range(5):
+        page = cli("sessions", "list", "--db", str(db), "--limit", "2", "--json", *cursor)
+        assert page.returncode == 0, page.stderr
+        data = json.loads(page.stdout)
+        seen += [s["session_id"] for s in data["sessions"]]
+        if data["next_cursor"] is None:
+            break
+        cursor = ["--cursor", data["next_cursor"]]
+    # newest created first, each once
+    assert seen == ["ansi", "plain", "dup-2", "dup-1", SESSION]
+    text = cli("sessions", "list", "--db", str(db), "--limit", "2")
+    lines = text.stdout.splitlines()
+    assert lines[0].split()[:3] == ["name", "session", "id"]
+    assert lines[-1].startswith("next cursor: ")
+    after = cli("sessions", "list", "--db", str(db), "--limit", "2",
+                "--cursor", lines[-1].split()[2])  # fmt: skip
+    assert [line.split()[1] for line in after.stdout.splitlines()[1:3]] == ["dup-2", "dup-1"]
+
+
+def test_list_shows_names_usage_and_times(db: Path) -> None:
+    data = json.loads(cli("sessions", "list", "--db", str(db), "--json").stdout)
+    (first,) = [s for s in data["sessions"] if s["session_id"] == SESSION]
+    assert first["name"] == NAME
+    assert first["agent"] == "cli-test"
+    assert first["message_count"] == 4
+    assert first["usage"] == {"input_tokens": 270, "output_tokens": 20}
+    assert first["created_at"] < first["updated_at"]
+    assert data["next_cursor"] is None
+    listed = cli("sessions", "list", "--db", str(db)).stdout
+    (row,) = [line for line in listed.splitlines() if f" {SESSION} " in line]
+    assert row.split()[:4] == [NAME, SESSION, "cli-test", "idle"]
+    assert "270/20" in row
+    assert re.search(r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d", row)
+
+
+def test_stored_text_never_drives_the_terminal(db: Path) -> None:
+    listed = cli("sessions", "list", "--db", str(db))
+    assert "\x1b" not in listed.stdout
+    assert "\u202e" not in listed.stdout
+    assert "red\\x1b[31m<script>\\u202e" in listed.stdout
+
+
+def test_show_by_name_the_newest_of_several(db: Path) -> None:
+    by_name = cli("sessions", "show", NAME, "--db", str(db))
+    assert by_name.returncode == 0, by_name.stderr
+    assert f"id       {SESSION}" in by_name.stdout
+    assert "send result = tool-durability-error (not re-invoked)" in by_name.stdout
+    assert by_name.stderr == ""
+    dup = cli("sessions", "show", "dup", "--db", str(db), "--json")
+    assert dup.returncode == 0
+    assert json.loads(dup.stdout)["session_id"] == "dup-2"
+    assert "2 sessions are named 'dup'; showing the newest (dup-2); the others: dup-1" in (
+        dup.stderr
+    )
+
+
+def test_show_writes_the_timeline_page(db: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.html"
+    written = cli("sessions", "show", NAME, "--db", str(db), "--html", str(out))
+    assert written.returncode == 0, written.stderr
+    assert f"wrote {out}" in written.stdout
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!doctype html>")
+    assert 'data-kind="tool-durability-error"' in page
+    assert "Repaired after a crash" in page
+    assert f"<h1>{NAME}</h1>" in page
+    assert "<script" not in page
+    to_stdout = cli("sessions", "show", SESSION, "--db", str(db), "--html", "-")
+    assert to_stdout.stdout == page
+    hostile = cli("sessions", "show", "ansi", "--db", str(db), "--html", "-").stdout
+    assert "<script" not in hostile
+    assert "&lt;script&gt;" in hostile
+
+
+def test_bad_cursor_and_no_source_are_clear_errors(db: Path, tmp_path: Path) -> None:
+    bad = cli("sessions", "list", "--db", str(db), "--cursor", "not-a-cursor")
+    assert bad.returncode == 2
+    assert "not a cursor this store handed out" in bad.stderr
+    assert cli("sessions", "list", "--db", str(db), "--limit", "0").returncode == 2
+    nowhere = subprocess.run(
+        [sys.executable, "-m", "durable_agents.cli", "sessions", "list"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert nowhere.returncode == 2
+    assert "--db PATH" in nowhere.stderr
+    assert "--d1 DIR" in nowhere.stderr
+    no_state = cli("sessions", "list", "--d1", str(tmp_path))
+    assert no_state.returncode == 2
+    assert "no D1 database with sessions under" in no_state.stderr

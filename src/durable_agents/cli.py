@@ -1,7 +1,15 @@
-"""The `durable-agents` command: look into a SQLite store.
+"""The `durable-agents` command: look into a store's sessions.
 
-durable-agents sessions list --db PATH       the sessions in a SQLite store
-durable-agents sessions show ID --db PATH    one session's history (--json for machine use)
+    durable-agents sessions list [--limit N] [--cursor C] [--json]
+    durable-agents sessions show NAME_OR_ID [--json | --html OUT.html]
+
+Where the sessions are, one of:
+
+    --db PATH    a SQLite store (`sqlite_store(PATH)`)
+    --d1 DIR     the local D1 database of `scripts/dev` (its --persist-to directory,
+                 default .wrangler/state), read-only: the server may be running
+
+Without either, the dev server's default state (.wrangler/state) if it exists.
 """
 
 from __future__ import annotations
@@ -9,103 +17,309 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sqlite3
 import sys
+import unicodedata
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from .errors import ToolDurabilityError
-from .messages import Message
-from .stores.sqlite import sqlite_store
+from .errors import DurableAgentsError, InvalidCursorError, ToolDurabilityError
+from .messages import Message, ToolErrorKind, tool_error
+from .stores.base import ApprovalEvent, SessionInfo
+from .stores.sqlite import SQLiteStore, sqlite_store
+from .timeline import render_timeline
+
+DEFAULT_D1_STATE = Path(".wrangler/state")  # scripts/dev's default --persist-to
+D1_OBJECTS = Path("v3/d1/miniflare-D1DatabaseObject")  # where miniflare keeps D1 databases
+
+
+class CommandError(Exception):
+    """A problem with what the command was given: printed, exit status 2."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="durable-agents", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    sessions = commands.add_parser("sessions", help="inspect a SQLite store")
+    sessions = commands.add_parser("sessions", help="list and show stored sessions")
     which = sessions.add_subparsers(dest="action", required=True)
-    listing = which.add_parser("list", help="sessions, most recently updated first")
-    listing.add_argument("--db", type=Path, required=True)
-    listing.add_argument("--limit", type=int, default=50)
-    show = which.add_parser("show", help="one session's messages")
-    show.add_argument("session_id")
-    show.add_argument("--db", type=Path, required=True)
-    show.add_argument("--json", action="store_true", help="print the messages as JSON")
+
+    source = argparse.ArgumentParser(add_help=False)
+    where = source.add_mutually_exclusive_group()
+    where.add_argument("--db", type=Path, help="a SQLite store file")
+    where.add_argument(
+        "--d1",
+        type=Path,
+        metavar="DIR",
+        help=f"scripts/dev's state directory (its --persist-to; default {DEFAULT_D1_STATE}) "
+        "or a D1 .sqlite file; opened read-only",
+    )
+    listing = which.add_parser(
+        "list", parents=[source], help="sessions, newest created first, a page at a time"
+    )
+    listing.add_argument("--limit", type=_positive, default=50, help="sessions per page (50)")
+    listing.add_argument("--cursor", help="the next cursor a previous page printed")
+    listing.add_argument("--json", action="store_true", help="print the page as JSON")
+    show = which.add_parser(
+        "show", parents=[source], help="one session, by id, else by name (the newest)"
+    )
+    show.add_argument("session", metavar="NAME_OR_ID")
+    output = show.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print the messages as JSON")
+    output.add_argument(
+        "--html", type=Path, metavar="OUT", help="write the session's timeline page (- for stdout)"
+    )
     args = parser.parse_args(argv)
 
-    if not args.db.exists():
-        print(f"durable-agents: no database at {args.db}", file=sys.stderr)
+    try:
+        store = _open(args.db, args.d1)
+        if args.action == "list":
+            return asyncio.run(_list_sessions(store, args.limit, args.cursor, args.json))
+        return _show_session(store, args.session, args.json, args.html)
+    except CommandError as exc:
+        print(f"durable-agents: {exc}", file=sys.stderr)
         return 2
-    if args.action == "list":
-        return asyncio.run(_list_sessions(args.db, args.limit))
-    return asyncio.run(_show_session(args.db, args.session_id, args.json))
 
 
-# -- sessions -------------------------------------------------------------------------
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
+# -- where the sessions are -----------------------------------------------------------------
+
+
+class ReadOnlySQLiteStore(SQLiteStore):
+    """A SQLite store opened read-only (`mode=ro`): no migration, no write, no
+    journal-mode change. For a database another process owns (the dev server's D1)."""
+
+    def _connect(self) -> sqlite3.Connection:
+        uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 10000")
+        return conn
+
+
+def _open(db: Path | None, d1: Path | None) -> SQLiteStore:
+    if db is not None:
+        if not db.is_file():
+            raise CommandError(f"no database at {db}")
+        return sqlite_store(db)
+    if d1 is None:
+        if not DEFAULT_D1_STATE.is_dir():
+            raise CommandError(
+                f"say where the sessions are: --db PATH (a SQLite store) or --d1 DIR "
+                f"(scripts/dev's state; there is no {DEFAULT_D1_STATE} here)"
+            )
+        d1 = DEFAULT_D1_STATE
+    return ReadOnlySQLiteStore(d1_database(d1))
+
+
+def d1_database(path: Path) -> Path:
+    """The SQLite file of the kit's D1 database in a dev server's state directory
+    (or `path` itself if it is a file)."""
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise CommandError(f"no dev server state at {path}")
+    folders = [path / D1_OBJECTS, path / "d1" / "miniflare-D1DatabaseObject", path]
+    files = sorted(
+        (
+            f
+            for d in folders
+            if d.is_dir()
+            for f in d.glob("*.sqlite")
+            if f.name != "metadata.sqlite"
+        ),
+        key=lambda f: f.stat().st_mtime,
+        reverse=True,
+    )
+    ours = [f for f in files if _has_sessions(f)]
+    if not ours:
+        raise CommandError(
+            f"no D1 database with sessions under {path} (looked in {path / D1_OBJECTS}); "
+            "has scripts/dev --persist-to this directory served a turn?"
+        )
+    if len(ours) > 1:
+        print(f"durable-agents: {len(ours)} D1 databases under {path}; reading the newest, "
+              f"{ours[0].name}", file=sys.stderr)  # fmt: skip
+    return ours[0]
+
+
+def _has_sessions(path: Path) -> bool:
+    try:
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            found = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'agent_sessions'"
+            ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return found is not None
+
+
+# -- sessions -------------------------------------------------------------------------------
+
+
+async def _list_sessions(store: SQLiteStore, limit: int, cursor: str | None, as_json: bool) -> int:
+    try:
+        page = await store.list_sessions(limit=limit, cursor=cursor)
+    except InvalidCursorError:
+        raise CommandError(
+            f"not a cursor this store handed out: {cursor!r} (start again without --cursor)"
+        ) from None
+    except DurableAgentsError as exc:
+        raise CommandError(_store_problem(exc)) from None
+    finally:
+        await store.close()
+    if as_json:
+        listed = [_session_json(s) for s in page.sessions]
+        print(json.dumps({"sessions": listed, "next_cursor": page.next_cursor}, indent=2))
+        return 0
+    if not page.sessions:
+        print("no sessions" if cursor is None else "no more sessions")
+        return 0
+    header = ("name", "session id", "agent", "state", "msgs", "tokens in/out",
+              "created (UTC)", "updated (UTC)")  # fmt: skip
+    rows = [
+        (
+            _printable(s.name or s.id),
+            s.id,
+            _printable(s.agent_name or "-"),
+            s.state,
+            str(s.message_count),
+            f"{s.input_tokens:,}/{s.output_tokens:,}",
+            _time(s.created_at),
+            _time(s.updated_at),
+        )
+        for s in page.sessions
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        cells = [c.rjust(w) if i in (4, 5) else c.ljust(w) for i, (c, w) in
+                 enumerate(zip(row, widths, strict=True))]  # fmt: skip
+        print("  ".join(cells).rstrip())
+    if page.next_cursor is not None:
+        print(f"next cursor: {page.next_cursor}  (--cursor {page.next_cursor} for the next page)")
+    return 0
+
+
+async def _load_session(
+    store: SQLiteStore, wanted: str
+) -> tuple[SessionInfo, list[tuple[int, Message]], list[ApprovalEvent]] | None:
+    """The session `wanted` names (an id, else a name: the newest of that name)."""
+    try:
+        info = await store.get_session(wanted)
+        if info is None:
+            named = await store.find_sessions(wanted)
+            if not named:
+                return None
+            info = named[0]
+            if len(named) > 1:
+                others = ", ".join(s.id for s in named[1:])
+                print(f"durable-agents: {len(named)} sessions are named {_printable(wanted)!r}; "
+                      f"showing the newest ({info.id}); the others: {others}",
+                      file=sys.stderr)  # fmt: skip
+        return info, await store.load_timeline(info.id), await store.load_approvals(info.id)
+    except DurableAgentsError as exc:
+        raise CommandError(_store_problem(exc)) from None
+    finally:
+        await store.close()
+
+
+def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path | None) -> int:
+    found = asyncio.run(_load_session(store, wanted))
+    if found is None:
+        print(f"durable-agents: no session {_printable(wanted)!r} (by id or name)", file=sys.stderr)
+        return 1
+    info, timeline, approvals = found
+    name = info.name or info.id
+    if html_out is not None:
+        page = render_timeline(
+            name=name, session_id=info.id, agent=info.agent_name, entries=timeline,
+            approvals=approvals,
+        )  # fmt: skip
+        if str(html_out) == "-":
+            sys.stdout.write(page)
+        else:
+            html_out.write_text(page, encoding="utf-8")
+            print(f"wrote {html_out} (session {_printable(name)}, {len(timeline)} messages)")
+        return 0
+    if as_json:
+        data = {**_session_json(info), "messages": [m.to_dict() for _, m in timeline]}
+        print(json.dumps(data, ensure_ascii=False, indent=2))
+        return 0
+    print(f"session {_printable(name)}")
+    print(f"  id       {info.id}")
+    print(f"  agent    {_printable(info.agent_name or '-')}    state {info.state}")
+    print(f"  created  {_time(info.created_at)} UTC    updated {_time(info.updated_at)} UTC")
+    print(f"  messages {info.message_count}    tokens {info.input_tokens:,} in / "
+          f"{info.output_tokens:,} out")  # fmt: skip
+    for seq, (ms, m) in enumerate(timeline):
+        print(f"{seq:>4}  {_time(ms)[11:]}  {_printable(_describe(m))}")
+    return 0
+
+
+def _session_json(s: SessionInfo) -> dict[str, Any]:
+    """A session as `GET /sessions` lists it (and its state)."""
+    return {
+        "name": s.name,
+        "session_id": s.id,
+        "agent": s.agent_name,
+        "state": s.state,
+        "message_count": s.message_count,
+        "created_at": s.created_at,
+        "updated_at": s.updated_at,
+        "usage": {"input_tokens": s.input_tokens, "output_tokens": s.output_tokens},
+    }
+
+
+def _store_problem(exc: DurableAgentsError) -> str:
+    return (
+        f"{exc} (a store written before this version of the kit? a dev server applies "
+        "the migrations when it starts; a SQLite store when it is opened with --db)"
+    )
 
 
 def _describe(message: Message) -> str:
-    if message.role == "user":
-        return f'user "{_short(message.content, 40)}"'
+    if message.role in ("user", "system"):
+        return f'{message.role} "{_short(message.content, 60)}"'
     if message.role == "assistant":
         calls = ", ".join(
-            f"{c.name}({_short(json.dumps(c.arguments), 40)})" for c in message.tool_calls
+            f"{c.name}({_short(json.dumps(c.arguments, ensure_ascii=False), 40)})"
+            for c in message.tool_calls
         )
-        return f"assistant asks {calls}" if calls else f'assistant "{_short(message.content, 50)}"'
-    error = ToolDurabilityError.from_message(message)
-    if error is not None:
+        return f"assistant asks {calls}" if calls else f'assistant "{_short(message.content, 60)}"'
+    if ToolDurabilityError.from_message(message) is not None:
         return f"{message.tool_name} result = tool-durability-error (not re-invoked)"
-    return f"{message.tool_name} result {_short(message.content, 50)}"
+    error = tool_error(message.content)
+    if error is not None:
+        kind = error.get("kind") or "error"
+        if kind == ToolErrorKind.TOOL_DENIED:
+            return f"{message.tool_name} result = tool-denied (reason: {error.get('reason')})"
+        return f"{message.tool_name} result = {kind}: {_short(str(error.get('error')), 50)}"
+    return f"{message.tool_name} result {_short(message.content, 60)}"
 
 
 def _short(text: str, width: int) -> str:
+    text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-async def _list_sessions(db: Path, limit: int) -> int:
-    store = sqlite_store(db)
-    try:
-        sessions = await store.list_sessions(limit=limit)
-    finally:
-        await store.close()
-    if not sessions:
-        print("no sessions")
-        return 0
-    print(f"{'session':<40} {'agent':<12} {'state':<22} {'msgs':>5}  updated (UTC)")
-    for s in sessions:
-        print(
-            f"{_short(s.id, 40):<40} {s.agent_name or '-':<12} {s.state:<22} "
-            f"{s.message_count:>5}  {_time(s.updated_at)}"
-        )
-    return 0
-
-
-async def _show_session(db: Path, session_id: str, as_json: bool) -> int:
-    store = sqlite_store(db)
-    try:
-        info = await store.get_session(session_id)
-        messages = await store.load_messages(session_id)
-    finally:
-        await store.close()
-    if info is None:
-        print(f"durable-agents: no session {session_id!r} in {db}", file=sys.stderr)
-        return 1
-    if as_json:
-        print(
-            json.dumps(
-                {"session_id": session_id, "messages": [m.to_dict() for m in messages]},
-                ensure_ascii=False,
-                indent=2,
-            )
-        )
-        return 0
-    print(
-        f"session {session_id}  agent {info.agent_name}  state {info.state}  "
-        f"created {_time(info.created_at)}"
+def _printable(text: str) -> str:
+    """`text` with control and format characters escaped: stored text never drives the
+    terminal (no escape sequence, no line break, no bidi override)."""
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) in ("Cc", "Cf")
+        else ch
+        for ch in text
     )
-    for seq, m in enumerate(messages):
-        print(f"{seq:>4}  {_describe(m)}")
-    return 0
 
 
 def _time(ms: int) -> str:
