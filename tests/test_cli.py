@@ -7,15 +7,18 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
+from worker_fakes import PROJECT, START_TIMEOUT_S, TRIAGE_AGENT, FakeServices, durable_object_id
 
 from durable_agents import Agent, LLMResponse, ToolCall, Usage, run, tool
 from durable_agents.stores import sqlite_store
 from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
 from durable_agents.testing.conformance import ticking_clock
+from durable_agents.testing.worker import DevWorker
 
 SESSION = "cli-session-1"
 NAME = "ops-send"
@@ -198,3 +201,61 @@ def test_bad_cursor_and_no_source_are_clear_errors(db: Path, tmp_path: Path) -> 
     no_state = cli("sessions", "list", "--d1", str(tmp_path))
     assert no_state.returncode == 2
     assert "no D1 database with sessions under" in no_state.stderr
+
+
+# -- the dev server's local D1 -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dev_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevWorker, Path]]:
+    """scripts/dev serving the triage example (its model and services faked), two
+    sessions written through it: `alpha` (two turns) and `beta`."""
+    state = tmp_path_factory.mktemp("cli-d1") / "state"
+    with FakeServices() as services:
+        dev = DevWorker(PROJECT, state, settings=services.worker_env(), agent=TRIAGE_AGENT,
+                        start_timeout=START_TIMEOUT_S)  # fmt: skip
+        with dev:
+            for name, text in [("alpha", "triage issue 7"), ("beta", "triage issue 8"),
+                               ("alpha", "and issue 9")]:  # fmt: skip
+                answer = dev.post(f"/sessions/{name}/messages", {"message": text})
+                assert answer.status == 200, answer.text
+                assert answer.body["status"] == "complete"
+            yield dev, state
+
+
+@pytest.mark.slow
+def test_sessions_of_the_dev_servers_d1(dev_state: tuple[DevWorker, Path], tmp_path: Path) -> None:
+    dev, state = dev_state
+    alpha, beta = durable_object_id("alpha"), durable_object_id("beta")
+    assert re.fullmatch(r"[0-9a-f]{64}", alpha)
+    # While the server runs: read-only, beside it.
+    listed = cli("sessions", "list", "--d1", str(state))
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    assert [r[:4] for r in rows] == [["beta", beta, "triage", "idle"],
+                                     ["alpha", alpha, "triage", "idle"]]  # fmt: skip
+    data = json.loads(cli("sessions", "list", "--d1", str(state), "--json", "--limit", "1").stdout)
+    assert [s["session_id"] for s in data["sessions"]] == [beta]
+    after = cli("sessions", "list", "--d1", str(state), "--json", "--cursor", data["next_cursor"])
+    (listed_alpha,) = json.loads(after.stdout)["sessions"]
+    assert listed_alpha["name"] == "alpha"
+    assert listed_alpha["message_count"] == len(dev.get("/sessions/alpha").body["messages"])
+    assert listed_alpha["usage"]["input_tokens"] > 0
+
+    out = tmp_path / "alpha.html"
+    shown = cli("sessions", "show", "alpha", "--d1", str(state), "--html", str(out))
+    assert shown.returncode == 0, shown.stderr
+    page = out.read_text(encoding="utf-8")
+    assert alpha in page
+    assert page.count('<section class="turn"') == 2
+    by_id = cli("sessions", "show", alpha, "--d1", str(state), "--json")
+    assert [m["role"] for m in json.loads(by_id.stdout)["messages"]] == [
+        m["role"] for m in dev.get("/sessions/alpha").body["messages"]
+    ]
+    # The database file itself, and after the server stopped.
+    (database,) = (state / "v3" / "d1" / "miniflare-D1DatabaseObject").glob("[0-9a-f]*.sqlite")
+    assert cli("sessions", "show", "beta", "--d1", str(database)).returncode == 0
+    dev.stop()
+    stopped = cli("sessions", "list", "--d1", str(state))
+    assert stopped.returncode == 0, stopped.stderr
+    assert alpha in stopped.stdout
