@@ -367,23 +367,6 @@ async def build_triage_session(store: Store) -> None:
     assert waiting.status == "awaiting_approval"
 
 
-async def timeline_of(store: Store, session_id: str) -> list[tuple[int, Message]]:
-    loader = getattr(store, "load_timeline", None)
-    if loader is not None:
-        timeline: list[tuple[int, Message]] = await loader(session_id)
-        return timeline
-    # Until the stores have load_timeline: the created_at column of each message.
-    import sqlite3
-
-    messages = await store.load_messages(session_id)
-    with sqlite3.connect(store.path) as db:  # type: ignore[attr-defined]
-        times = [r[0] for r in db.execute(
-            "SELECT created_at FROM agent_messages WHERE session_id = ? ORDER BY seq",
-            (session_id,),
-        )]  # fmt: skip
-    return list(zip(times, messages, strict=True))
-
-
 @pytest.fixture(scope="module")
 def triage_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     async def make(db: Path) -> str:
@@ -394,7 +377,7 @@ def triage_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 name=SESSION,
                 session_id=SESSION,
                 agent="triage",
-                entries=await timeline_of(store, SESSION),
+                entries=await store.load_timeline(SESSION),
                 approvals=await store.load_approvals(SESSION),
             )
         finally:
