@@ -259,3 +259,28 @@ def test_sessions_of_the_dev_servers_d1(dev_state: tuple[DevWorker, Path], tmp_p
     stopped = cli("sessions", "list", "--d1", str(state))
     assert stopped.returncode == 0, stopped.stderr
     assert alpha in stopped.stdout
+
+
+@tool(requires_approval=True)
+async def refund(args: Target) -> dict[str, bool]:
+    """Refund someone (needs a person's approval)."""
+    return {"refunded": True}
+
+
+def test_show_names_a_call_waiting_for_approval(tmp_path: Path) -> None:
+    async def make(path: Path) -> None:
+        agent = Agent("refunds", "Refund when asked.", [refund])
+        llm = ScriptedLLM([LLMResponse("", [ToolCall("r1", "refund", {"to": "ann"})])])
+        async with sqlite_store(path) as store:
+            waiting = await run(agent, llm=llm, message="refund ann", session_id="r", store=store)
+            assert waiting.status == "awaiting_approval"
+
+    db = tmp_path / "refunds.db"
+    asyncio.run(make(db))
+    shown = cli("sessions", "show", "r", "--db", str(db))
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(
+        r"waiting for approval: refund \(call r1, digest [0-9a-f]{12}…\)", shown.stdout
+    )
+    page = cli("sessions", "show", "r", "--db", str(db), "--html", "-").stdout
+    assert 'data-kind="pending-approval"' in page

@@ -25,8 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .approvals import approval_states
 from .errors import DurableAgentsError, InvalidCursorError, ToolDurabilityError
-from .messages import Message, ToolErrorKind, tool_error
+from .messages import Message, ToolErrorKind, pending_tool_calls, tool_error
 from .stores.base import ApprovalEvent, SessionInfo
 from .stores.sqlite import SQLiteStore, sqlite_store
 from .timeline import render_timeline
@@ -262,6 +263,12 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
           f"{info.output_tokens:,} out")  # fmt: skip
     for seq, (ms, m) in enumerate(timeline):
         print(f"{seq:>4}  {_time(ms)[11:]}  {_printable(_describe(m))}")
+    states = approval_states(approvals)
+    for call in pending_tool_calls([m for _, m in timeline]):
+        state = states.get(call.id)
+        if state is not None and state.decision is None:
+            print(f"waiting for approval: {_printable(call.name)} (call {_printable(call.id)}, "
+                  f"digest {state.digest[:12]}…)")  # fmt: skip
     return 0
 
 
