@@ -23,14 +23,12 @@ chromium it says why (DURABLE_AGENTS_NO_CHROMIUM) and these tests skip with that
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, Request, sync_playwright
+from playwright.sync_api import Browser, Page, Request
 from worker_fakes import (
     PROJECT,
     REFUNDS_AGENT,
@@ -41,6 +39,7 @@ from worker_fakes import (
 )
 
 from durable_agents.testing.worker import DevWorker
+from headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow
 
@@ -50,20 +49,6 @@ TURN_TIMEOUT_MS = 60_000
 # Whether the page made a message element for each stored message, once, in order.
 POSITIONS_JS = "() => [...document.querySelectorAll('#transcript .msg[data-position]')]" \
     ".map((m) => Number(m.dataset.position))"  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """The path of Debian's chromium binary."""
-    reason = os.environ.get("DURABLE_AGENTS_NO_CHROMIUM")
-    if reason:
-        pytest.skip(f"Chromium cannot be installed on this machine: {reason}")
-    path = shutil.which("chromium")
-    assert path, (
-        "Debian's chromium is not installed: scripts/test installs it "
-        "(apt-get install chromium), or install it by hand"
-    )
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -88,19 +73,6 @@ def worker(services: FakeServices, tmp_path_factory: pytest.TempPathFactory) -> 
         yield dev
     finally:
         dev.close()
-
-
-@pytest.fixture(scope="module")
-def browser(chromium: str) -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        # --no-sandbox: Chromium's sandbox refuses to run as root (CI runs as root).
-        launched = playwright.chromium.launch(
-            executable_path=chromium, headless=True, args=["--no-sandbox"]
-        )
-        try:
-            yield launched
-        finally:
-            launched.close()
 
 
 class Tab:
