@@ -14,6 +14,7 @@ import asyncio
 import json
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -385,7 +386,10 @@ def triage_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("timeline")
     path = folder / "timeline.html"
-    path.write_text(asyncio.run(make(folder / "agents.db")), encoding="utf-8")
+    # In a thread of its own: Playwright's sync API may already run a loop in this one.
+    with ThreadPoolExecutor(1) as thread:
+        page = thread.submit(asyncio.run, make(folder / "agents.db")).result()
+    path.write_text(page, encoding="utf-8")
     return path
 
 
