@@ -243,7 +243,7 @@ def test_denials_other_kinds_and_unknown_errors() -> None:
         Message.assistant("", calls),
         Message.tool_result(calls[0], denied),
         Message.tool_result(calls[1], tool_error_content(ToolErrorKind.UNKNOWN_TOOL, "no")),
-        Message.tool_result(calls[2], json.dumps({"error": "custom", "kind": "mine"})),
+        Message.tool_result(calls[2], json.dumps({"error": "custom", "kind": "mine", "hint": "x"})),
         Message.tool_result(calls[3], "plain <b>text</b>"),
     ]
     root = parse(render(messages))
@@ -254,6 +254,8 @@ def test_denials_other_kinds_and_unknown_errors() -> None:
     assert f"reason: {HOSTILE}" in article(root, 2).text()
     assert "Unknown tool" in article(root, 3).text()
     assert "Tool error" in article(root, 4).text()
+    assert json.loads(article(root, 4).find_all("pre")[0].text()) == {"hint": "x"}
+    assert article(root, 2).find_all("pre") == []  # name, id and reason are shown already
     assert article(root, 5).find_all("b") == []
     assert "plain <b>text</b>" in article(root, 5).text()
 

@@ -36,6 +36,7 @@ __all__ = ["render_timeline"]
 
 DIGEST_PREFIX = 12  # hex digits of an approval digest shown
 FOLD_CHARS = 1500  # longer texts are folded in a <details> (open, so they print)
+_SHOWN_ERROR_KEYS = frozenset({"error", "kind", "toolName", "toolCallId", "reason"})
 
 
 def render_timeline(
@@ -317,7 +318,8 @@ class _Page:
             return "tool-result", who, _code(_pretty(message.content)), ""
         flag = _result_flag(message, error)
         stored = str(error.get("error") or "")
-        extra = {k: v for k, v in error.items() if k not in ("error", "kind")}
+        # The call's name, id and a denial's reason are shown already; anything else stored:
+        extra = {k: v for k, v in error.items() if k not in _SHOWN_ERROR_KEYS}
         details = f'<p class="stored"><span class="k">Stored error:</span> {_e(stored)}</p>' + (
             _code(json.dumps(extra, ensure_ascii=False, indent=2)) if extra else ""
         )
@@ -468,6 +470,8 @@ border-radius:8px;padding:.55rem .8rem;margin:.5rem 0;break-inside:avoid}
 .msg>header{color:var(--muted);font-size:.8rem}
 .msg .who{color:var(--ink);font-weight:600}
 .pos{text-decoration:none;font-variant-numeric:tabular-nums}
+.msg,.turn{scroll-margin-top:1rem}
+.msg:target{box-shadow:0 0 0 3px var(--pending)}
 .role-user{border-left-color:var(--user)}
 .role-assistant{border-left-color:var(--assistant)}
 .role-tool{margin-left:1.5rem}
