@@ -63,7 +63,10 @@ const PROJECT_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "
 const DEV_TOKEN = "dev-token";
 // The kit's own settings: read from the process environment even when neither [vars]
 // nor .dev.vars name them (as are the agent module's SETTINGS and DEV_STUBS names).
-const KIT_SETTINGS = ["API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY", "CHAT_PAGE"];
+const KIT_SETTINGS = [
+  "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY", "CHAT_PAGE",
+  "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "RETENTION_DAYS",
+];
 const MAX_REQUEST_BYTES = 100 * 1024 * 1024; // Cloudflare's request body limit (free plan)
 const DEFAULT_REQUEST_TIMEOUT_S = 30;
 // fetch's forbidden methods: `new Request` throws for them, so no Worker can be given one.

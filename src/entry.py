@@ -97,9 +97,13 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
             body=command.to_json(),
             headers={"content-type": "application/json"},
         )
-        if str(response.headers.get("content-type") or "").startswith("text/event-stream"):
+        content_type = str(response.headers.get("content-type") or "")
+        if content_type.startswith("text/event-stream"):
             # passed through untouched: each event reaches the client as the object sends it
             return Reply(int(response.status), None, SSE_HEADERS, stream=response.js_object.body)
+        if content_type.startswith("text/html"):  # the timeline page
+            return Reply(int(response.status), None, {"content-type": content_type},
+                         text=await response.text())  # fmt: skip
         return Reply(int(response.status), await response.json())
 
 

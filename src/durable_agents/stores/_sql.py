@@ -375,7 +375,7 @@ def row_session_info(row: Sequence[Any]) -> SessionInfo:
 
 # Above every stored (created_at, id): Unix ms for the next ~285,000 years, and
 # an id of no character sorts after U+10FFFF (ids are text: they sort before it).
-_FIRST_PAGE: tuple[int, str] = (2**53, "\U0010ffff")
+_FIRST_PAGE: tuple[int, str] = (2**53 - 1, "\U0010ffff")  # D1 binds numbers up to 2**53 - 1
 
 
 def check_limit(limit: int) -> None:

@@ -147,6 +147,10 @@ class FakeD1PreparedStatement:
                     f"D1_TYPE_ERROR: Type '{type(value).__name__}' not supported for value "
                     f"'{value!r}'"
                 )
+            if isinstance(value, int) and not -(2**53) < value < 2**53:  # as a JS number
+                raise FakeD1Error(
+                    f"D1_TYPE_ERROR: integer {value} does not fit a JavaScript number"
+                )
         return FakeD1PreparedStatement(self._database, self.sql, values)
 
     async def run(self) -> D1Result:
