@@ -141,6 +141,9 @@ async def missing_tables_are_a_store_error(db: Any) -> None:
         lambda: store.load_messages("s"),
         lambda: store.list_sessions(),
         lambda: store.delete_session("s"),
+        lambda: store.delete_idle(1),
+        lambda: store.find_sessions("s"),
+        lambda: store.load_timeline("s"),
     ]
     for action in actions:
         error = await _raised(action(), StoreError)  # not SessionConflictError: not a race
@@ -185,6 +188,92 @@ async def five_racing_writers_one_wins(db: Any) -> None:
     assert await store.load_messages("s") == [Message.user("go"), *batches[winners[0]]]
 
 
+class _CountingD1:
+    """A binding that records each round trip: ("batch", n statements) or ("run"/"raw", 1)."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.trips: list[tuple[str, int]] = []
+
+    def prepare(self, sql: str) -> Any:
+        statement, trips = self.db.prepare(sql), self.trips
+
+        class Counted:
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+
+            def bind(self, *values: Any) -> Any:
+                return Counted(self.inner.bind(*values))
+
+            async def run(self) -> Any:
+                trips.append(("run", 1))
+                return await self.inner.run()
+
+            async def raw(self) -> Any:
+                trips.append(("raw", 1))
+                return await self.inner.raw()
+
+        return Counted(statement)
+
+    async def batch(self, statements: list[Any]) -> Any:
+        self.trips.append(("batch", len(statements)))
+        return await self.db.batch([s.inner for s in statements])
+
+
+async def every_write_is_one_batch(db: Any) -> None:
+    counting = _CountingD1(db)
+    store = d1_store(counting, clock=ticking_clock())
+    await store.create_tables()
+    counting.trips.clear()
+    await store.append_messages_atomic("s", 0, [Message.user("a"), Message.assistant("b")])
+    await store.append_messages_atomic("t", 0, [Message.user("c")], session_name="tee")
+    assert counting.trips == [("batch", 3), ("batch", 2)], counting.trips
+    counting.trips.clear()
+    assert await store.delete_session("s") is True
+    assert counting.trips == [("batch", 4)], counting.trips  # messages, lease, approvals, row
+    counting.trips.clear()
+    info = await store.get_session("t")
+    assert info is not None
+    assert await store.delete_idle(info.updated_at + 1, limit=10) == 1
+    assert counting.trips == [("raw", 1), ("batch", 4)], counting.trips
+    counting.trips.clear()
+    await store.list_sessions(limit=5)
+    await store.find_sessions("tee")
+    await store.load_timeline("t")
+    assert counting.trips == [("raw", 1)] * 3, counting.trips
+
+
+async def migration_0004_names_and_sums_old_sessions(db: Any) -> None:
+    # A database that applied 0001-0003 and holds sessions, then gets 0004.
+    for _, statements in _sql.MIGRATIONS[:3]:
+        for statement in statements:
+            await db.prepare(statement).run()
+    await db.prepare(
+        "INSERT INTO agent_sessions VALUES ('old', 'bot', 'idle', 3, 1000, 2000)"
+    ).run()
+    for seq, (inp, out) in enumerate([(None, None), (10, 3), (5, 4)]):
+        await (
+            db.prepare(
+                "INSERT INTO agent_messages (session_id, seq, role, content, input_tokens, "
+                "output_tokens, created_at) VALUES ('old', ?, 'assistant', 'x', ?, ?, 1000)"
+            )
+            .bind(seq, inp, out)
+            .run()
+        )
+    for statement in _sql.MIGRATIONS[3][1]:  # as wrangler applies the file
+        await db.prepare(statement).run()
+    store = d1_store(db)
+    await store.create_tables()  # on a migrated database: adds nothing twice
+    info = await store.get_session("old")
+    assert info is not None
+    assert (info.name, info.input_tokens, info.output_tokens) == ("old", 15, 7), info
+    await store.append_messages_atomic("old", 3, [Message.assistant("y", usage=Usage(1, 2))])
+    page = await store.list_sessions()
+    assert [(i.id, i.name, i.input_tokens, i.output_tokens) for i in page.sessions] == [
+        ("old", "old", 16, 9)
+    ], page
+
+
 CHECKS: tuple[Check, ...] = (
     schema_applies_statement_by_statement,
     multi_line_exec_rejects_the_trigger,
@@ -198,4 +287,6 @@ CHECKS: tuple[Check, ...] = (
     timestamps_are_unix_milliseconds,
     custom_row_limit_is_enforced_before_writing,
     five_racing_writers_one_wins,
+    every_write_is_one_batch,
+    migration_0004_names_and_sums_old_sessions,
 )
