@@ -1,6 +1,8 @@
 """What runs only on Cloudflare Workers: the D1 store and an httpx transport over `fetch`.
 
 - `d1_store(env.DB)`: the durable store of a Worker, over a D1 binding.
+- `durable_object_store(self.ctx.storage)`: the durable store in a Durable
+  Object's own SQLite (local, synchronous, per object).
 - `FetchTransport`: an httpx transport over the runtime's JS `fetch`, for
   LLM calls from a Worker (httpx's own transport needs sockets). Importing
   this package under Pyodide makes it the default transport of
@@ -18,9 +20,16 @@ import sys
 
 from ..llm._http import set_default_transport
 from .d1 import D1Store, d1_store
+from .do_store import DurableObjectStore, durable_object_store
 from .fetch_transport import FetchTransport
 
 if sys.platform == "emscripten":
     set_default_transport(FetchTransport)
 
-__all__ = ["D1Store", "FetchTransport", "d1_store"]
+__all__ = [
+    "D1Store",
+    "DurableObjectStore",
+    "FetchTransport",
+    "d1_store",
+    "durable_object_store",
+]
