@@ -7,11 +7,13 @@ object gets it: runtime/storage.mjs's SqlStorage over better-sqlite3) and runs
 the check there. A fresh binding per test: a fresh object, an empty database.
 """
 
+import time
+
 import _local_runtime
 from workers import DurableObject
 
 from crash_sweep import sweep
-from durable_agents.cloudflare import durable_object_store
+from durable_agents.cloudflare import d1_store, durable_object_store
 from durable_agents.errors import SessionConflictError, StoreError
 from durable_agents.messages import Message
 from durable_agents.stores.base import ApprovalChange
@@ -87,6 +89,28 @@ class StoreProbe(DurableObject):
             "ddl": [s for s in seen if s.startswith(("CREATE", "ALTER"))],
         }
 
+    async def python_error_rolls_back(self):
+        store = durable_object_store(self.ctx.storage)
+        await store.append_messages_atomic("s", 0, [Message.user("hi")])
+
+        def half_then_fail():
+            store._exec("DELETE FROM agent_messages")
+            raise ValueError("raised in Python, inside transactionSync")
+
+        try:
+            store._transaction(half_then_fail)
+        except ValueError as exc:
+            error = f"ValueError: {exc}"
+        return {"error": error, "contents": [m.content for m in await store.load_messages("s")]}
+
+    async def time_appends(self, n):
+        store = durable_object_store(self.ctx.storage)
+        await store.load_messages("warm")
+        started = time.perf_counter()
+        for seq in range(n):
+            await store.append_messages_atomic("t", seq, [Message.user(str(seq))])
+        return (time.perf_counter() - started) * 1000 / n
+
 
 def _probe(env, name):
     _local_runtime.durableObjectNamespace("STORE_PROBES", StoreProbe)
@@ -115,3 +139,28 @@ async def test_schema_once_and_one_transaction_per_append(env):
     result = await _probe(env, "schema").schema_once()
     # sqlite_master + table_info + the read; then 5 inserts and the upsert in ONE transaction.
     assert result == {"statements": 3 + 6, "transactions": 1, "ddl": []}
+
+
+async def test_a_python_exception_inside_the_transaction_rolls_back_and_surfaces(env):
+    result = await _probe(env, "python-error").python_error_rolls_back()
+    assert result == {
+        "error": "ValueError: raised in Python, inside transactionSync",
+        "contents": ["hi"],
+    }
+
+
+async def test_append_cost_against_d1(env):
+    # Not a benchmark (issue 14 item 4 is): one figure each, same runtime, printed.
+    n = 200
+    do_ms = await _probe(env, "timing").time_appends(n)
+    store = d1_store(env.DB)
+    await store.create_tables()
+    started = time.perf_counter()
+    for seq in range(n):
+        await store.append_messages_atomic("t", seq, [Message.user(str(seq))])
+    d1_ms = (time.perf_counter() - started) * 1000 / n
+    print(
+        f"ms per 1-message append: Durable Object store {do_ms:.3f}, D1 {d1_ms:.3f}, "
+        f"ratio {do_ms / d1_ms:.3f}"
+    )
+    assert len(await store.load_messages("t")) == n
