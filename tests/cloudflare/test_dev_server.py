@@ -236,7 +236,7 @@ BAD_REQUESTS: list[tuple[str, str, bytes | None, dict[str, str], int]] = [
     ("POST", "/sessions/bad.name/messages", message("triage issue 1"), {}, 400),
     ("POST", "/sessions/" + "n" * 65 + "/messages", message("triage issue 1"), {}, 400),
     ("GET", "/sessions/bad-10/messages", None, {}, 405),
-    ("DELETE", "/sessions/bad-11", None, {}, 405),
+    ("DELETE", "/sessions/bad-11/resume", None, {}, 405),
     ("PUT", "/sessions/bad-12/messages", message("triage issue 1"), {}, 405),
     ("POST", "/sessions/bad-13/other", message("triage issue 1"), {}, 404),
     ("GET", "/no-such-route", None, {}, 404),

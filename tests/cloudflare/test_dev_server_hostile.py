@@ -282,10 +282,10 @@ def test_the_methods_the_worker_answers_still_reach_it(hostile: Hostile) -> None
         ("OPTIONS", "/sessions/ok/messages", "POST"),
         ("PATCH", "/sessions/ok/messages", "POST"),
         ("PUT", "/sessions/ok/resume", "POST"),
-        ("DELETE", "/sessions/ok", "GET"),
-        ("HEAD", "/sessions/ok", "GET"),
+        ("DELETE", "/sessions/ok/messages", "POST"),
+        ("HEAD", "/sessions/ok", "GET, DELETE"),
         # Not one of the SDK's HTTPMethod names: the Worker reads the JS request's own.
-        ("PROPFIND", "/sessions/ok", "GET"),
+        ("PROPFIND", "/sessions/ok", "GET, DELETE"),
         ("M-SEARCH", "/sessions/ok/messages", "POST"),
     ]:
         answer = send_raw(hostile, request_bytes(method, path), method=method)
