@@ -65,7 +65,7 @@ const DEV_TOKEN = "dev-token";
 // nor .dev.vars name them (as are the agent module's SETTINGS and DEV_STUBS names).
 const KIT_SETTINGS = [
   "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY", "CHAT_PAGE",
-  "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "RETENTION_DAYS",
+  "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "RETENTION_DAYS", "SESSION_STORE",
 ];
 const MAX_REQUEST_BYTES = 100 * 1024 * 1024; // Cloudflare's request body limit (free plan)
 const DEFAULT_REQUEST_TIMEOUT_S = 30;

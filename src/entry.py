@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from workers import DurableObject, Response, WorkerEntrypoint
 
 import agent
-from durable_agents.cloudflare import d1_store
+from durable_agents.cloudflare import d1_store, durable_object_store
 from durable_agents.cloudflare.agent_module import AgentModule
 from durable_agents.cloudflare.app import (
     SSE_HEADERS,
@@ -37,6 +37,7 @@ from durable_agents.cloudflare.app import (
     internal_error,
     run_retention,
     serve_session,
+    session_store_kind,
 )
 from durable_agents.cloudflare.js_streams import keep_running, readable_stream
 
@@ -121,10 +122,15 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             command = Command.from_json(await request.text())
         except ValueError as exc:
             return _response(error_reply(400, "invalid-command", str(exc)))
+        index = None  # SESSION_STORE: the session in D1, or in this object's SQLite
+        store: Any = d1_store(self.env.DB)  # + an index row in D1
+        if session_store_kind(self.env) == "durable-object":
+            store, index = durable_object_store(self.ctx.storage), store
         reply = await serve_session(
             command,
             session_id=str(self.ctx.id.toString()),
-            store=d1_store(self.env.DB),
+            store=store,
+            index=index,
             env=self.env,
             live=self.live,
             agent=SERVED.agent,

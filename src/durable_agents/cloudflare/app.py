@@ -62,7 +62,7 @@ import traceback
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import httpx
 
@@ -119,6 +119,7 @@ __all__ = [
     "run_retention",
     "serve_dev_stub",
     "serve_session",
+    "session_store_kind",
     "session_summary",
     "tools_client",
     "with_budget",
@@ -739,6 +740,7 @@ async def serve_session(
     llm: LLM | None = None,
     http_client: httpx.AsyncClient | None = None,
     keep_alive: Callable[[asyncio.Task[Any]], None] | None = None,
+    index: SessionIndex | None = None,
 ) -> Reply:
     """Carry out a command in the session's Durable Object; never raises for expected errors.
 
@@ -752,6 +754,10 @@ async def serve_session(
     `agent` with `make_llm(env)` (or `llm`, given) and the deps
     `make_deps(env, http)`, where `http` is `http_client` or a new
     `tools_client()`, closed after the turn.
+
+    `index` (with `SESSION_STORE = "durable-object"`: the Worker's D1) gets the
+    session's summary row after each turn, and loses it when the session is
+    deleted: one write per turn, never inside a step.
     """
     try:
         if command.action == "events":
@@ -759,7 +765,10 @@ async def serve_session(
         if command.action == "cancel":
             return await _cancel(session_id, live)
         if command.action == "delete":
-            if not await store.delete_session(session_id):
+            found = await store.delete_session(session_id)
+            if index is not None:
+                found = await index.delete_session(session_id) or found
+            if not found:
                 return _no_session(session_id)
             return Reply(200, {"session_id": session_id, "deleted": True})
         if command.action == "view":
@@ -799,6 +808,8 @@ async def serve_session(
                 raise
             finally:
                 live.turn = None
+            if index is not None:
+                await _mirror(store, index, session_id)
         turn.end(reply)
         return reply
 
@@ -857,6 +868,39 @@ async def _turn(
         return error_for(exc)
     except Exception as exc:
         return internal_error(exc, f"session {session_id}")
+
+
+class SessionIndex(Protocol):
+    """Where sessions kept in a Durable Object are listed (the Worker's D1 store)."""
+
+    async def put_session_summary(self, info: SessionInfo) -> None: ...
+
+    async def delete_session(self, session_id: str) -> bool: ...
+
+
+async def _mirror(store: Store, index: SessionIndex, session_id: str) -> None:
+    """The session's summary row into the index, once per turn; best effort: a turn is
+    never failed by its index (the next turn writes it again)."""
+    try:
+        info = await store.get_session(session_id)
+        if info is not None:
+            await index.put_session_summary(info)
+    except Exception as exc:
+        print(f"durable-agents: the session index was not updated: {exc}", file=sys.stderr)
+
+
+SESSION_STORES = ("d1", "durable-object")
+
+
+def session_store_kind(env: Any) -> str:
+    """The setting `SESSION_STORE`: "d1" (the default) or "durable-object"."""
+    raw = setting(env, "SESSION_STORE")
+    kind = "d1" if raw is None or str(raw).strip() == "" else str(raw).strip()
+    if kind not in SESSION_STORES:
+        raise ConfigurationError(
+            f"SESSION_STORE must be one of {', '.join(SESSION_STORES)}, got {raw!r}"
+        )
+    return kind
 
 
 def _is_result(reply: Reply | None) -> bool:

@@ -225,6 +225,20 @@ class D1Store:
             ) from exc
         return int(results[-1]["meta"]["changes"])
 
+    async def put_session_summary(self, info: SessionInfo) -> None:
+        """Mirror a session kept in another store (a Durable Object's SQLite) as its
+        index row here: one write, so listing and retention see it."""
+        try:
+            await (
+                self._db.prepare(_sql.PUT_SESSION_SUMMARY)
+                .bind(*_sql.session_summary_params(info))
+                .run()
+            )
+        except Exception as exc:
+            raise StoreError(
+                f"D1 failed to index session {info.id!r}: {_d1_message(exc)}", session_id=info.id
+            ) from exc
+
     async def delete_session(self, session_id: str) -> bool:
         try:
             results = await self._db.batch(

@@ -191,6 +191,25 @@ SELECT_MESSAGES = f"SELECT {MESSAGE_COLUMNS} FROM agent_messages WHERE session_i
 SELECT_TIMELINE = (
     f"SELECT {MESSAGE_COLUMNS}, created_at FROM agent_messages WHERE session_id = ? ORDER BY seq"
 )
+# The index row of a session kept elsewhere (a Durable Object's own SQLite): its summary,
+# mirrored into D1 once per turn so listing, the timeline's lookup and retention see it.
+PUT_SESSION_SUMMARY = (
+    "INSERT INTO agent_sessions (id, agent_name, state, message_count, created_at, updated_at, "
+    "name, input_tokens, output_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (id) DO UPDATE SET agent_name = excluded.agent_name, state = excluded.state, "
+    "message_count = excluded.message_count, updated_at = excluded.updated_at, "
+    "name = COALESCE(agent_sessions.name, excluded.name), "
+    "input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens"
+)
+
+
+def session_summary_params(info: SessionInfo) -> tuple[Any, ...]:
+    return (
+        info.id, info.agent_name, info.state, info.message_count, info.created_at,
+        info.updated_at, info.name, info.input_tokens, info.output_tokens,
+    )  # fmt: skip
+
+
 SESSION_COLUMNS = (
     "id, agent_name, state, message_count, created_at, updated_at, name, input_tokens, "
     "output_tokens"

@@ -1,0 +1,85 @@
+"""`SESSION_STORE = "durable-object"` over HTTP against `scripts/dev`: the history lives in the
+session's Durable Object's own SQLite (none of it in D1), the listing still finds the session
+through its D1 index row, delete removes both, and the kill -9 end-to-end test of D1 holds:
+the post held by the webhook, SIGKILL, restart, /resume: one post, a durability error stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from worker_fakes import DURABILITY_REPLY, DevServer, FakeServices
+
+SETTINGS = {"API_TOKEN": "test-token", "SESSION_STORE": "durable-object"}
+
+
+@pytest.fixture(scope="module")
+def services() -> Iterator[FakeServices]:
+    with FakeServices() as fake:
+        yield fake
+
+
+def start(services: FakeServices, state_dir: Path) -> DevServer:
+    return DevServer(state_dir, {**services.worker_env(), **SETTINGS}).start()
+
+
+def test_sessions_live_in_the_object_and_are_listed_through_the_d1_index(
+    services: FakeServices, tmp_path: Path
+) -> None:
+    server = start(services, tmp_path / "state")
+    try:
+        worker = server.worker
+        answer = worker.post("/sessions/local-1/messages", {"message": "triage issue 5"})
+        assert answer.status == 200, answer.body
+        assert answer.body["status"] == "complete"
+        session_id = answer.body["session_id"]
+        history = worker.get("/sessions/local-1").body["messages"]
+        assert [m["role"] for m in history] == [
+            "user", "assistant", "tool", "assistant", "tool", "assistant",
+        ]  # fmt: skip
+        assert worker.count("SELECT 1 FROM agent_messages") == 0  # nothing of it in D1
+        index = worker.rows(
+            f"SELECT name, message_count FROM agent_sessions WHERE id = '{session_id}'"
+        )
+        assert index == [{"name": "local-1", "message_count": 6}]
+        listed = worker.get("/sessions").body["sessions"]
+        assert [(s["name"], s["message_count"]) for s in listed] == [("local-1", 6)]
+        assert worker.get("/sessions/local-1/view").status == 200
+
+        assert worker.request("DELETE", "/sessions/local-1").status == 200
+        assert worker.get("/sessions/local-1").status == 404
+        assert worker.get("/sessions").body["sessions"] == []
+    finally:
+        server.kill_all()
+
+
+def test_kill_9_mid_post_then_resume_posts_once_with_the_durable_object_store(
+    services: FakeServices, tmp_path: Path
+) -> None:
+    services.posts.clear()
+    services.hold_posts = True
+    server = start(services, tmp_path / "state")
+    try:
+        worker = server.worker
+        pending = worker.start_post("/sessions/crash-do/messages", {"message": "triage issue 8"})
+        assert services.post_received.wait(60), "the post never arrived"
+        server.crash()  # SIGKILL between the post and its stored result
+        assert pending.exception(30) is not None
+        services.hold_posts = False
+        services.release_posts.set()
+
+        worker.restart()
+        resumed = worker.post("/sessions/crash-do/resume")
+        assert resumed.status == 200, resumed.body
+        assert resumed.body["response"] == DURABILITY_REPLY
+        assert len(services.posts) == 1  # never posted twice
+        tools = [
+            m for m in worker.get("/sessions/crash-do").body["messages"] if m["role"] == "tool"
+        ]
+        assert '"kind": "tool-durability-error"' in tools[-1]["content"]
+        assert worker.count("SELECT 1 FROM agent_messages") == 0
+    finally:
+        services.release_posts.set()
+        server.kill_all()
