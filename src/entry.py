@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from workers import DurableObject, Response, WorkerEntrypoint
 
 import agent
-from durable_agents.cloudflare import d1_store, durable_object_store
+from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.agent_module import AgentModule
 from durable_agents.cloudflare.app import (
     SSE_HEADERS,
@@ -38,6 +38,7 @@ from durable_agents.cloudflare.app import (
     run_retention,
     serve_session,
     session_store_kind,
+    session_stores,
 )
 from durable_agents.cloudflare.js_streams import keep_running, readable_stream
 
@@ -87,8 +88,16 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
 
     async def scheduled(self, controller: Any) -> None:
         """The cron ([triggers] in wrangler.toml): delete sessions idle past RETENTION_DAYS."""
-        deleted = await run_retention(d1_store(self.env.DB), self.env)
+        delete = None  # with sessions in their objects, each object deletes its own
+        if session_store_kind(self.env) == "durable-object":
+            delete = self.delete_in_object
+        deleted = await run_retention(d1_store(self.env.DB), self.env, delete_object=delete)
         print(f"retention: deleted {deleted} idle session(s)")
+
+    async def delete_in_object(self, info: Any) -> None:
+        stub = self.env.SESSIONS.get(self.env.SESSIONS.idFromString(info.id))
+        await stub.fetch("https://session.internal/command", method="POST",
+                         body=Command("delete").to_json())  # fmt: skip
 
     async def to_session(self, name: str, command: Command) -> Reply:
         stub = self.env.SESSIONS.getByName(name)
@@ -122,10 +131,7 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             command = Command.from_json(await request.text())
         except ValueError as exc:
             return _response(error_reply(400, "invalid-command", str(exc)))
-        index = None  # SESSION_STORE: the session in D1, or in this object's SQLite
-        store: Any = d1_store(self.env.DB)  # + an index row in D1
-        if session_store_kind(self.env) == "durable-object":
-            store, index = durable_object_store(self.ctx.storage), store
+        store, index = session_stores(self.env, self.ctx.storage)  # SESSION_STORE
         reply = await serve_session(
             command,
             session_id=str(self.ctx.id.toString()),

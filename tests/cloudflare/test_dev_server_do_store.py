@@ -6,6 +6,7 @@ the post held by the webhook, SIGKILL, restart, /resume: one post, a durability 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,4 +83,27 @@ def test_kill_9_mid_post_then_resume_posts_once_with_the_durable_object_store(
         assert worker.count("SELECT 1 FROM agent_messages") == 0
     finally:
         services.release_posts.set()
+        server.kill_all()
+
+
+def test_retention_deletes_idle_sessions_in_their_objects(
+    services: FakeServices, tmp_path: Path
+) -> None:
+    days = 0.00003  # 2.6 s
+    server = DevServer(
+        tmp_path / "state", {**services.worker_env(), **SETTINGS, "RETENTION_DAYS": str(days)}
+    ).start()
+    try:
+        worker = server.worker
+        idle = worker.post("/sessions/idle-do/messages", {"message": "triage issue 1"})
+        time.sleep(days * 86400 + 0.5)
+        worker.post("/sessions/fresh-do/messages", {"message": "triage issue 2"})
+        fired = worker.request("GET", "/__scheduled?cron=17+*+*+*+*", token="")
+        assert (fired.status, fired.text) == (200, "ok")
+        assert worker.get("/sessions/idle-do").status == 404  # gone from its object
+        assert worker.get("/sessions/fresh-do").status == 200
+        assert [s["name"] for s in worker.get("/sessions").body["sessions"]] == ["fresh-do"]
+        session_id = idle.body["session_id"]
+        assert worker.count(f"SELECT 1 FROM agent_sessions WHERE id = '{session_id}'") == 0
+    finally:
         server.kill_all()

@@ -120,6 +120,7 @@ __all__ = [
     "serve_dev_stub",
     "serve_session",
     "session_store_kind",
+    "session_stores",
     "session_summary",
     "tools_client",
     "with_budget",
@@ -877,6 +878,8 @@ class SessionIndex(Protocol):
 
     async def delete_session(self, session_id: str) -> bool: ...
 
+    async def idle_sessions(self, before_ms: int, *, limit: int = 100) -> list[SessionInfo]: ...
+
 
 async def _mirror(store: Store, index: SessionIndex, session_id: str) -> None:
     """The session's summary row into the index, once per turn; best effort: a turn is
@@ -901,6 +904,18 @@ def session_store_kind(env: Any) -> str:
             f"SESSION_STORE must be one of {', '.join(SESSION_STORES)}, got {raw!r}"
         )
     return kind
+
+
+def session_stores(env: Any, storage: Any) -> tuple[Store, SessionIndex | None]:
+    """A session object's store and index, per `SESSION_STORE`: D1 and no index, or its
+    own SQLite (`storage`, the object's `ctx.storage`) with D1 as the index."""
+    from .d1 import d1_store
+    from .do_store import durable_object_store
+
+    d1 = d1_store(env.DB)
+    if session_store_kind(env) == "durable-object":
+        return durable_object_store(storage), d1
+    return d1, None
 
 
 def _is_result(reply: Reply | None) -> bool:
@@ -1067,13 +1082,24 @@ def with_budget(agent: Agent, env: Any) -> Agent:
 # plan): a retention run deletes at most this many batches of sessions.
 RETENTION_BATCH = 100
 RETENTION_MAX_BATCHES = 8
+RETENTION_OBJECTS = 40  # with SESSION_STORE = "durable-object": one subrequest each
 
 
-async def run_retention(store: Store, env: Any, now: float | None = None) -> int:
+async def run_retention(
+    store: Any,
+    env: Any,
+    now: float | None = None,
+    *,
+    delete_object: Callable[[SessionInfo], Awaitable[Any]] | None = None,
+) -> int:
     """The cron's work: delete the sessions idle for more than `RETENTION_DAYS` (unset or
     empty: keep everything), up to RETENTION_BATCH x RETENTION_MAX_BATCHES per run, each
     batch one atomic write. `now`: Unix seconds (default: the clock, read now). Returns
-    how many were deleted."""
+    how many were deleted.
+
+    With `delete_object` (SESSION_STORE = "durable-object"), `store` is the D1 index:
+    up to RETENTION_OBJECTS idle sessions are found there and each is deleted by its own
+    Durable Object (`delete_object(info)`: one subrequest each, so few per run)."""
     now = time.time() if now is None else now
     raw = setting(env, "RETENTION_DAYS")
     if raw is None or str(raw).strip() == "":
@@ -1086,6 +1112,11 @@ async def run_retention(store: Store, env: Any, now: float | None = None) -> int
         raise ConfigurationError(f"RETENTION_DAYS must be a positive number, got {raw!r}")
     before_ms = int((now - days * 86400) * 1000)
     deleted = 0
+    if delete_object is not None:
+        for info in await store.idle_sessions(before_ms, limit=RETENTION_OBJECTS):
+            await delete_object(info)
+            deleted += 1
+        return deleted
     for _ in range(RETENTION_MAX_BATCHES):
         count = await store.delete_idle(before_ms, limit=RETENTION_BATCH)
         deleted += count

@@ -225,6 +225,13 @@ class D1Store:
             ) from exc
         return int(results[-1]["meta"]["changes"])
 
+    async def idle_sessions(self, before_ms: int, *, limit: int = 100) -> list[SessionInfo]:
+        """Up to `limit` sessions last written before `before_ms`, oldest first (for the
+        retention of sessions kept elsewhere: their index rows live here)."""
+        _sql.check_limit(limit)
+        rows = await self._read(_sql.SELECT_IDLE, (before_ms, limit), "find idle sessions")
+        return [_sql.row_session_info(row) for row in rows]
+
     async def put_session_summary(self, info: SessionInfo) -> None:
         """Mirror a session kept in another store (a Durable Object's SQLite) as its
         index row here: one write, so listing and retention see it."""

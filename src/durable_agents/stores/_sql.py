@@ -246,6 +246,10 @@ DELETE_APPROVALS = "DELETE FROM agent_approvals WHERE session_id = ?"
 # run as one transaction (SQLite) or one batch (D1) with no read before them;
 # the last one's change count is how many sessions were deleted.
 _IDLE = "SELECT id FROM agent_sessions WHERE updated_at < ? ORDER BY updated_at, id LIMIT ?"
+SELECT_IDLE = (
+    f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE updated_at < ? "
+    "ORDER BY updated_at, id LIMIT ?"
+)
 DELETE_IDLE: tuple[str, ...] = (
     f"DELETE FROM agent_messages WHERE session_id IN ({_IDLE})",
     f"DELETE FROM agent_leases WHERE session_id IN ({_IDLE})",
