@@ -11,6 +11,16 @@
 // closes (the parent is gone) or on SIGTERM.
 
 import http from "node:http";
+import v8 from "node:v8";
+
+// Node 20's optimizing compiler (V8 11.3) can abort the process ("Fatal error:
+// unreachable code" in Deoptimizer::DoComputeBuiltinContinuation) when a JS error
+// thrown by better-sqlite3 unwinds through Pyodide's frames inside
+// `ctx.storage.transactionSync` (a Durable Object store append that conflicts),
+// once the D1 tests have warmed the same call paths up. Without inlining it does
+// not happen (tests/runtime/test_d1_store.py then test_do_store.py: 85 passed, and
+// faster than with --no-opt). Set before any code is optimized.
+v8.setFlagsFromString("--no-turbo-inlining");
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { awaitPython, startRuntime } from "./index.mjs";

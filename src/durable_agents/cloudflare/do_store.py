@@ -75,6 +75,10 @@ class SqlStorageLike(Protocol):
     def transactionSync(self, callback: Callable[[], Any]) -> Any: ...
 
 
+class _Rollback(Exception):
+    """Raised inside `transactionSync`'s callback to roll it back; what was raised is kept aside."""
+
+
 def _unwrap(storage: Any) -> Any:
     """The JS storage object behind the workers SDK's `_BindingWrapper`, if wrapped.
 
@@ -151,7 +155,9 @@ class DurableObjectStore:
                 result.append(body())
             except BaseException as exc:
                 raised.append(exc)
-                raise
+                # What crosses into JS (and makes transactionSync roll back) is a
+                # plain exception of ours; the original is re-raised afterwards.
+                raise _Rollback from None
 
         if self._pyodide:
             from pyodide.ffi import create_proxy  # type: ignore[import-not-found, unused-ignore]
