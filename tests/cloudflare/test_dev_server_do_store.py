@@ -107,3 +107,28 @@ def test_retention_deletes_idle_sessions_in_their_objects(
         assert worker.count(f"SELECT 1 FROM agent_sessions WHERE id = '{session_id}'") == 0
     finally:
         server.kill_all()
+
+
+def test_a_session_deleted_under_a_running_turn_ends_it_with_a_conflict(
+    services: FakeServices, tmp_path: Path
+) -> None:
+    services.posts.clear()
+    services.post_received.clear()
+    services.release_posts.clear()
+    services.hold_posts = True
+    server = start(services, tmp_path / "state")
+    try:
+        worker = server.worker
+        pending = worker.start_post("/sessions/doomed/messages", {"message": "triage issue 4"})
+        assert services.post_received.wait(60), "the post never arrived"
+        assert worker.request("DELETE", "/sessions/doomed").status == 200
+        services.hold_posts = False
+        services.release_posts.set()  # write #2 of the post step now conflicts
+        answer = pending.result(60)
+        assert answer.status == 409, answer.body
+        assert answer.body["error"]["code"] == "session-conflict"
+        assert worker.get("/sessions/doomed").status == 404  # nothing written back
+        assert worker.post("/sessions/after/messages", {"message": "hello"}).status == 200
+    finally:
+        services.release_posts.set()
+        server.kill_all()
