@@ -29,10 +29,52 @@
 // "<worker name>-<class name>", so ids match `wrangler dev`'s; Cloudflare's
 // own namespaces have secret keys, so production ids differ.
 
+import { AsyncLocalStorage } from "node:async_hooks";
 import { createHash, createHmac, randomBytes } from "node:crypto";
 import { DurableObjectStorage, storageFile } from "./storage.mjs";
 
 const ID_HALF = 16;
+
+// --- the output gate ---
+//
+// workerd holds every outgoing message of a Durable Object (its fetch()
+// subrequests, its calls to other objects, its response) while that object's
+// storage writes are not yet confirmed durable, and drops them with an error
+// if a write fails (then the object is reset). Here: the object whose event is
+// running is tracked with an AsyncLocalStorage (entered when an event is
+// delivered; Pyodide schedules each asyncio step with setImmediate, which
+// carries it), its writes join an implicit transaction committed at the next
+// macrotask (runtime/storage.mjs), and an outgoing message waits for that commit.
+const currentObject = new AsyncLocalStorage();
+
+/**
+ * Run `send` once the storage writes of `object` (default: the object whose
+ * event is running) are durable: at once (synchronously) when none are
+ * pending, so an ungated message keeps its order; rejected if a write failed.
+ */
+export function throughOutputGate(send, object = currentObject.getStore()) {
+  const pending = object?.storageApi?.pendingDurability();
+  return pending ? pending.then(send) : send();
+}
+
+let installedFetch = null;
+
+/**
+ * Make the global `fetch` (what Python's `js.fetch` and `workers.fetch` call) pass
+ * the output gate of the object whose event calls it. Idempotent.
+ */
+export function installOutputGate() {
+  if (installedFetch !== null) return;
+  const realFetch = globalThis.fetch;
+  installedFetch = function fetch(input, init) {
+    const object = currentObject.getStore();
+    if (!object?.storageApi?.pendingDurability()) return realFetch(input, init);
+    // Read the request now, as workerd does, but let it leave only once the writes are durable.
+    const request = new Request(input, init);
+    return throughOutputGate(() => realFetch(request), object);
+  };
+  globalThis.fetch = installedFetch;
+}
 
 /** A Durable Object id: 64 hex chars; `name` is set when made by `idFromName`. */
 export class DurableObjectId {
@@ -151,13 +193,26 @@ class LiveObject {
     this.startChain = Promise.resolve();
     this.gate = Promise.resolve();
     this.storageApi = null;
+    // Bumped when a failed write resets the object: events of the old instance fail.
+    this.generation = 0;
+    this.brokenBy = null;
   }
 
   storage() {
     this.storageApi ??= new DurableObjectStorage(
       storageFile(this.namespace.host.storageRoot, this.namespace.uniqueKey, this.id.toString()),
+      { onFailure: (error) => this.reset(error) },
     );
     return this.storageApi;
+  }
+
+  // A storage write failed (workerd breaks the object): the next event gets a fresh instance.
+  reset(error) {
+    this.instance?.destroy?.();
+    this.instance = null;
+    this.generation += 1;
+    this.brokenBy = error;
+    this.namespace.host.log?.(`Durable Object ${this.id} reset: ${error.message}`);
   }
 
   blockConcurrencyWhile(callback) {
@@ -187,7 +242,28 @@ class LiveObject {
       }
     });
     this.startChain = started.catch(() => undefined);
-    return started.then(() => handler(this.instance));
+    // The event runs as this object's (for the output gate); its answer, or its
+    // error, leaves only once the writes it made are durable.
+    // An event of an instance that a failed write reset ends in that failure.
+    return started.then(() => {
+      const generation = this.generation;
+      const settle = (send) => () => {
+        if (this.generation !== generation) throw this.brokenBy;
+        return send();
+      };
+      return currentObject.run(this, () =>
+        Promise.resolve(handler(this.instance)).then(
+          (result) => throughOutputGate(settle(() => result), this),
+          (error) =>
+            throughOutputGate(
+              settle(() => {
+                throw error;
+              }),
+              this,
+            ),
+        ),
+      );
+    });
   }
 }
 
@@ -206,7 +282,9 @@ function stubFor(object) {
     name: object.id.name,
     fetch(input, init) {
       const request = new Request(input, init);
-      return object.deliver((instance) => object.namespace.host.invoke(instance, "fetch", [request])).catch((error) => {
+      return Promise.resolve(
+        throughOutputGate(() => object.deliver((instance) => object.namespace.host.invoke(instance, "fetch", [request]))),
+      ).catch((error) => {
         throw asRpcError(error);
       });
     },
@@ -217,7 +295,9 @@ function stubFor(object) {
     get(target, property) {
       if (property in target || typeof property !== "string" || property === "then") return target[property];
       return (...args) =>
-        object.deliver((instance) => object.namespace.host.invoke(instance, property, args)).catch((error) => {
+        Promise.resolve(
+          throughOutputGate(() => object.deliver((instance) => object.namespace.host.invoke(instance, property, args))),
+        ).catch((error) => {
           throw asRpcError(error);
         });
     },

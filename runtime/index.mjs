@@ -25,7 +25,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { D1Bridge } from "./d1.mjs";
 import { kvBindings } from "./kv.mjs";
-import { BackgroundTasks, DurableObjectNamespace, workerEntrypoint } from "./durable-objects.mjs";
+import { BackgroundTasks, DurableObjectNamespace, installOutputGate, workerEntrypoint } from "./durable-objects.mjs";
 import { compileCompatibility } from "./compat.mjs";
 import { CONFIG_NAMES, parseConfigFile } from "./wrangler-config.mjs";
 import { PROJECT_MOUNT, loadPythonRuntime } from "./pyodide-host.mjs";
@@ -121,6 +121,8 @@ export async function startRuntime({
   compatibilityFlags ??= project?.compatibilityFlags ?? [];
   workerName ??= project?.name ?? "";
   const compatibility = checkCompatibility(compatibilityDate, compatibilityFlags);
+  // Durable Objects' outgoing fetch() waits for their pending storage writes (the output gate).
+  installOutputGate();
   const env = { ...vars };
   const tasks = new BackgroundTasks((error) => log(`waitUntil task failed: ${error?.stack ?? error}`));
   const cloudflareWorkersModule = {

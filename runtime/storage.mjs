@@ -35,6 +35,9 @@ function openDatabase(file) {
   if (file !== ":memory:") mkdirSync(path.dirname(file), { recursive: true });
   const db = new Database(file);
   db.pragma("journal_mode = WAL");
+  // A commit is durable when it returns: WAL with synchronous=FULL fsyncs the WAL on
+  // every COMMIT (the output gate below waits for that commit).
+  db.pragma("synchronous = FULL");
   db.exec("CREATE TABLE IF NOT EXISTS _cf_KV (key TEXT PRIMARY KEY, value BLOB) WITHOUT ROWID");
   return db;
 }
@@ -100,9 +103,11 @@ export class SqlStorageCursor {
 
 export class SqlStorage {
   #db;
+  #willWrite;
 
-  constructor(db) {
+  constructor(db, willWrite) {
     this.#db = db;
+    this.#willWrite = willWrite;
   }
 
   exec(query, ...bindings) {
@@ -113,6 +118,7 @@ export class SqlStorage {
     } catch (error) {
       // Several statements: workerd runs them all (bindings go to the last); here only without bindings.
       if (/more than one statement/.test(error.message) && bindings.length === 0) {
+        this.#willWrite();
         const before = db.prepare("SELECT total_changes() AS n").get().n;
         db.exec(query);
         return new SqlStorageCursor([], [], 0, db.prepare("SELECT total_changes() AS n").get().n - before);
@@ -120,6 +126,7 @@ export class SqlStorage {
       throw new Error(`${error.message}: SQLITE_ERROR`);
     }
     const values = bindings.map(toSqlValue);
+    if (!statement.readonly) this.#willWrite();
     if (statement.reader) {
       const columns = statement.columns().map((column) => column.name);
       const rows = statement.raw(true).all(...values);
@@ -136,14 +143,40 @@ export class SqlStorage {
   }
 }
 
+// Harness only (the output gate's tests): with DURABLE_AGENTS_RUNTIME_TEST_HOOKS=1 in the
+// runtime's environment, `ctx.storage.failNextCommitForTests(message)` makes the next
+// implicit commit fail, as a storage failure on workerd would.
+const TEST_HOOKS = process.env.DURABLE_AGENTS_RUNTIME_TEST_HOOKS === "1";
+// With the hooks on, DURABLE_AGENTS_RUNTIME_COMMIT_DELAY_MS=N delays each implicit
+// commit by N ms (a slow disk), so a test can tell a held message from a fast commit.
+const COMMIT_DELAY_MS = TEST_HOOKS ? Number(process.env.DURABLE_AGENTS_RUNTIME_COMMIT_DELAY_MS ?? 0) : 0;
+// For the benchmark only: DURABLE_AGENTS_RUNTIME_OUTPUT_GATE=off commits each write
+// on its own when it runs (SQLite autocommit) and holds nothing (no output gate).
+const OUTPUT_GATE = process.env.DURABLE_AGENTS_RUNTIME_OUTPUT_GATE !== "off";
+
 export class DurableObjectStorage {
   #file;
   #db = null;
+  // The implicit transaction's durability: null when nothing is pending, else
+  // {promise, resolve, reject}; settled when the commit returns (or fails).
+  #pending = null;
+  #failNext = null;
+  #onFailure;
 
-  /** @param {string} file the object's SQLite file, or ":memory:" */
-  constructor(file) {
+  /**
+   * @param {string} file the object's SQLite file, or ":memory:"
+   * @param {object} [options]
+   * @param {(error: Error) => void} [options.onFailure] a commit failed (the object must be reset)
+   */
+  constructor(file, { onFailure } = {}) {
     this.#file = file;
-    this.sql = new SqlStorage(() => this.#open());
+    this.#onFailure = onFailure;
+    this.sql = new SqlStorage(() => this.#open(), () => this.#willWrite());
+    if (TEST_HOOKS) {
+      this.failNextCommitForTests = (message = "injected storage failure") => {
+        this.#failNext = String(message);
+      };
+    }
   }
 
   #open() {
@@ -151,8 +184,61 @@ export class DurableObjectStorage {
     return this.#db;
   }
 
+  // Every write joins one implicit transaction, as on workerd (writes between
+  // awaits are coalesced and committed together); it commits at the next
+  // macrotask boundary (setImmediate), and until that commit has returned
+  // (fsynced: WAL, synchronous=FULL) the writes are pending: the output gate
+  // holds the object's outgoing messages on `pendingDurability()`.
+  #willWrite() {
+    const db = this.#open();
+    if (this.#pending !== null || !OUTPUT_GATE) return;
+    if (!db.inTransaction) db.exec("BEGIN");
+    let resolve;
+    let reject;
+    const promise = new Promise((yes, no) => {
+      resolve = yes;
+      reject = no;
+    });
+    promise.catch(() => undefined); // observed by the gate, when anyone waits
+    this.#pending = { promise, resolve, reject };
+    if (COMMIT_DELAY_MS > 0) setTimeout(() => this.#commit(), COMMIT_DELAY_MS);
+    else setImmediate(() => this.#commit());
+  }
+
+  #commit() {
+    const pending = this.#pending;
+    if (pending === null) return;
+    this.#pending = null;
+    const db = this.#db;
+    try {
+      if (this.#failNext !== null) {
+        const message = this.#failNext;
+        this.#failNext = null;
+        throw new Error(`${message}: SQLITE_IOERR`);
+      }
+      if (db?.inTransaction) db.exec("COMMIT");
+      pending.resolve();
+    } catch (error) {
+      // workerd: the writes are lost and the object is reset; here they are rolled back.
+      try {
+        if (db?.inTransaction) db.exec("ROLLBACK");
+      } catch {
+        // already rolled back by SQLite
+      }
+      const failure = new Error(`Durable Object storage write failed; the object was reset: ${error.message}`);
+      pending.reject(failure);
+      this.#onFailure?.(failure);
+    }
+  }
+
+  /** The output gate: null if no write is pending, else a promise settled when they are durable. */
+  pendingDurability() {
+    return this.#pending?.promise ?? null;
+  }
+
   transactionSync(callback) {
     const db = this.#open();
+    this.#willWrite();
     return db.transaction(() => callback())();
   }
 
@@ -175,6 +261,7 @@ export class DurableObjectStorage {
 
   async put(keyOrEntries, value) {
     const db = this.#open();
+    this.#willWrite();
     const write = db.prepare("INSERT OR REPLACE INTO _cf_KV (key, value) VALUES (?, ?)");
     if (typeof keyOrEntries === "object" && keyOrEntries !== null) {
       const entries = keyOrEntries instanceof Map ? [...keyOrEntries] : Object.entries(keyOrEntries);
@@ -187,6 +274,7 @@ export class DurableObjectStorage {
 
   async delete(keys) {
     const db = this.#open();
+    this.#willWrite();
     const remove = db.prepare("DELETE FROM _cf_KV WHERE key = ?");
     if (Array.isArray(keys)) {
       return db.transaction(() => keys.reduce((n, key) => n + remove.run(String(key)).changes, 0))();
@@ -214,10 +302,14 @@ export class DurableObjectStorage {
 
   async deleteAll() {
     const db = this.#open();
+    this.#willWrite();
     db.exec("DELETE FROM _cf_KV");
   }
 
-  async sync() {}
+  /** Resolves when every write so far is durable (workerd's `sync()`). */
+  async sync() {
+    await this.pendingDurability();
+  }
 
   async getAlarm() {
     throw new Error("Durable Object alarms are not served by the local runtime");
@@ -233,6 +325,7 @@ export class DurableObjectStorage {
 
   /** Harness only: close the database file. */
   close() {
+    this.#commit();
     this.#db?.close();
     this.#db = null;
   }
