@@ -21,14 +21,18 @@ from workers import DurableObject, Response, WorkerEntrypoint
 class Writer(DurableObject):
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
-        self.ctx.storage.sql.exec("CREATE TABLE IF NOT EXISTS notes (key TEXT PRIMARY KEY, at REAL)")
+        self.ctx.storage.sql.exec(
+            "CREATE TABLE IF NOT EXISTS notes (key TEXT PRIMARY KEY, at REAL)"
+        )
 
     async def fetch(self, request):
         url = urlparse(request.url)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         sql = self.ctx.storage.sql
         if url.path == "/rows":
-            return Response.json([row.key for row in sql.exec("SELECT key FROM notes ORDER BY key")])
+            return Response.json(
+                [row.key for row in sql.exec("SELECT key FROM notes ORDER BY key")]
+            )
         if url.path == "/write-then-fetch":
             key = query["key"]
             if query.get("fail") == "1":
