@@ -23,10 +23,7 @@ import http.client
 import http.server
 import json
 import os
-import re
-import signal
 import sqlite3
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -36,6 +33,8 @@ from typing import Any
 
 import pytest
 
+from served_worker import ServedWorker
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,42 +42,12 @@ CONFIG = ROOT / "tests" / "workers" / "output_gate" / "wrangler.toml"
 COMMIT_DELAY_MS = 300
 
 
-class DevServer:
-    """`node runtime/dev-server.mjs --config <the output gate Worker>` (its own process group)."""
+class DevServer(ServedWorker):
+    """The output gate test Worker served (`served_worker.ServedWorker`), started at once."""
 
     def __init__(self, state: Path, env: dict[str, str]) -> None:
-        self.state = state
-        self.lines: list[str] = []
-        self.origin = ""
-        self.process = subprocess.Popen(
-            [
-                *["node", "runtime/dev-server.mjs", "--config", str(CONFIG)],
-                *["--port", "0", "--persist-to", str(state)],
-            ],
-            cwd=ROOT,
-            env={**os.environ, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.ready = threading.Event()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        if not self.ready.wait(90) or not self.origin:
-            self.close()
-            raise AssertionError("the dev server did not start:\n" + "\n".join(self.lines[-40:]))
-        parts = urllib.parse.urlsplit(self.origin)
-        self.host, self.port = parts.hostname or "", parts.port or 0
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if match := re.match(r"ready on (http://\S+)", line):
-                self.origin = match[1]
-                self.ready.set()
-        self.ready.set()
+        super().__init__(CONFIG, state, {**os.environ, **env})
+        self.start_ready()
 
     def get(self, path: str) -> tuple[int, Any]:
         connection = http.client.HTTPConnection(self.host, self.port, timeout=60)
@@ -97,14 +66,6 @@ class DevServer:
         files = list((self.state / "v3" / "do" / "output-gate-Writer").glob("*.sqlite"))
         assert len(files) == 1, files
         return files[0]
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
-        self.reader.join(10)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
 
 
 class Receiver:

@@ -18,11 +18,8 @@ import http.client
 import json
 import os
 import re
-import signal
-import subprocess
 import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +27,7 @@ from typing import Any
 import pytest
 
 from durable_agents.testing.worker import DevWorker
+from served_worker import ServedWorker
 
 pytestmark = pytest.mark.slow
 
@@ -40,46 +38,13 @@ DELAY_S = 0.2
 STREAM = f"chunks={CHUNKS}&delay={DELAY_S}"
 
 
-class Server:
-    """`node runtime/dev-server.mjs --config <the streaming Worker>` (its own process group)."""
+class Server(ServedWorker):
+    """The streaming test Worker served (`served_worker.ServedWorker`), started at once."""
 
     def __init__(self, state: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k != "CHAT_PAGE"}
-        self.lines: list[str] = []
-        self.origin = ""
-        self.process = subprocess.Popen(
-            [
-                *["node", "runtime/dev-server.mjs", "--config", str(CONFIG)],
-                *["--port", "0", "--persist-to", str(state)],
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.ready = threading.Event()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        if not self.ready.wait(90) or not self.origin:
-            self.close()
-            raise AssertionError("the dev server did not start:\n" + self.output[-3000:])
-        parts = urllib.parse.urlsplit(self.origin)
-        self.host, self.port = parts.hostname or "", parts.port or 0
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if match := re.match(r"ready on (http://\S+)", line):
-                self.origin = match[1]
-                self.ready.set()
-        self.ready.set()
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
+        super().__init__(CONFIG, state, env)
+        self.start_ready()
 
     def connect(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=30)
@@ -108,14 +73,6 @@ class Server:
                 return found[-1]
             time.sleep(0.02)
         raise AssertionError(f"no log line {start!r}:\n{self.output[-3000:]}")
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
-        self.reader.join(10)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
 
 
 @pytest.fixture(scope="module")

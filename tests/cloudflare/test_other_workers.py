@@ -14,12 +14,8 @@ Needs `scripts/setup-runtime` (node_modules/ and python_modules/).
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
-import signal
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from served_worker import ServedWorker
 
 pytestmark = pytest.mark.slow
 
@@ -73,63 +71,8 @@ def fastapi_project(directory: Path) -> Path:
     return project / "wrangler.jsonc"
 
 
-class Served:
-    """One `dev-server.mjs --config ...` process (its own process group), its output, its URL."""
-
-    def __init__(self, config: Path, state: Path) -> None:
-        self.config = config
-        self.state = state
-        self.lines: list[str] = []
-        self.origin = ""
-        self.process: subprocess.Popen[str] | None = None
-        self.reader: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.lines = []
-        self.origin = ""
-        self.process = subprocess.Popen(
-            [
-                *["node", "runtime/dev-server.mjs", "--config", str(self.config)],
-                *["--port", "0", "--persist-to", str(self.state)],
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.reader = threading.Thread(target=self._read, args=(self.process,), daemon=True)
-        self.reader.start()
-
-    def _read(self, process: subprocess.Popen[str]) -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if match := re.match(r"ready on (http://\S+)", line):
-                self.origin = match[1]
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        assert self.process is not None
-        while not self.origin:
-            if self.process.poll() is not None:
-                if self.reader is not None:
-                    self.reader.join(10)
-                raise AssertionError(f"{self.config} did not start:\n" + "\n".join(self.lines))
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.config}: not ready in {timeout} s:\n{self.output}")
-            time.sleep(0.05)
-
-    def wait_exit(self, timeout: float = 60) -> int:
-        assert self.process is not None
-        code = self.process.wait(timeout)
-        if self.reader is not None:
-            self.reader.join(10)  # the last lines
-        return code
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
+class Served(ServedWorker):
+    """One test Worker served (`served_worker.ServedWorker`), read over HTTP."""
 
     def get(self, path: str) -> tuple[int, str]:
         try:
@@ -142,17 +85,6 @@ class Served:
         status, body = self.get(path)
         assert status == 200, body
         return json.loads(body)
-
-    def kill(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        if self.reader is not None:
-            self.reader.join(10)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
 
 
 @pytest.fixture(scope="module")
