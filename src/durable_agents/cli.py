@@ -273,17 +273,8 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
 
 
 def _session_json(s: SessionInfo) -> dict[str, Any]:
-    """A session as `GET /sessions` lists it (and its state)."""
-    return {
-        "name": s.name,
-        "session_id": s.id,
-        "agent": s.agent_name,
-        "state": s.state,
-        "message_count": s.message_count,
-        "created_at": s.created_at,
-        "updated_at": s.updated_at,
-        "usage": {"input_tokens": s.input_tokens, "output_tokens": s.output_tokens},
-    }
+    """A session as `GET /sessions` lists it, and its state."""
+    return {**s.to_dict(), "state": s.state}
 
 
 def _store_problem(exc: DurableAgentsError) -> str:

@@ -51,7 +51,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
 import hmac
 import inspect
 import json
@@ -121,7 +120,6 @@ __all__ = [
     "serve_session",
     "session_store_kind",
     "session_stores",
-    "session_summary",
     "tools_client",
     "with_budget",
 ]
@@ -470,27 +468,8 @@ async def _list_sessions(sessions: Callable[[], Store] | None, query: str) -> Re
         return error_for(exc)
     return Reply(
         200,
-        {"sessions": [session_summary(s) for s in page.sessions], "next_cursor": page.next_cursor},
+        {"sessions": [s.to_dict() for s in page.sessions], "next_cursor": page.next_cursor},
     )
-
-
-def session_summary(info: SessionInfo) -> dict[str, Any]:
-    """A session as `GET /sessions` lists it."""
-    return {
-        "name": info.name,
-        "session_id": info.id,
-        "agent": info.agent_name,
-        "message_count": info.message_count,
-        "created_at": iso_time(info.created_at),
-        "updated_at": iso_time(info.updated_at),
-        "usage": {"input_tokens": info.input_tokens, "output_tokens": info.output_tokens},
-    }
-
-
-def iso_time(unix_ms: int) -> str:
-    """Unix milliseconds as ISO 8601 UTC, to the millisecond."""
-    moment = datetime.datetime.fromtimestamp(unix_ms / 1000, tz=datetime.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 async def _mint_token(

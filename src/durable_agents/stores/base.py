@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..messages import Message
 
@@ -28,6 +29,23 @@ class SessionInfo:
     name: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The session as `GET /sessions` lists it (times as ISO 8601 UTC, to the ms)."""
+        return {
+            "name": self.name,
+            "session_id": self.id,
+            "agent": self.agent_name,
+            "message_count": self.message_count,
+            "created_at": _iso_time(self.created_at),
+            "updated_at": _iso_time(self.updated_at),
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens},
+        }
+
+
+def _iso_time(unix_ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(unix_ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True, slots=True)
