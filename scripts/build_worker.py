@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import os
 import shutil
 import sys
 import tempfile
@@ -107,9 +108,16 @@ def _excluded(name: str) -> bool:
     return any(name == m or name.startswith(m + ".") for m in CPYTHON_ONLY)
 
 
+def agent_override() -> dict[str, Path]:
+    """The agent module to stage instead of src/agent.py: the file DURABLE_AGENTS_AGENT names
+    (the dev server's `--agent FILE` sets it for the build wrangler runs), else none."""
+    agent = os.environ.get("DURABLE_AGENTS_AGENT")
+    return {"agent": Path(agent).resolve()} if agent else {}
+
+
 def worker_modules(src: Path = SRC, roots: tuple[str, ...] = ROOTS) -> dict[str, Path]:
     """The modules of `src` the Worker's `roots` import, transitively, minus CPYTHON_ONLY."""
-    available = source_modules(src)
+    available = {**source_modules(src), **agent_override()}
     wanted: dict[str, Path] = {}
     queue = list(roots)
     while queue:
@@ -153,8 +161,8 @@ def _locked(path: Path) -> Iterator[None]:
 def _replace(out: Path, src: Path, modules: dict[str, Path]) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        for path in modules.values():
-            target = staging / path.relative_to(src)
+        for name, path in modules.items():
+            target = staging / _module_file(name, path)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
         if out.exists():
@@ -165,6 +173,12 @@ def _replace(out: Path, src: Path, modules: dict[str, Path]) -> None:
         raise
 
 
+def _module_file(name: str, path: Path) -> Path:
+    """Where module `name` goes in the bundle (by its name: an override may live elsewhere)."""
+    parts = name.split(".")
+    return Path(*parts, "__init__.py") if path.name == "__init__.py" else Path(*parts[:-1], f"{parts[-1]}.py")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=OUT, help="where to stage (build/worker)")
@@ -172,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, path in worker_modules().items():
-            print(f"{name}\t{path.relative_to(SRC)}")
+            print(f"{name}\t{path}")
         return 0
     modules = stage(args.out)
     size = sum(path.stat().st_size for path in modules.values())

