@@ -86,8 +86,8 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
             reply = internal_error(exc, "the Worker")
         return _response(reply)
 
-    async def scheduled(self, controller: Any) -> None:
-        """The cron ([triggers] in wrangler.toml): delete sessions idle past RETENTION_DAYS."""
+    async def scheduled(self, controller: Any, env: Any = None, ctx: Any = None) -> None:
+        """The cron ([triggers]): delete sessions idle past RETENTION_DAYS (env, ctx: None)."""
         delete = None  # with sessions in their objects, each object deletes its own
         if session_store_kind(self.env) == "durable-object":
             delete = self.delete_in_object

@@ -197,6 +197,18 @@ async def test_retention_deletes_only_sessions_idle_past_the_setting(store: D1St
         await run_retention(store, {"RETENTION_DAYS": "-1"}, now)
 
 
+@pytest.mark.parametrize("days", ["1e300", "inf", "1e9"])
+async def test_retention_past_any_stored_time_keeps_everything(store: D1Store, days: str) -> None:
+    # Its cut-off, before 1970 by more than 2**53 ms, was bound as a BigInt (D1 refuses
+    # it) or made no int at all (inf): the cron failed. Now it is clamped: nothing is idle.
+    worker = Worker(store)
+    await worker("POST", "/sessions/kept/messages", {"message": "hi"})
+    kept = await store.get_session("id-kept")
+    assert kept is not None
+    assert await run_retention(store, {"RETENTION_DAYS": days}, kept.updated_at / 1000 + 1) == 0
+    assert await store.get_session("id-kept") is not None
+
+
 async def test_max_session_tokens_stops_the_next_turn_with_budget_exceeded(
     store: D1Store,
 ) -> None:

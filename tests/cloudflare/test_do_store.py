@@ -4,12 +4,15 @@ The stand-in has the shape of workerd's API (`sql.exec(query, *bindings)`
 returning a cursor with `raw()`; `transactionSync(fn)` committing fn's
 writes or rolling them back if it throws), so the store's own logic (the
 transaction per append, conflict detection, rollback, schema once) is
-checked here; tests/runtime/test_do_store.py runs the same checks on the
-runtime's real `ctx.storage` inside Pyodide.
+checked here. It binds as workerd does from Python (measured on workerd by
+test_workerd_behaviour.py): True as the text 'true', an int beyond
+±(2**53 - 2) refused (Pyodide makes it a BigInt), BEGIN / SAVEPOINT / RELEASE
+refused (transactionSync is the only transaction).
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,9 +22,9 @@ import pytest
 from crash_sweep import sweep
 from durable_agents.cloudflare import DurableObjectStore, durable_object_store
 from durable_agents.errors import ConfigurationError, SessionConflictError, StoreError
-from durable_agents.messages import Message
-from durable_agents.stores import Store
-from durable_agents.stores.base import ApprovalChange
+from durable_agents.messages import Message, Usage
+from durable_agents.stores import Store, _sql
+from durable_agents.stores.base import ApprovalChange, Lease
 from durable_agents.testing.conformance import CHECKS, Check, ticking_clock
 
 
@@ -33,14 +36,34 @@ class _Cursor:
         return iter(self._rows)
 
 
+_TRANSACTION = re.compile(r"^\s*(BEGIN|COMMIT|END|ROLLBACK|SAVEPOINT|RELEASE)\b", re.I)
+
+
+def _as_workerd_binds(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and not -(2**53 - 1) < value < 2**53 - 1:
+        raise TypeError("Cannot convert a BigInt value to a number")
+    return value
+
+
 class _Sql:
     def __init__(self, connection: sqlite3.Connection) -> None:
         self._connection = connection
         self.statements: list[str] = []
+        self.bound: list[Any] = []
 
     def exec(self, query: str, *bindings: Any) -> _Cursor:
+        if _TRANSACTION.match(query):
+            raise RuntimeError(
+                "To execute a transaction, please use the state.storage.transaction() or "
+                "state.storage.transactionSync() APIs instead of the SQL BEGIN TRANSACTION or "
+                "SAVEPOINT statements."
+            )
         self.statements.append(query)
-        return _Cursor(self._connection.execute(query, bindings).fetchall())
+        self.bound += bindings
+        values = tuple(_as_workerd_binds(v) for v in bindings)
+        return _Cursor(self._connection.execute(query, values).fetchall())
 
 
 class FakeDurableObjectStorage:
@@ -158,3 +181,73 @@ async def test_the_sdk_wrapper_is_unwrapped(storage: FakeDurableObjectStorage) -
 def test_rows_must_stay_below_the_2_mb_value_limit(storage: FakeDurableObjectStorage) -> None:
     with pytest.raises(ConfigurationError):
         durable_object_store(storage, max_row_bytes=2 * 1024 * 1024)
+
+
+def test_the_stand_in_binds_as_workerd(storage: FakeDurableObjectStorage) -> None:
+    storage.sql.exec("CREATE TABLE v (x)")
+    storage.sql.exec("INSERT INTO v VALUES (?), (?), (?)", True, 2**53 - 2, -(2**53 - 2))
+    rows = storage.sql.exec("SELECT x, typeof(x) FROM v").raw()
+    assert list(rows) == [("true", "text"), (2**53 - 2, "integer"), (-(2**53 - 2), "integer")]
+    for beyond in (2**53 - 1, -(2**53 - 1), 2**63):
+        with pytest.raises(TypeError, match="BigInt"):
+            storage.sql.exec("INSERT INTO v VALUES (?)", beyond)
+    for statement in ("BEGIN", "SAVEPOINT a", "RELEASE a"):
+        with pytest.raises(RuntimeError, match="transactionSync"):
+            storage.sql.exec(statement)
+
+
+async def test_the_first_page_binds_nothing_beyond_2_53(storage: FakeDurableObjectStorage) -> None:
+    # Was: the first page bound 2**53 - 1 as its cursor, a BigInt on workerd: a 503.
+    store = durable_object_store(storage, clock=ticking_clock())
+    for name in ("a", "b", "c"):
+        await store.append_messages_atomic(name, 0, [Message.user(name)])
+    page = await store.list_sessions(limit=2)
+    assert [i.id for i in page.sessions] == ["c", "b"]
+    rest = await store.list_sessions(limit=2**60, cursor=page.next_cursor)  # clamped, not bound
+    assert [i.id for i in rest.sessions] == ["a"]
+    assert rest.next_cursor is None
+
+
+async def test_no_bool_and_no_bigint_is_ever_bound(storage: FakeDurableObjectStorage) -> None:
+    store = durable_object_store(storage, clock=ticking_clock())
+    await store.append_messages_atomic("s", 0, [Message.user("q")], approvals=[])
+    assert await store.acquire_lease("s", "run", 2**60) is None  # held "forever": clamped
+    await store.append_messages_atomic(
+        "s", 1, [Message.assistant("a", usage=Usage(2**53 - 2, 0))], lease=Lease("run", 2**60)
+    )
+    await store.list_sessions()
+    assert await store.delete_idle(-(2**60)) == 0
+    assert await store.delete_idle(2**60, limit=2**60) == 1
+    ints = [v for v in storage.sql.bound if isinstance(v, int)]
+    assert ints  # the log saw them
+    assert not [v for v in ints if isinstance(v, bool) or abs(v) > 2**53 - 2], ints
+
+
+async def test_an_integer_beyond_2_53_is_refused_by_name(
+    storage: FakeDurableObjectStorage,
+) -> None:
+    store = durable_object_store(storage, clock=ticking_clock())
+    await store.append_messages_atomic("s", 0, [Message.user("q")])
+    too_many = Message.assistant("a", usage=Usage(3, 2**53 - 1))
+    with pytest.raises(
+        StoreError, match=r"output tokens of message 1 \(assistant\) is 9007199254740991"
+    ):
+        await store.append_messages_atomic("s", 1, [too_many])
+    assert await store.load_messages("s") == [Message.user("q")]
+    with pytest.raises(SessionConflictError, match="no session holds more than"):
+        await store.append_messages_atomic("s", 2**53 - 2, [Message.user("far")])
+    info = await store.get_session("s")
+    assert info is not None
+    assert (info.message_count, info.output_tokens) == (1, 0)
+
+
+def test_bools_are_bound_as_integers() -> None:
+    assert _sql.bound_params("UPDATE t SET x = ?", [True, False, None, 1, "s"]) == [
+        1,
+        0,
+        None,
+        1,
+        "s",
+    ]
+    with pytest.raises(StoreError, match="'t' is -9007199254740991"):
+        _sql.bound_params("UPDATE t SET x = ?", [-(2**53 - 1)])

@@ -11,7 +11,19 @@ runtime. Nothing here reads src/agent.py, which is the user's to replace.
 from __future__ import annotations
 
 import ast
+import importlib.util
+import sys
+import time
+import types
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_agents.cloudflare import d1_store
+from durable_agents.messages import Message
+from durable_agents.testing.fake_d1 import FakeD1Database
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 RUNTIME_MODULES = {"workers", "js", "pyodide"}
@@ -82,3 +94,60 @@ def test_wrangler_toml_points_at_the_entry_and_its_classes() -> None:
     (database,) = config["d1_databases"]
     assert (database["binding"], database["migrations_dir"]) == ("DB", "migrations")
     assert not {"API_TOKEN", "LLM_API_KEY"} & set(config["vars"]), "secrets do not go in [vars]"
+
+
+class _Entrypoint:
+    """The shape of the workers SDK's WorkerEntrypoint and DurableObject: (ctx, env)."""
+
+    def __init__(self, ctx: Any, env: Any) -> None:
+        self.ctx, self.env = ctx, env
+
+
+@pytest.fixture
+def entry_module() -> Iterator[types.ModuleType]:
+    """src/entry.py imported on CPython: `workers` (which needs Pyodide's `js`) stood in by
+    its three names entry.py uses; the kit and src/agent.py are the real ones."""
+    workers = types.ModuleType("workers")
+    workers.WorkerEntrypoint = _Entrypoint  # type: ignore[attr-defined]
+    workers.DurableObject = _Entrypoint  # type: ignore[attr-defined]
+    workers.Response = object  # type: ignore[attr-defined]
+    saved = {name: sys.modules.get(name) for name in ("workers", "agent")}
+    sys.modules["workers"] = workers
+    sys.path.insert(0, str(SRC))
+    try:
+        spec = importlib.util.spec_from_file_location("entry_under_test", SRC / "entry.py")
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(SRC))
+        for name, before in saved.items():
+            if before is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = before
+
+
+async def test_the_cron_handler_takes_what_workerd_passes(
+    entry_module: types.ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # workerd calls a WorkerEntrypoint's scheduled(controller, None, None) (measured by
+    # test_workerd_behaviour.py); a handler of (self, controller) was a TypeError there,
+    # so the retention cron never ran.
+    db = FakeD1Database()
+    now = time.time()
+    old = d1_store(db, clock=lambda: now - 3 * 86400)
+    await old.create_tables()
+    await old.append_messages_atomic("idle", 0, [Message.user("long ago")])
+    await d1_store(db).append_messages_atomic("fresh", 0, [Message.user("just now")])
+    env = types.SimpleNamespace(DB=db, RETENTION_DAYS="2", SESSION_STORE="d1")
+    worker = entry_module.Default(types.SimpleNamespace(), env)
+    controller = types.SimpleNamespace(cron="17 * * * *", scheduledTime=now * 1000)
+    await worker.scheduled(controller, None, None)
+    assert await old.get_session("idle") is None
+    assert await old.get_session("fresh") is not None
+    assert "retention: deleted 1 idle session(s)" in capsys.readouterr().out
+    await worker.scheduled(controller)  # a direct call (as a test makes) still works
+    db.close()

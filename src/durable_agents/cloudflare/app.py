@@ -88,6 +88,7 @@ from ..events import CancelToken, OnEvent
 from ..llm.base import LLM
 from ..llm.settings import llm_from_env, setting
 from ..run import run
+from ..stores._sql import MAX_BOUND_INT
 from ..stores.base import SessionInfo, Store
 from .agent_module import DEV_STUB_PREFIX, DevStub, MakeDeps, MakeLLM
 from .live import LiveSession, LiveTurn, follow, message_event, sse
@@ -1089,7 +1090,8 @@ async def run_retention(
         days = 0
     if not days > 0:
         raise ConfigurationError(f"RETENTION_DAYS must be a positive number, got {raw!r}")
-    before_ms = int((now - days * 86400) * 1000)
+    # A days count past any stored time (RETENTION_DAYS=1e300, inf) keeps everything.
+    before_ms = int(max(-MAX_BOUND_INT, min(MAX_BOUND_INT, (now - days * 86400) * 1000)))
     deleted = 0
     if delete_object is not None:
         for info in await store.idle_sessions(before_ms, limit=RETENTION_OBJECTS):

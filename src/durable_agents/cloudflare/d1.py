@@ -16,7 +16,10 @@ whole concurrency check. No read precedes the write.
 The binding is used as the `workers` SDK hands it to Python code:
 `prepare(sql).bind(*args)`, `await stmt.raw()` (rows as lists), `await
 stmt.run()`, `await db.batch([...])`; SQL errors raise
-`pyodide.ffi.JsException` with D1's message. `testing.fake_d1` offers the
+`pyodide.ffi.JsException` with D1's message. D1 refuses a BigInt bind
+(`D1_TYPE_ERROR: Type 'bigint' not supported for value ...`), and Pyodide
+makes one of any Python int beyond ±(2**53 - 2): every statement's ints are
+checked before they are bound (`_sql.bound_params`). `testing.fake_d1` offers the
 same shape on CPython over sqlite3. This module imports nothing from the
 runtime, so it imports and type-checks on CPython.
 """
@@ -128,7 +131,7 @@ class D1Store:
         session_name: str | None = None,
     ) -> int:
         statements = [
-            self._db.prepare(sql).bind(*params)
+            self._prepare(sql, params, session_id)
             for sql, params in _sql.append_statements(
                 session_id, expected_seq, messages, self._now_ms(),
                 agent_name=agent_name, lease=lease, approvals=approvals,
@@ -168,7 +171,7 @@ class D1Store:
     ) -> LeaseHolder | None:
         params = _sql.acquire_lease_params(session_id, owner, self._now_ms(), ttl_ms, take_from)
         try:
-            result = await self._db.prepare(_sql.ACQUIRE_LEASE).bind(*params).run()
+            result = await self._prepare(_sql.ACQUIRE_LEASE, params, session_id).run()
         except Exception as exc:
             raise StoreError(
                 f"D1 failed to take the lease of session {session_id!r}: {_d1_message(exc)}",
@@ -195,11 +198,7 @@ class D1Store:
         return _sql.row_session_info(rows[0]) if rows else None
 
     async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
-        _sql.check_limit(limit)
-        created_at, last_id = _sql.decode_cursor(cursor)
-        rows = await self._read(
-            _sql.LIST_SESSIONS, (created_at, last_id, limit + 1), "list sessions"
-        )
+        rows = await self._read(*_sql.list_statement(cursor, limit), "list sessions")
         return SessionPage(*_sql.page_of([_sql.row_session_info(r) for r in rows], limit))
 
     async def find_sessions(self, name: str) -> list[SessionInfo]:
@@ -214,11 +213,9 @@ class D1Store:
 
     async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
         """One batch: each statement picks the same idle sessions (see `_sql.DELETE_IDLE`)."""
-        _sql.check_limit(limit)
+        params = _sql.idle_params(before_ms, limit)
         try:
-            results = await self._db.batch(
-                [self._db.prepare(sql).bind(before_ms, limit) for sql in _sql.DELETE_IDLE]
-            )
+            results = await self._db.batch([self._prepare(sql, params) for sql in _sql.DELETE_IDLE])
         except Exception as exc:
             raise StoreError(
                 f"D1 failed to delete sessions idle since {before_ms}: {_d1_message(exc)}"
@@ -228,19 +225,17 @@ class D1Store:
     async def idle_sessions(self, before_ms: int, *, limit: int = 100) -> list[SessionInfo]:
         """Up to `limit` sessions last written before `before_ms`, oldest first (for the
         retention of sessions kept elsewhere: their index rows live here)."""
-        _sql.check_limit(limit)
-        rows = await self._read(_sql.SELECT_IDLE, (before_ms, limit), "find idle sessions")
+        rows = await self._read(
+            _sql.SELECT_IDLE, _sql.idle_params(before_ms, limit), "find idle sessions"
+        )
         return [_sql.row_session_info(row) for row in rows]
 
     async def put_session_summary(self, info: SessionInfo) -> None:
         """Mirror a session kept in another store (a Durable Object's SQLite) as its
         index row here: one write, so listing and retention see it."""
+        params = _sql.session_summary_params(info)
         try:
-            await (
-                self._db.prepare(_sql.PUT_SESSION_SUMMARY)
-                .bind(*_sql.session_summary_params(info))
-                .run()
-            )
+            await self._prepare(_sql.PUT_SESSION_SUMMARY, params, info.id).run()
         except Exception as exc:
             raise StoreError(
                 f"D1 failed to index session {info.id!r}: {_d1_message(exc)}", session_id=info.id
@@ -264,9 +259,17 @@ class D1Store:
         deleted_messages, _, _, deleted_session = results
         return any(int(r["meta"]["changes"]) > 0 for r in (deleted_messages, deleted_session))
 
-    async def _read(self, sql: str, params: tuple[Any, ...], what: str) -> Sequence[Sequence[Any]]:
+    def _prepare(
+        self, sql: str, params: Sequence[Any], session_id: str | None = None
+    ) -> D1PreparedStatement:
+        """`prepare(sql).bind(...)`, each value as D1 takes it (`_sql.bound_params`: D1
+        refuses a BigInt, which a Python int beyond ±(2**53 - 2) becomes)."""
+        return self._db.prepare(sql).bind(*_sql.bound_params(sql, params, session_id))
+
+    async def _read(self, sql: str, params: Sequence[Any], what: str) -> Sequence[Sequence[Any]]:
+        statement = self._prepare(sql, params)
         try:
-            return await self._db.prepare(sql).bind(*params).raw()
+            return await statement.raw()
         except Exception as exc:
             raise StoreError(f"D1 failed to {what}: {_d1_message(exc)}") from exc
 

@@ -7,12 +7,17 @@ differs is where the database lives: inside the object, local, synchronous,
 no network hop per write. A session stored here is visible to that object
 only and is gone with `ctx.storage.deleteAll()`.
 
-How it uses the storage API (workerd's `DurableObjectStorage`, served locally
-by runtime/storage.mjs):
+How it uses the storage API (workerd's `DurableObjectStorage`):
 - `storage.sql.exec(query, *bindings)` runs at once and returns a cursor;
   rows are read with `cursor.raw()` (positional rows). Reads are synchronous;
-  the methods stay `async def` for the `Store` protocol.
-- `storage.transactionSync(callback)`: every write of an append (the
+  the methods stay `async def` for the `Store` protocol. One statement per
+  call (of several, workerd returns the last one's rows only).
+- What it binds: workerd binds a JS `true` as the text 'true' and refuses a
+  BigInt (`TypeError: Cannot convert a BigInt value to a number`), which a
+  Python int beyond ±(2**53 - 2) becomes; so bools go as 0 / 1 and every int
+  is checked first (`_sql.bound_params`).
+- `storage.transactionSync(callback)` is the only transaction there is
+  (workerd refuses BEGIN, SAVEPOINT and RELEASE): every write of an append (the
   message INSERTs, the session upsert, approvals, the lease) runs inside one
   callback, committed together or rolled back if it throws. The schema's
   UNIQUE key and in-order trigger make an append at a stale position fail,
@@ -121,15 +126,18 @@ class DurableObjectStore:
 
     # --- the storage API, converted ---
 
-    def _bind(self, params: Sequence[Any]) -> list[Any]:
+    def _bind(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        # workerd binds True as the text 'true' and refuses a BigInt (a Python int
+        # beyond ±(2**53 - 2)): bools go as 0 / 1, and such an int never goes.
+        values = _sql.bound_params(sql, params)
         if not self._pyodide:
-            return list(params)
+            return values
         from pyodide.ffi import jsnull  # type: ignore[import-not-found, attr-defined, unused-ignore]
 
-        return [jsnull if p is None else p for p in params]
+        return [jsnull if p is None else p for p in values]
 
     def _exec(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self._storage.sql.exec(sql, *self._bind(params))
+        return self._storage.sql.exec(sql, *self._bind(sql, params))
 
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[list[Any]]:
         raw = self._exec(sql, params).raw()
@@ -309,9 +317,7 @@ class DurableObjectStore:
         return _sql.row_session_info(rows[0]) if rows else None
 
     async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
-        _sql.check_limit(limit)
-        created_at, last_id = _sql.decode_cursor(cursor)
-        rows = self._read(_sql.LIST_SESSIONS, (created_at, last_id, limit + 1), "list sessions")
+        rows = self._read(*_sql.list_statement(cursor, limit), "list sessions")
         return SessionPage(*_sql.page_of([_sql.row_session_info(r) for r in rows], limit))
 
     async def find_sessions(self, name: str) -> list[SessionInfo]:
@@ -326,12 +332,12 @@ class DurableObjectStore:
 
     async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
         """One transaction: each statement picks the same idle sessions (`_sql.DELETE_IDLE`)."""
-        _sql.check_limit(limit)
+        params = _sql.idle_params(before_ms, limit)
         self._ensure()
 
         def delete() -> int:
             for sql in _sql.DELETE_IDLE:
-                self._exec(sql, (before_ms, limit))
+                self._exec(sql, params)
             return self._changes()
 
         try:

@@ -38,6 +38,52 @@ from ..limits import MAX_ROW_BYTES
 from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls
 from .base import ApprovalChange, ApprovalEvent, Lease, SessionInfo
 
+# The largest magnitude of an integer any statement binds. On Workers a Python int
+# reaches JavaScript (D1's `bind`, a Durable Object's `sql.exec`) as a Number only if
+# |n| < 2**53 - 1: Pyodide's test is strict, so Number.MAX_SAFE_INTEGER itself arrives
+# as a BigInt, and both refuse a BigInt (D1: "D1_TYPE_ERROR: Type 'bigint' not
+# supported for value ..."; Durable Object SQL: "TypeError: Cannot convert a BigInt
+# value to a number"). Every store keeps to the same range, so what one stores, any
+# other can. Measured on workerd by tests/cloudflare/test_workerd_behaviour.py.
+MAX_BOUND_INT = 2**53 - 2
+
+
+def clamp_int(value: int) -> int:
+    """`value` within ±MAX_BOUND_INT (for bounds, where the rows picked stay the same)."""
+    return max(-MAX_BOUND_INT, min(MAX_BOUND_INT, value))
+
+
+def bindable(value: int, what: str, session_id: str | None = None) -> int:
+    """`value` if every store can bind it; else a `StoreError` that names it."""
+    if -MAX_BOUND_INT <= value <= MAX_BOUND_INT:
+        return value
+    where = "" if session_id is None else f"session {session_id!r}: "
+    raise StoreError(
+        f"{where}{what} is {value}, beyond ±{MAX_BOUND_INT}, the integers D1 and Durable "
+        "Object SQL can bind (a larger Python int reaches them as a JavaScript BigInt, "
+        "which they refuse); nothing was written",
+        session_id=session_id,
+    )
+
+
+_TABLE = re.compile(r"(?:INTO|UPDATE|FROM)\s+(\w+)")
+
+
+def bound_params(sql: str, params: Sequence[Any], session_id: str | None = None) -> list[Any]:
+    """`sql`'s parameters as D1 and Durable Object SQL must get them: a bool as the int
+    0 or 1 (Durable Object SQL binds True as the text 'true'), every int within
+    ±MAX_BOUND_INT (else `StoreError`, before anything is bound)."""
+    bound: list[Any] = []
+    for value in params:
+        if isinstance(value, bool):
+            value = int(value)
+        elif isinstance(value, int) and not -MAX_BOUND_INT <= value <= MAX_BOUND_INT:
+            table = _TABLE.search(sql)  # only to name the statement in the error
+            bindable(value, f"a value bound to {table[1] if table else sql[:40]!r}", session_id)
+        bound.append(value)
+    return bound
+
+
 _INIT: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS agent_sessions (
     id TEXT PRIMARY KEY NOT NULL,
@@ -204,6 +250,12 @@ PUT_SESSION_SUMMARY = (
 
 
 def session_summary_params(info: SessionInfo) -> tuple[Any, ...]:
+    for what, value in (
+        ("its message count", info.message_count), ("its creation time", info.created_at),
+        ("its update time", info.updated_at), ("its input tokens", info.input_tokens),
+        ("its output tokens", info.output_tokens),
+    ):  # fmt: skip
+        bindable(value, what, info.id)
     return (
         info.id, info.agent_name, info.state, info.message_count, info.created_at,
         info.updated_at, info.name, info.input_tokens, info.output_tokens,
@@ -216,10 +268,14 @@ SESSION_COLUMNS = (
 )
 SELECT_SESSION = f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE id = ?"
 # Newest created first, by keys no write changes: a page's cursor is the last
-# row's (created_at, id). The first page binds a cursor above every row.
+# row's (created_at, id). The first page has no bound: binding one "above every
+# row" would need an integer no store can bind (see MAX_BOUND_INT).
 LIST_SESSIONS = (
     f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE (created_at, id) < (?, ?) "
     "ORDER BY created_at DESC, id DESC LIMIT ?"
+)
+LIST_FIRST_SESSIONS = (
+    f"SELECT {SESSION_COLUMNS} FROM agent_sessions ORDER BY created_at DESC, id DESC LIMIT ?"
 )
 FIND_SESSIONS = (
     f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE name = ? ORDER BY created_at DESC, id DESC"
@@ -287,6 +343,9 @@ def message_row(
     if size > max_row_bytes:
         raise MessageTooLargeError(session_id, size, max_row_bytes, message.role)
     usage = message.usage
+    if usage is not None:
+        for name, tokens in (("input", usage.input_tokens), ("output", usage.output_tokens)):
+            bindable(tokens, f"the {name} tokens of message {seq} ({message.role})", session_id)
     return (
         session_id,
         seq,
@@ -318,10 +377,18 @@ def append_rows(
         )
     if expected_seq < 0:
         raise SessionConflictError(session_id, expected_seq, "a position cannot be negative")
-    return [
+    if expected_seq + len(messages) > MAX_BOUND_INT:
+        raise SessionConflictError(
+            session_id, expected_seq, f"no session holds more than {MAX_BOUND_INT} messages"
+        )
+    bindable(now_ms, "the time of the append (Unix ms)", session_id)
+    rows = [
         message_row(session_id, expected_seq + i, m, now_ms, max_row_bytes)
         for i, m in enumerate(messages)
     ]
+    for name, total in zip(("input", "output"), usage_totals(messages), strict=True):
+        bindable(total, f"the {name} tokens of one append", session_id)
+    return rows
 
 
 Statement = tuple[str, tuple[Any, ...]]
@@ -396,14 +463,38 @@ def row_session_info(row: Sequence[Any]) -> SessionInfo:
     )
 
 
-# Above every stored (created_at, id): Unix ms for the next ~285,000 years, and
-# an id of no character sorts after U+10FFFF (ids are text: they sort before it).
-_FIRST_PAGE: tuple[int, str] = (2**53 - 1, "\U0010ffff")  # D1 binds numbers up to 2**53 - 1
+# Above every stored (created_at, id), for the in-memory store (the SQL stores
+# list their first page with LIST_FIRST_SESSIONS): no stored time exceeds
+# MAX_BOUND_INT, and no id sorts after U+10FFFF.
+_FIRST_PAGE: tuple[int, str] = (MAX_BOUND_INT + 1, "\U0010ffff")
 
 
 def check_limit(limit: int) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ConfigurationError(f"limit must be a positive integer, not {limit!r}")
+
+
+def bound_limit(limit: int) -> int:
+    """A checked `limit` as a statement binds it: no larger than any store can bind
+    (a limit beyond every row reads the same rows)."""
+    check_limit(limit)
+    return min(limit, MAX_BOUND_INT)
+
+
+def list_statement(cursor: str | None, limit: int) -> Statement:
+    """The statement of one `list_sessions` page: `limit + 1` rows (one more tells
+    whether a next page exists), after `cursor`'s keys, or from the newest."""
+    fetch = min(bound_limit(limit), MAX_BOUND_INT - 1) + 1
+    if cursor is None:
+        return LIST_FIRST_SESSIONS, (fetch,)
+    created_at, last_id = decode_cursor(cursor)
+    return LIST_SESSIONS, (created_at, last_id, fetch)
+
+
+def idle_params(before_ms: int, limit: int) -> tuple[int, int]:
+    """The (before_ms, limit) of SELECT_IDLE and DELETE_IDLE, clamped to what any store
+    can bind: every stored time is within ±MAX_BOUND_INT, so the rows picked are the same."""
+    return clamp_int(before_ms), bound_limit(limit)
 
 
 def encode_cursor(info: SessionInfo) -> str:
@@ -425,7 +516,7 @@ def decode_cursor(cursor: str | None) -> tuple[int, str]:
             isinstance(created_at, bool)
             or not isinstance(created_at, int)
             or not isinstance(session_id, str)
-            or not 0 <= created_at < 2**53
+            or not 0 <= created_at <= MAX_BOUND_INT
         ):
             raise ValueError("not a cursor")
         if encode_cursor_keys(created_at, session_id) != cursor:
@@ -493,7 +584,9 @@ def schema_script(statements: Sequence[str] = SCHEMA) -> str:
 def acquire_lease_params(
     session_id: str, owner: str, now_ms: int, ttl_ms: int, take_from: str | None
 ) -> tuple[Any, ...]:
-    return (session_id, owner, now_ms + ttl_ms, now_ms, take_from)
+    """A lease until `now_ms + ttl_ms`: an expiry beyond what a store binds is held there."""
+    bindable(now_ms, "the time of the lease (Unix ms)", session_id)
+    return (session_id, owner, clamp_int(now_ms + ttl_ms), now_ms, take_from)
 
 
 def lease_statement(
@@ -504,7 +597,7 @@ def lease_statement(
         return None
     if lease.release:
         return RELEASE_LEASE, (session_id, lease.owner)
-    return RENEW_LEASE, (now_ms + lease.ttl_ms, session_id, lease.owner)
+    return RENEW_LEASE, (clamp_int(now_ms + lease.ttl_ms), session_id, lease.owner)
 
 
 def approval_statement(

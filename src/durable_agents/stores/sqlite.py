@@ -127,11 +127,8 @@ class SQLiteStore:
         return _sql.row_session_info(row) if row else None
 
     async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
-        _sql.check_limit(limit)
-        created_at, last_id = _sql.decode_cursor(cursor)
-        rows = await self._call(
-            lambda c: c.execute(_sql.LIST_SESSIONS, (created_at, last_id, limit + 1)).fetchall()
-        )
+        sql, params = _sql.list_statement(cursor, limit)
+        rows = await self._call(lambda c: c.execute(sql, params).fetchall())
         return SessionPage(*_sql.page_of([_sql.row_session_info(r) for r in rows], limit))
 
     async def find_sessions(self, name: str) -> list[SessionInfo]:
@@ -145,10 +142,10 @@ class SQLiteStore:
         return await self._call(delete, session_id)
 
     async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
-        _sql.check_limit(limit)
+        params = _sql.idle_params(before_ms, limit)
 
         def delete(conn: sqlite3.Connection) -> int:
-            changes = [conn.execute(sql, (before_ms, limit)).rowcount for sql in _sql.DELETE_IDLE]
+            changes = [conn.execute(sql, params).rowcount for sql in _sql.DELETE_IDLE]
             return changes[-1]
 
         return await self._call(lambda conn: _transaction(conn, lambda: delete(conn)))

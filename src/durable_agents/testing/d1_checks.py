@@ -14,6 +14,7 @@ Each check takes a fresh, empty binding (`env.DB` in a Worker).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -100,6 +101,49 @@ async def values_keep_their_shape(db: Any) -> None:
     assert await db.prepare("SELECT s FROM v").first("s") == s
     changed = await db.prepare("UPDATE v SET n = ?").bind("x").run()
     assert changed["meta"]["changes"] == 1
+
+
+async def integers_beyond_2_53_minus_2_are_refused(db: Any) -> None:
+    # A Python Worker hands D1 an int beyond ±(2**53 - 2) as a JavaScript BigInt
+    # (Pyodide's Number test is strict: 2**53 - 1 is a BigInt), and D1 refuses it.
+    await db.prepare("CREATE TABLE b (i INTEGER)").run()
+
+    async def insert(value: int) -> None:
+        await db.prepare("INSERT INTO b VALUES (?)").bind(value).run()
+
+    for value in (2**53 - 2, -(2**53 - 2)):
+        await insert(value)
+    rows = await db.prepare("SELECT i FROM b ORDER BY i").raw()
+    assert [list(r) for r in rows] == [[-(2**53 - 2)], [2**53 - 2]]
+    for value in (2**53 - 1, -(2**53 - 1), 2**53, 2**63):
+        text = await _error_text(insert(value))
+        assert f"D1_TYPE_ERROR: Type 'bigint' not supported for value '{value}'" in text, text
+
+
+async def the_store_binds_no_integer_d1_refuses(db: Any) -> None:
+    store = d1_store(db, clock=ticking_clock())
+    await store.create_tables()
+    for name in ("a", "b", "c"):
+        await store.append_messages_atomic(name, 0, [Message.user(name)])
+    # The first page had a cursor of 2**53 - 1, above every row: D1 refused it.
+    first = await store.list_sessions(limit=2)
+    assert [i.id for i in first.sessions] == ["c", "b"]
+    rest = await store.list_sessions(limit=2**60, cursor=first.next_cursor)
+    assert [i.id for i in rest.sessions] == ["a"]
+    assert await store.acquire_lease("a", "run", 2**60) is None  # until the end of time
+    assert await store.delete_idle(-(2**60)) == 0
+    idle = await store.idle_sessions(2**60, limit=2**60)
+    assert [i.id for i in idle] == ["a", "b", "c"]
+    # Data beyond the range is refused by name, before anything is written.
+    large = Message.assistant("x", usage=Usage(2**53 - 1, 0))
+    refused = await _raised(store.append_messages_atomic("a", 1, [large]), StoreError)
+    assert "the input tokens of message 1 (assistant) is 9007199254740991" in str(refused)
+    assert "nothing was written" in str(refused)
+    assert await store.load_messages("a") == [Message.user("a")]
+    summed = dataclasses.replace(idle[0], output_tokens=2**53)  # as an index mirrors it
+    refused = await _raised(store.put_session_summary(summed), StoreError)
+    assert "its output tokens is 9007199254740992" in str(refused), str(refused)
+    assert await store.delete_idle(2**60, limit=2**60) == 3
 
 
 async def too_many_parameters_are_refused(db: Any) -> None:
@@ -280,6 +324,8 @@ CHECKS: tuple[Check, ...] = (
     batch_is_all_or_nothing,
     transactions_are_refused,
     values_keep_their_shape,
+    integers_beyond_2_53_minus_2_are_refused,
+    the_store_binds_no_integer_d1_refuses,
     too_many_parameters_are_refused,
     conflicts_read_as_conflicts,
     conflict_names_session_and_position,

@@ -17,6 +17,8 @@ It copies what the workers SDK hands Python code, and what D1 does:
   SQLITE_CONSTRAINT`.
 - D1's limits: 100 bound parameters per statement and 2,000,000 bytes per
   string or BLOB value. (Local miniflare does not enforce the second; D1 does.)
+- An int beyond ±(2**53 - 2) is refused as workerd's D1 refuses it: a Python
+  Worker hands it to D1 as a JavaScript BigInt (`D1_TYPE_ERROR`).
 - Every call yields to the event loop before it runs, as a network round trip
   would, so `asyncio.gather` of two writers really interleaves between calls.
 """
@@ -147,10 +149,10 @@ class FakeD1PreparedStatement:
                     f"D1_TYPE_ERROR: Type '{type(value).__name__}' not supported for value "
                     f"'{value!r}'"
                 )
-            if isinstance(value, int) and not -(2**53) < value < 2**53:  # as a JS number
-                raise FakeD1Error(
-                    f"D1_TYPE_ERROR: integer {value} does not fit a JavaScript number"
-                )
+            # Pyodide hands an int to JS as a Number only if |n| < 2**53 - 1, else as a
+            # BigInt, which D1 refuses (measured: tests/cloudflare/test_workerd_behaviour.py).
+            if isinstance(value, int) and not -(2**53 - 1) < value < 2**53 - 1:
+                raise FakeD1Error(f"D1_TYPE_ERROR: Type 'bigint' not supported for value '{value}'")
         return FakeD1PreparedStatement(self._database, self.sql, values)
 
     async def run(self) -> D1Result:

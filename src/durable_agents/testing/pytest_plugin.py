@@ -14,7 +14,7 @@ How, as vitest-pool-workers does it for JavaScript: pytest reads such a file wit
 packages) and makes one item per top-level `test_*` function. The session fixture
 `workers_runtime` stages a test Worker in `build/runtime-tests/`: the test modules,
 every module of pytest's `pythonpath` they import (the kit, shared helpers), and
-the runner (`durable_agents.testing.runner_worker`) as its entry, with the
+the runner (`runtime/test_worker.py`) as its entry, with the
 project's compatibility date, flags and `[python_modules]`, a D1 database `DB`,
 and each Durable Object class the test modules define bound under its own name.
 The dev server (`runtime/dev.py`: `wrangler dev` on real workerd) serves it once
@@ -74,7 +74,6 @@ __all__ = [
 RUNTIME_PARAMETERS = frozenset({"env"})
 START_TIMEOUT_S = float(os.environ.get("DURABLE_AGENTS_RUNTIME_START_TIMEOUT", "180"))
 TEST_TIMEOUT_S = float(os.environ.get("DURABLE_AGENTS_RUNTIME_TEST_TIMEOUT", "600"))
-RUNNER = Path(__file__).with_name("runner_worker.py")
 
 
 def find_project_dir(start: Path) -> Path:
@@ -170,7 +169,7 @@ def stage_test_worker(
     for target, source in modules.items():
         (src / target).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, src / target)
-    shutil.copyfile(RUNNER, src / "_test_runner.py")
+    shutil.copyfile(project / "runtime" / "test_worker.py", src / "_test_runner.py")
     entry = ["from _test_runner import Default  # noqa: F401\n"]
     entry += [
         f"from {module} import {cls}  # noqa: F401\n" for cls, module in durable_objects.items()

@@ -1,8 +1,8 @@
 """The Worker that runs in-runtime tests inside workerd, for `durable_agents.testing.pytest_plugin`.
 
-Never imported on CPython: the plugin stages this file as a module of a test Worker
-(beside the test modules and what they import) and serves that Worker with the dev
-server (`runtime/dev.py`, real workerd). pytest then sends each test here:
+Never imported on CPython (it is no module of the kit): the plugin stages this file as a
+module of a test Worker (beside the test modules and what they import) and serves that
+Worker with the dev server (`runtime/dev.py`, real workerd). pytest then sends each test here:
 
     POST /run  {"module": "tests.runtime.test_x", "function": "test_y",
                 "kwargs_json": "{...}", "reset_d1": true}
