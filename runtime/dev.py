@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         "dev", "--config", str(config_file), "--ip", options.ip, "--port", str(port),
         "--persist-to", str(persist), "--env-file", str(env_file), "--test-scheduled",
         "--inspector-port", str(free_port("127.0.0.1")), "--show-interactive-dev-session=false",
-        "--log-level", "info", "--compatibility-flags", *flags,
+        "--compatibility-flags", *flags,
     ]  # fmt: skip
     server = wrangler(
         args, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
