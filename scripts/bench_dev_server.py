@@ -4,10 +4,12 @@
     python3 scripts/bench_dev_server.py [--requests 50] [--warmup 5]
     python3 scripts/bench_dev_server.py --url http://127.0.0.1:8787 --token dev-token
 
-Starts `scripts/dev` on a free port with a fresh state dir (unless `--url`
-names a running server), serving the triage example (`--agent
-examples/triage/agent.py`) with its offline model and its dev stubs for the
-issue tracker and Slack, so what is measured is the kit: HTTP
+Starts `scripts/dev` (runtime/dev.py: `wrangler dev` on real workerd, offline;
+D1 and the Durable Objects are workerd's, persisted under the state dir) on a
+free port with a fresh state dir (unless `--url` names a running server),
+serving the triage example (`--agent examples/triage/agent.py`) with its
+offline model and its dev stubs for the issue tracker and Slack, so what is
+measured is the kit: HTTP
 -> Worker -> Durable Object -> run() with D1 reads and atomic appends, plus
 the tools' HTTP calls to the stubs. Each request is a new session:
 
@@ -24,49 +26,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-PROJECT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dev_process import PROJECT, DevServer  # a sibling script
+
 AGENT = PROJECT / "examples" / "triage" / "agent.py"
-SETTINGS = (
-    "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
-    "ISSUES_API_URL", "SLACK_WEBHOOK_URL", "DEV_STUBS",
-)  # fmt: skip
 
 
-def start_server(state_dir: str) -> tuple[subprocess.Popen[str], str, float]:
-    env = {k: v for k, v in os.environ.items() if k not in SETTINGS}
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        [str(PROJECT / "scripts" / "dev"), "--port", "0", "--persist-to", state_dir,
-         "--dev-vars", os.path.join(state_dir, "none"), "--agent", str(AGENT)],
-        cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    assert process.stdout is not None
-    for line in process.stdout:
-        match = re.match(r"ready on (\S+)", line)
-        if match:
-            url = match.group(1)
-            # Keep draining its log (one line per request) so the pipe never fills.
-            threading.Thread(target=drain, args=(process.stdout,), daemon=True).start()
-            return process, url, time.perf_counter() - started
-    raise SystemExit("bench: the dev server did not start; run scripts/dev to see why")
-
-
-def drain(stream: Any) -> None:
-    for _line in stream:
-        pass
+def start_server(state_dir: str, env: dict[str, str] | None = None) -> DevServer:
+    """`scripts/dev` serving the triage example with its stubs, on a fresh state dir
+    (and no .dev.vars: `--dev-vars` names a file that does not exist)."""
+    args = ["--persist-to", state_dir, "--dev-vars", os.path.join(state_dir, "none")]
+    return DevServer([*args, "--agent", str(AGENT)], env=env).start()
 
 
 def post(url: str, token: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -107,15 +85,18 @@ def main() -> int:
     parser.add_argument("--token", default="dev-token")
     args = parser.parse_args()
 
-    process = None
+    server = None
     with tempfile.TemporaryDirectory() as state_dir:
         try:
             if args.url:
                 url = args.url.rstrip("/")
             else:
-                process, url, start_s = start_server(state_dir)
+                server = start_server(state_dir)
+                url = server.url
                 print(
-                    f"dev server ready in {start_s:.1f} s (fresh state, triage example, dev stubs)"
+                    f"dev server (wrangler dev, workerd) started in {server.start_s:.1f} s "
+                    "(fresh state, triage example, dev stubs)",
+                    flush=True,
                 )
             for label, text in (("triage", "triage issue {i}"), ("plain", "hello")):
                 r = measure(url, args.token, label, text, args.requests, args.warmup)
@@ -123,16 +104,12 @@ def main() -> int:
                     f"{label} turn ({r['steps']} LLM steps, {r['appends']} D1 appends), "
                     f"n={args.requests}: median {r['median']:.1f} ms/request (p90 {r['p90']:.1f}), "
                     f"{r['median'] / r['steps']:.1f} ms per durable step, "
-                    f"{r['median'] / r['appends']:.1f} ms per append"
+                    f"{r['median'] / r['appends']:.1f} ms per append",
+                    flush=True,
                 )
         finally:
-            if process is not None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+            if server is not None:
+                server.stop()
     return 0
 
 

@@ -12,13 +12,16 @@ the triage example with its offline model and dev stubs), once with
 - the resume cost of a 1,000- and a 10,000-message session: `POST .../resume`
   on a finished session loads its whole history and answers the stored reply
   (no LLM call). The long histories are written straight into each store's
-  SQLite file (D1's under v3/d1, the object's under v3/do) after one real turn
-  made the session;
+  SQLite file (D1's under v3/d1, the object's under v3/do: workerd keeps both in
+  WAL mode, so a write from this process is seen by the running server) after
+  one real turn made the session;
 - each figure of the Durable Object store as a ratio to D1's.
 
-The local D1 is miniflare's (an HTTP round trip per statement or batch, as a
-Worker's D1 binding is a network hop on Cloudflare); the object's SQLite is
-in the runtime's process, as on Cloudflare. stdlib only.
+The dev server is `wrangler dev` on real workerd (runtime/dev.py). Its local D1
+is miniflare's, a Durable Object in another workerd service (a round trip per
+statement or batch, as a Worker's D1 binding is a network hop on Cloudflare);
+the session object's SQLite is the object's own storage, as on Cloudflare.
+stdlib only.
 """
 
 from __future__ import annotations
@@ -27,10 +30,8 @@ import argparse
 import glob
 import json
 import os
-import signal
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -116,9 +117,9 @@ def main() -> int:
 
     results: dict[str, dict[str, float]] = {}
     for kind in ("d1", "durable-object"):
-        os.environ["SESSION_STORE"] = kind
         with tempfile.TemporaryDirectory() as state_dir:
-            process, url, start_s = start_server(state_dir)
+            server = start_server(state_dir, {"SESSION_STORE": kind})
+            url = server.url
             try:
                 turn = measure(url, TOKEN, kind, "triage issue {i}", args.requests, args.warmup)
                 figures = {
@@ -131,14 +132,9 @@ def main() -> int:
                         url, kind, state_dir, size, max(5, args.requests // 3)
                     )
                 results[kind] = figures
-                print(f"{kind}: dev server ready in {start_s:.1f} s; measured", flush=True)
+                print(f"{kind}: dev server started in {server.start_s:.1f} s; measured", flush=True)
             finally:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+                server.stop()
 
     d1, do = results["d1"], results["durable-object"]
     print(f"\n{'median, ms':<40}{'D1':>10}{'Durable Object':>16}{'DO / D1':>9}")

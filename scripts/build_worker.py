@@ -176,7 +176,9 @@ def _replace(out: Path, src: Path, modules: dict[str, Path]) -> None:
 def _module_file(name: str, path: Path) -> Path:
     """Where module `name` goes in the bundle (by its name: an override may live elsewhere)."""
     parts = name.split(".")
-    return Path(*parts, "__init__.py") if path.name == "__init__.py" else Path(*parts[:-1], f"{parts[-1]}.py")
+    if path.name == "__init__.py":
+        return Path(*parts, "__init__.py")
+    return Path(*parts[:-1], f"{parts[-1]}.py")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,37 +1,47 @@
 #!/usr/bin/env python3
-"""The Worker's deploy bundle: its size, raw and gzipped, what it holds, how fast it imports.
+"""The Worker's deploy bundle: its size, raw and gzipped, what it holds, how fast it starts.
 
     python3 scripts/bundle_size.py                 # sizes and the Worker's modules
-    python3 scripts/bundle_size.py --import-time   # and `import entry` timed in the local runtime
+    python3 scripts/bundle_size.py --import-time   # and the Worker started from the bundle alone
 
-Builds the bundle exactly as a deploy does, offline: `npx wrangler deploy
---dry-run --outdir <tmp>` (which runs wrangler.toml's `[build]` command,
+Builds the bundle exactly as a deploy does, offline: `wrangler deploy --dry-run
+--outdir <tmp>` (which runs wrangler.toml's `[build]` command,
 scripts/build_worker.py, first). The sizes are wrangler's own figures
 ("Total Upload: ... / gzip: ..."), the ones Cloudflare's size limits apply
-to (3 MB gzipped on the free plan, 10 MB on paid plans). `--import-time` runs
-scripts/bundle_check.mjs: the local runtime started on the bundle alone,
-`import entry` timed on a first start (compiling .pyc files) and a second
-one (reusing them), then one turn served from it.
+to (3 MB gzipped on the free plan, 10 MB on paid plans). `--import-time` serves
+the bundle alone as a Worker of its own: a scratch project holding the bundle's
+modules and its python_modules/ (nothing else of this repository), with a config
+made from wrangler.toml (its bindings, flags and `[vars]`; no `[build]`), run by
+`scripts/dev --config` (runtime/dev.py: `wrangler dev` on real workerd, which loads
+Pyodide and imports the Worker's modules before it is ready). Prints the dev server's
+`started in` figure and the time of one turn served from the bundle.
 
-stdlib only (wrangler and the local runtime need `scripts/setup-runtime`).
+stdlib only (wrangler and workerd need `scripts/setup-runtime`).
 """
 
 from __future__ import annotations
 
 import argparse
+import http.server
 import json
-import os
 import re
-import subprocess
+import shutil
 import sys
 import tempfile
+import threading
+import time
 import tomllib
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PROJECT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dev_process import PROJECT, DevServer, wrangler  # a sibling script
+
 _TOTALS = re.compile(r"Total Upload: ([\d.]+) KiB / gzip: ([\d.]+) KiB")
+ECHO = "{{echo}}"  # a setting's value: the URL of a local server answering 200 {} to anything
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,7 @@ class Bundle:
     """What `wrangler deploy --dry-run --outdir` made."""
 
     outdir: Path
+    entry: str  # the Worker's main module, relative to the bundle root
     upload_kib: float
     gzip_kib: float
     worker_files: tuple[str, ...]  # the Worker's own modules, relative to the bundle root
@@ -57,20 +68,9 @@ class Bundle:
         return sum((self.outdir / f).stat().st_size for f in files)
 
 
-def wrangler_env() -> dict[str, str]:
-    return {**os.environ, "CI": "true", "WRANGLER_SEND_METRICS": "false", "NO_COLOR": "1"}
-
-
 def dry_run(outdir: Path, config: Path = PROJECT / "wrangler.toml") -> Bundle:
     """Build the deploy bundle into `outdir` (offline) and read wrangler's totals."""
-    command = ["npx", "--no-install", "wrangler", "deploy", "--dry-run", "--outdir", str(outdir)]
-    command += ["--config", str(config)]
-    done = subprocess.run(
-        command, cwd=PROJECT, env=wrangler_env(), capture_output=True, text=True, check=False
-    )
-    output = done.stdout + done.stderr
-    if done.returncode != 0:
-        raise SystemExit(f"bundle_size: {' '.join(command)} failed:\n{output}")
+    output = wrangler(["deploy", "--dry-run", "--outdir", str(outdir), "--config", str(config)])
     totals = _TOTALS.search(output)
     if totals is None:
         raise SystemExit(f"bundle_size: no 'Total Upload' line in wrangler's output:\n{output}")
@@ -81,6 +81,7 @@ def dry_run(outdir: Path, config: Path = PROJECT / "wrangler.toml") -> Bundle:
     )
     return Bundle(
         outdir=outdir,
+        entry=Path(tomllib.loads(config.read_text())["main"]).name,  # at the bundle's root
         upload_kib=float(totals.group(1)),
         gzip_kib=float(totals.group(2)),
         worker_files=tuple(f for f in files if not f.startswith("python_modules/")),
@@ -89,42 +90,121 @@ def dry_run(outdir: Path, config: Path = PROJECT / "wrangler.toml") -> Bundle:
 
 
 def check_vars(config: Path, extra: dict[str, str]) -> dict[str, str]:
-    """The Worker's env for bundle_check.mjs: `[vars]`, a token, the offline model, and
-    every empty `*_URL` setting pointed at a local server answering 200 {} ("{{echo}}")."""
+    """The Worker's settings when served from its bundle: `[vars]`, a token, the offline
+    model, and every empty `*_URL` setting pointed at a local server answering 200 {}
+    (ECHO)."""
     settings = {k: str(v) for k, v in tomllib.loads(config.read_text()).get("vars", {}).items()}
     settings.update({"API_TOKEN": "bundle-check", "LLM_PROVIDER": "demo"})
     for name, value in settings.items():
         if name.endswith("_URL") and name != "LLM_BASE_URL" and not value.strip():
-            settings[name] = "{{echo}}"
+            settings[name] = ECHO
     settings.update(extra)
     return settings
 
 
+def bundle_project(bundle: Bundle, config: Path, project: Path, variables: dict[str, str]) -> Path:
+    """A Worker project in `project` made of the bundle alone: worker/ (the bundle's
+    modules), python_modules/ (a link to the bundle's) and wrangler.json (from `config`:
+    its name, flags, bindings, python_modules excludes, and `variables` as [vars]; D1's
+    migrations from the config's folder, so the dev server applies them)."""
+    for file in bundle.worker_files:
+        (project / "worker" / file).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(bundle.outdir / file, project / "worker" / file)
+    (project / "python_modules").symlink_to(
+        bundle.outdir / "python_modules", target_is_directory=True
+    )
+    source = tomllib.loads(config.read_text())
+    kept = ("name", "compatibility_date", "compatibility_flags", "python_modules",
+            "durable_objects", "migrations", "d1_databases", "kv_namespaces")  # fmt: skip
+    worker: dict[str, Any] = {key: source[key] for key in kept if key in source}
+    worker["main"] = f"worker/{bundle.entry}"
+    worker["vars"] = variables
+    for database in worker.get("d1_databases", []):
+        migrations = config.parent / str(database.get("migrations_dir") or "migrations")
+        database["migrations_dir"] = str(migrations.resolve())
+    worker_config = project / "wrangler.json"
+    worker_config.write_text(json.dumps(worker, indent=2))
+    return worker_config
+
+
+class _Echo(http.server.BaseHTTPRequestHandler):
+    """200 {} to any request; each one's method and path kept in `server.seen`."""
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        self.rfile.read(length)
+        self.server.seen.append(f"{self.command} {self.path}")  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 def run_from_bundle(
-    bundle: Bundle, config: Path, variables: dict[str, str], starts: int = 2
+    bundle: Bundle, config: Path, variables: dict[str, str], message: str = "triage issue 42"
 ) -> dict[str, Any]:
-    """scripts/bundle_check.mjs on the bundle: its one line of JSON."""
-    durable_objects = {
-        b["name"]: b["class_name"]
-        for b in tomllib.loads(config.read_text()).get("durable_objects", {}).get("bindings", [])
+    """Serve the Worker from its bundle alone (`bundle_project`) with the dev server and
+    send it one turn (`POST /sessions/bundle-check/messages`). What it did: `start_s` (the
+    dev server's `started in`), `status` and `body` of the answer, `turn_ms`, `echoed`
+    (the requests its tools sent to ECHO), and `output` (the server's log)."""
+    echo = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    echo.seen = []  # type: ignore[attr-defined]
+    threading.Thread(target=echo.serve_forever, daemon=True).start()
+    echo_url = f"http://127.0.0.1:{echo.server_address[1]}"
+    env = {k: echo_url if v == ECHO else v for k, v in variables.items()}
+    try:
+        with tempfile.TemporaryDirectory(prefix="bundle-check-") as scratch:
+            worker = bundle_project(bundle, config, Path(scratch) / "project", env)
+            state, none = Path(scratch) / "state", Path(scratch) / "no.dev.vars"
+            args = ["--config", str(worker), "--persist-to", str(state), "--dev-vars", str(none)]
+            with DevServer(args) as server:
+                request = urllib.request.Request(
+                    f"{server.url}/sessions/bundle-check/messages",
+                    data=json.dumps({"message": message}).encode(),
+                    method="POST",
+                    headers={"authorization": f"Bearer {env['API_TOKEN']}",
+                             "content-type": "application/json"},
+                )  # fmt: skip
+                t0 = time.perf_counter()
+                try:
+                    with urllib.request.urlopen(request, timeout=120) as response:
+                        status, raw = response.status, response.read()
+                except urllib.error.HTTPError as error:
+                    with error:
+                        status, raw = error.code, error.read()
+                turn_ms = (time.perf_counter() - t0) * 1000
+                start_s = server.start_s
+            output = server.output
+    finally:
+        echo.shutdown()
+        echo.server_close()
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = {"raw": raw.decode(errors="replace")}
+    return {
+        "start_s": start_s,
+        "status": status,
+        "body": body,
+        "turn_ms": round(turn_ms, 1),
+        "echoed": list(echo.seen),  # type: ignore[attr-defined]
+        "output": output,
     }
-    command = [
-        "node", str(PROJECT / "scripts" / "bundle_check.mjs"), str(bundle.outdir),
-        "--config", str(config), "--vars", json.dumps(variables),
-        "--durable-objects", json.dumps(durable_objects), "--starts", str(starts),
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"bundle_size: the Worker does not run from its bundle:\n{done.stderr}")
-    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=PROJECT / "wrangler.toml")
     parser.add_argument("--outdir", type=Path, help="keep the bundle here (default: a temp dir)")
-    parser.add_argument("--import-time", action="store_true", help="time `import entry` in it")
+    parser.add_argument(
+        "--import-time", action="store_true", help="start the Worker from the bundle alone, timed"
+    )
     parser.add_argument("--var", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--json", action="store_true", help="print one line of JSON")
     args = parser.parse_args(argv)
@@ -141,8 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.import_time:
             extra = dict(v.split("=", 1) for v in args.var)
             ran = run_from_bundle(bundle, args.config, check_vars(args.config, extra))
-            report["import_entry_ms"] = {"first_start": ran["starts"][0], "next": ran["starts"][-1]}
-            report["turn"] = {"status": ran["status"], "body_status": ran["body"].get("status")}
+            report["start_s"] = ran["start_s"]
+            report["turn"] = {
+                "status": ran["status"], "body_status": ran["body"].get("status"),
+                "ms": ran["turn_ms"],
+            }  # fmt: skip
+            if ran["status"] != 200:
+                print(ran["output"][-4000:], file=sys.stderr)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -155,11 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     for file in bundle.worker_files:
         print(f"  {file}")
     if args.import_time:
-        ms = report["import_entry_ms"]
+        turn = report["turn"]
         print(
-            f"import entry, in the local runtime from the bundle alone: {ms['first_start']} ms "
-            f"on a first start (compiling .pyc), {ms['next']} ms on the next; a turn served "
-            f"from it: HTTP {report['turn']['status']} {report['turn']['body_status']}"
+            f"the Worker from the bundle alone, on workerd (scripts/dev --config): started in "
+            f"{report['start_s']:.1f} s (wrangler, workerd, Pyodide, the Worker's imports); "
+            f"a turn served from it: HTTP {turn['status']} {turn['body_status']} "
+            f"in {turn['ms']:.0f} ms"
         )
     return 0
 

@@ -82,7 +82,9 @@ def patch_glue(source: str) -> str:
         found = source.count(old)
         if found == 0 or (times is not None and found != times):
             want = "at least once" if times is None else f"{times} time(s)"
-            raise SystemExit(f"pyodide_bundle: {old!r} occurs {found} time(s) in pyodide.asm.mjs, expected {want}")
+            raise SystemExit(
+                f"pyodide_bundle: pyodide.asm.mjs has {old!r} {found} time(s), expected {want}"
+            )
         source = source.replace(old, new)
     return source
 
@@ -150,7 +152,8 @@ def encode_bundle(modules: list[tuple[str, str, bytes]]) -> bytes:
 def build(pyodide_dir: Path, out_dir: Path) -> Path:
     """Write out_dir/pyodide_dev.capnp.bin from pyodide_dir unless it is up to date."""
     version = json.loads((pyodide_dir / "package.json").read_text())["version"]
-    sources = {name: pyodide_dir / name for name in ("pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip")}
+    names = ("pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip")
+    sources = {name: pyodide_dir / name for name in names}
     digest = hashlib.sha256(Path(__file__).read_bytes())
     for path in sources.values():
         digest.update(path.read_bytes())

@@ -1,28 +1,189 @@
-"""The D1 migration applies with `wrangler d1 migrations apply --local`, offline.
+"""migrations/ upgrades a deployed D1 database with wrangler, offline, and the Worker serves it.
 
-Runs scripts/check_d1_migrations.mjs (wrangler + the local runtime on one
-persisted database); needs `scripts/setup-runtime`.
+With `wrangler d1 migrations apply --local` (runtime/node's Node, runtime/workerd) on a
+state directory: every migration but the last; a session written the old way (as a
+Worker of that schema wrote it); then the last migration, as a deployed database gets
+it, checked on the old rows. Then this repo's Worker on real workerd (`scripts/dev
+--persist-to` that state: `wrangler dev`) finds, extends, lists and pages the sessions;
+`wrangler d1 execute --local` reads back what the Worker wrote. Needs
+`scripts/setup-runtime`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import importlib.util
+import json
+import re
 import shutil
-import subprocess
+import sys
+import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
 
 PROJECT = Path(__file__).resolve().parents[2]
+KIT = tomllib.loads((PROJECT / "wrangler.toml").read_text())
+DATABASE = KIT["d1_databases"][0]
+TOKEN = "dev-token"  # the dev server's API_TOKEN when none is set
 
 
-def test_wrangler_applies_the_migration_and_shares_data_with_the_runtime() -> None:
-    node = shutil.which("node")
-    assert node is not None, "node is needed; run scripts/setup-runtime"
-    result = subprocess.run(
-        [node, str(PROJECT / "scripts" / "check_d1_migrations.mjs")],
-        cwd=PROJECT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, PROJECT / "scripts" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+dev_process = _script("dev_process")
+
+
+def local_object_id(unique_key: str, name: str) -> str:
+    """`idFromName(name)` of a namespace `wrangler dev` serves (workerd's
+    server/actor-id-impl.c++): key = SHA-256(unique key, "<worker>-<class>"); 16 bytes of
+    HMAC(key, name), then 16 bytes of HMAC(key, those), as hex. A Worker's session id."""
+    key = hashlib.sha256(unique_key.encode()).digest()
+    first = hmac.new(key, name.encode(), hashlib.sha256).digest()[:16]
+    return (first + hmac.new(key, first, hashlib.sha256).digest()[:16]).hex()
+
+
+UNIQUE_KEY = f"{KIT['name']}-{KIT['durable_objects']['bindings'][0]['class_name']}"
+OLD = local_object_id(UNIQUE_KEY, "old-session")
+
+
+def applied(output: str) -> list[str]:
+    """The migrations `wrangler d1 migrations apply` reports applied (its table's rows)."""
+    return list(dict.fromkeys(re.findall(r"│\s*(\S+\.sql)\s*│\s*✅", output)))
+
+
+def call(url: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        url + path,
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"},
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "wrangler d1 execute --local sees the runtime's rows: ok" in result.stdout
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.loads(error.read())
+
+
+def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -> None:
+    files = sorted((PROJECT / "migrations").glob("*.sql"))
+    *before, last = files
+    assert before, "one migration only: nothing to upgrade from"
+    project, state = tmp_path / "project", tmp_path / "state"
+    (project / "migrations").mkdir(parents=True)
+    for file in before:
+        shutil.copy2(file, project / "migrations" / file.name)
+    config = project / "wrangler.json"
+    config.write_text(
+        json.dumps(
+            {
+                "name": KIT["name"],
+                "compatibility_date": KIT["compatibility_date"],
+                "d1_databases": [{**DATABASE, "migrations_dir": "migrations"}],
+            }
+        )
+    )
+    name = DATABASE["database_name"]
+    local = ["--local", "--persist-to", str(state), "--config", str(config)]
+
+    def d1(sql: str) -> list[dict[str, Any]]:
+        output = dev_process.wrangler(["d1", "execute", name, *local, "--json", "--command", sql])
+        results: list[dict[str, Any]] = json.loads(output)[0]["results"]
+        return results
+
+    # The database as a Worker of the older schema left it.
+    assert applied(dev_process.wrangler(["d1", "migrations", "apply", name, *local])) == [
+        f.name for f in before
+    ]
+    d1(
+        f"INSERT INTO agent_sessions VALUES ('{OLD}', 'triage', 'idle', 2, 1000, 2000); "
+        "INSERT INTO agent_messages (session_id, seq, role, content, input_tokens, "
+        f"output_tokens, created_at) VALUES ('{OLD}', 0, 'user', 'q', NULL, NULL, 1000), "
+        f"('{OLD}', 1, 'assistant', 'a', 12, 5, 2000)"
+    )
+
+    # The last migration, over the old rows.
+    shutil.copy2(last, project / "migrations" / last.name)
+    assert applied(dev_process.wrangler(["d1", "migrations", "apply", name, *local])) == [last.name]
+    assert d1(
+        f"SELECT name, input_tokens, output_tokens FROM agent_sessions WHERE id = '{OLD}'"
+    ) == [{"name": OLD, "input_tokens": 12, "output_tokens": 5}], (
+        f"{last.name} did not name and sum the old session"
+    )
+    created = {
+        match
+        for file in files
+        for match in re.findall(
+            r"CREATE (?:UNIQUE )?(?:TABLE|INDEX|TRIGGER) IF NOT EXISTS (\w+)", file.read_text()
+        )
+    }
+    assert {"agent_sessions", "agent_messages", "agent_sessions_by_name"} <= created
+    schema = d1("SELECT name FROM sqlite_master WHERE name LIKE 'agent_%'")
+    assert {row["name"] for row in schema} == created
+    with pytest.raises(SystemExit, match="seq must directly follow"):  # the trigger still holds
+        d1(
+            "INSERT INTO agent_messages (session_id, seq, role, content, created_at) "
+            f"VALUES ('{OLD}', 3, 'user', 'gap', 3000)"
+        )
+
+    # The Worker (src/agent.py, the triage bot, offline) on that state.
+    none = tmp_path / "no.dev.vars"
+    with dev_process.DevServer(["--persist-to", str(state), "--dev-vars", str(none)]) as server:
+        # Its D1 is the database wrangler migrated: nothing left to apply.
+        assert "D1 migrations: up to date" in server.output, server.output
+        url = server.url
+
+        # Found by its name (its object's id is the old row's id), its history as written.
+        status, old = call(url, "GET", "/sessions/old-session")
+        assert status == 200, old
+        assert old["session_id"] == OLD
+        assert [(m["role"], m["content"]) for m in old["messages"]] == [
+            ("user", "q"),
+            ("assistant", "a"),
+        ]
+        # A turn on the old session appends after its rows, on the migrated schema.
+        status, turn = call(url, "POST", "/sessions/old-session/messages", {"message": "hello"})
+        assert (status, turn["status"], turn["session_id"]) == (200, "complete", OLD), turn
+        status, made = call(url, "POST", "/sessions/new-session/messages", {"message": "hello"})
+        assert (status, made["status"]) == (200, "complete"), made
+        new = made["session_id"]
+        assert new == local_object_id(UNIQUE_KEY, "new-session")
+
+        # What the Worker wrote, read by wrangler (another workerd) while it runs.
+        rows = d1(
+            "SELECT session_id, seq, role FROM agent_messages "
+            f"WHERE session_id IN ('{OLD}', '{new}') ORDER BY session_id = '{OLD}' DESC, seq"
+        )
+        assert [(r["session_id"], r["seq"], r["role"]) for r in rows] == [
+            (OLD, 0, "user"), (OLD, 1, "assistant"), (OLD, 2, "user"), (OLD, 3, "assistant"),
+            (new, 0, "user"), (new, 1, "assistant"),
+        ]  # fmt: skip
+
+        # Listed newest first, a page at a time; the old session with its name and tokens.
+        status, first = call(url, "GET", "/sessions?limit=1")
+        assert status == 200, first
+        assert [s["session_id"] for s in first["sessions"]] == [new]
+        assert first["next_cursor"] is not None
+        status, second = call(url, "GET", f"/sessions?limit=1&cursor={first['next_cursor']}")
+        assert status == 200, second
+        [listed] = second["sessions"]
+        assert (listed["session_id"], listed["name"], listed["message_count"]) == (OLD, OLD, 4)
+        assert listed["usage"]["input_tokens"] >= 12
+        assert listed["usage"]["output_tokens"] >= 5
+        assert second["next_cursor"] is None
+        status, both = call(url, "GET", "/sessions")
+        assert [s["session_id"] for s in both["sessions"]] == [new, OLD], both
