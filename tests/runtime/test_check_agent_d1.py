@@ -3,6 +3,7 @@
 included), once approving every refund and once denying every refund."""
 
 import examples.refunds.agent as refunds
+
 from durable_agents.cloudflare import d1_store
 from durable_agents.testing import check_agent_async
 

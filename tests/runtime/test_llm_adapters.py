@@ -1,12 +1,17 @@
 """The LLM adapters inside Pyodide: the default HTTP client goes through `fetch`, and
 WorkersAILLM talks to a JS `AI` binding wrapped the way the workers SDK wraps env bindings.
-Streams (stream()) arrive in pieces through `FetchTransport` and through the binding."""
+Streams (stream()) arrive in pieces through `FetchTransport` and through the binding.
+
+The fake JS providers are built from Python (`_JsFakes`): workerd refuses code generation
+from strings (`eval`, `new Function`)."""
 
 import ast
+import asyncio
 import json
 import sys
 
 import js
+from pyodide.ffi import JsProxy, create_once_callable, create_proxy, to_js
 from workers.rpc import _BindingWrapper
 
 from durable_agents import LLMResponse, Message, ToolCall, ToolSpec, Usage
@@ -62,25 +67,97 @@ async def test_unreachable_provider_is_a_connection_error():
     assert "LLM_BASE_URL" in str(error)
 
 
-_FAKE_AI = """({
-  seen: [],
-  async run(model, inputs) {
-    this.seen.push(JSON.stringify({ model, inputs }));
-    if (inputs.messages.some((m) => m.role === "tool")) {
-      return { response: "Paris is 21 C.", usage: { prompt_tokens: 40, completion_tokens: 5 } };
-    }
-    return {
-      response: null,
-      tool_calls: [{ name: "get_weather", arguments: { city: "Paris" } }],
-      usage: { prompt_tokens: 30, completion_tokens: 4 },
-    };
-  },
-})"""
+def _js(value):
+    """`value` (JSON-like) as JS data: objects, arrays, strings, numbers."""
+    return to_js(value, dict_converter=js.Object.fromEntries)
+
+
+def _js_record(**fields):
+    """JSON.stringify of a JS object holding `fields` as they are, unconverted: a JS value
+    as itself, a Python dict or list as a proxy (which would not stringify as data)."""
+    record = js.Object.new()
+    for name, value in fields.items():
+        setattr(record, name, value)
+    return str(js.JSON.stringify(record))
+
+
+class _JsFakes:
+    """JS functions made from Python functions, keeping their proxies alive until
+    `destroy()`."""
+
+    def __init__(self):
+        self._proxies = []
+        self._tasks = set()
+
+    def function(self, fn):
+        """A JS function calling `fn` with its JS arguments (JS objects arrive as JsProxy)
+        and returning its result to JS: `Function.prototype.call.bind(proxy, undefined)`,
+        a real JS function, not the proxy itself (binding the proxy directly aborts
+        Pyodide)."""
+        proxy = create_proxy(fn)
+        self._proxies.append(proxy)
+        call, bind = js.Function.prototype.call, js.Function.prototype.bind
+        return js.Reflect.apply(bind, call, _js([proxy, None]))
+
+    def async_function(self, fn):
+        """A JS function returning a JS Promise of what the coroutine `fn(...)` returns (an
+        exception in it rejects the Promise)."""
+        return self.function(lambda *args: self._promise(fn(*args)))
+
+    def _promise(self, coroutine):
+        def executor(resolve, reject):
+            async def settle():
+                try:
+                    resolve(await coroutine)
+                except Exception as exc:
+                    reject(js.Error.new(f"{type(exc).__name__}: {exc}"))
+
+            task = asyncio.ensure_future(settle())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return js.Promise.new(create_once_callable(executor))
+
+    def destroy(self):
+        for proxy in self._proxies:
+            proxy.destroy()
+        self._proxies.clear()
+
+
+class _FakeAI:
+    """A JS object like the `AI` binding: `async run(model, inputs)` records what arrived
+    (JSON.stringify of it) and answers with JS objects."""
+
+    def __init__(self):
+        self._fakes = _JsFakes()
+        self.seen = []
+        self.inputs_were_js = []  # each call's inputs arrived as JS data (JsProxy)?
+        self.binding = js.Object.new()
+        self.binding.run = self._fakes.async_function(self._run)
+
+    async def _run(self, model, inputs):
+        self.inputs_were_js.append(isinstance(inputs, JsProxy))
+        self.seen.append(_js_record(model=model, inputs=inputs))
+        if any(m.role == "tool" for m in inputs.messages):
+            answer = {
+                "response": "Paris is 21 C.",
+                "usage": {"prompt_tokens": 40, "completion_tokens": 5},
+            }
+        else:
+            answer = {
+                "response": None,
+                "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}],
+                "usage": {"prompt_tokens": 30, "completion_tokens": 4},
+            }
+        return js.JSON.parse(json.dumps(answer))  # `response: null` as JS has it
+
+    def destroy(self):
+        self._fakes.destroy()
 
 
 async def test_workers_ai_through_a_wrapped_js_binding():
-    fake = js.eval(_FAKE_AI)
-    llm = WorkersAILLM(_BindingWrapper(fake), "@cf/meta/llama-3.3-70b-instruct-fp8-fast")
+    fake = _FakeAI()
+    llm = WorkersAILLM(_BindingWrapper(fake.binding), "@cf/meta/llama-3.3-70b-instruct-fp8-fast")
 
     first = await llm.chat([Message.system("s"), Message.user("Paris?")], [WEATHER])
     assert first.text == ""
@@ -95,9 +172,11 @@ async def test_workers_ai_through_a_wrapped_js_binding():
         Message.tool_result(call, '{"temp_c": 21}'),
     ]
     second = await llm.chat(history, [WEATHER])
+    fake.destroy()
     assert (second.text, second.tool_calls, second.usage) == ("Paris is 21 C.", [], Usage(40, 5))
 
     # what arrived on the JS side is plain JS data: objects, arrays, strings
+    assert fake.inputs_were_js == [True, True]
     sent = json.loads(fake.seen[1])
     assert sent["model"] == "@cf/meta/llama-3.3-70b-instruct-fp8-fast"
     assert [m["role"] for m in sent["inputs"]["messages"]] == [
@@ -116,51 +195,54 @@ async def test_workers_ai_through_a_wrapped_js_binding():
 
 # ---------------------------------------------------------------- streams
 
-# A JS provider: `fetch` (or `AI.run`) answers with a ReadableStream that sends each
+
+# A JS provider: `fetch` (or `ai.run`) answers with a ReadableStream that sends each
 # event 30 ms after the previous one is read, logging what it sent, so a test can see
 # that a piece reached Python while the rest was still unsent.
-_STREAMING_JS = """(events) => {
-  const log = [];
-  const requests = [];
-  const stream = () => {
-    const encoder = new TextEncoder();
-    let next = 0;
-    return new ReadableStream({
-      async pull(controller) {
-        if (next > 0) await new Promise((resolve) => setTimeout(resolve, 30));
-        if (next >= events.length) {
-          log.push("end");
-          controller.close();
-          return;
-        }
-        log.push("sent " + next);
-        controller.enqueue(encoder.encode(events[next++]));
-      },
-    }, { highWaterMark: 0 });
-  };
-  return {
-    log,
-    requests,
-    fetch: async (url, init) => {
-      const body = new TextDecoder().decode(init.body);
-      requests.push(JSON.stringify({ url, headers: init.headers, body }));
-      return new Response(stream(), {
-        status: 200,
-        headers: { "content-type": "text/event-stream; charset=utf-8" },
-      });
-    },
-    ai: {
-      async run(model, inputs) {
-        requests.push(JSON.stringify({ model, inputs }));
-        return stream();
-      },
-    },
-  };
-}"""
+class _StreamingProvider:
+    def __init__(self, events):
+        self._events = list(events)
+        self._fakes = _JsFakes()
+        self.log = []
+        self.requests = []  # JSON.stringify of what each call received
+        self.fetch = self._fakes.async_function(self._fetch)
+        self.ai = js.Object.new()
+        self.ai.run = self._fakes.async_function(self._run)
 
+    def _stream(self):
+        encoder = js.TextEncoder.new()
+        sent = 0
 
-def _provider(events):
-    return js.eval(_STREAMING_JS)(js.JSON.parse(json.dumps(events)))
+        async def pull(controller):
+            nonlocal sent
+            if sent > 0:
+                await asyncio.sleep(0.03)
+            if sent >= len(self._events):
+                self.log.append("end")
+                controller.close()
+                return
+            self.log.append(f"sent {sent}")
+            controller.enqueue(encoder.encode(self._events[sent]))
+            sent += 1
+
+        source = js.Object.new()
+        source.pull = self._fakes.async_function(pull)
+        return js.ReadableStream.new(source, _js({"highWaterMark": 0}))
+
+    async def _fetch(self, url, init):
+        body = js.TextDecoder.new().decode(init.body)
+        self.requests.append(_js_record(url=url, headers=init.headers, body=body))
+        return js.Response.new(
+            self._stream(),
+            _js({"status": 200, "headers": {"content-type": "text/event-stream; charset=utf-8"}}),
+        )
+
+    async def _run(self, model, inputs):
+        self.requests.append(_js_record(model=model, inputs=inputs))
+        return self._stream()
+
+    def destroy(self):
+        self._fakes.destroy()
 
 
 def _sse(data, event=None):
@@ -196,13 +278,14 @@ async def test_an_openai_stream_arrives_in_pieces_through_fetch():
         _sse(_chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 4})),
         "data: [DONE]\n\n",
     ]
-    provider = _provider(events)
+    provider = _StreamingProvider(events)
     llm = OpenAILLM(
         "m", "sk-secret", base_url="https://llm.example/v1",
         transport=FetchTransport(provider.fetch), retry=RetryPolicy.none(),
     )  # fmt: skip
     seen = await _read(llm.stream([Message.user("Paris?")], [WEATHER]), provider)
     await llm.aclose()
+    provider.destroy()
     texts = [(part.text, log) for part, log in seen if isinstance(part, TextDelta)]
     assert [text for text, _ in texts] == ["Sunny ", "in ", "Parí", "s."]
     first_log = texts[0][1]
@@ -257,13 +340,14 @@ async def test_an_anthropic_stream_arrives_in_pieces_through_fetch():
         ),
         _sse({"type": "message_stop"}, "message_stop"),
     ]
-    provider = _provider(events)
+    provider = _StreamingProvider(events)
     llm = AnthropicLLM(
         "claude-sonnet-4-5", "sk-ant-secret", base_url="https://anthropic.example",
         transport=FetchTransport(provider.fetch), retry=RetryPolicy.none(),
     )  # fmt: skip
     seen = await _read(llm.stream([Message.user("Paris?")], []), provider)
     await llm.aclose()
+    provider.destroy()
     texts = [(part.text, log) for part, log in seen if isinstance(part, TextDelta)]
     assert [t for t, _ in texts] == ["Twenty-", "one ", "degrees."]
     assert "end" not in texts[0][1]
@@ -282,9 +366,10 @@ async def test_a_workers_ai_stream_arrives_in_pieces_through_a_wrapped_binding()
         _sse({"response": "", "usage": {"prompt_tokens": 7, "completion_tokens": 3}}),
         "data: [DONE]\n\n",
     ]
-    provider = _provider(events)
+    provider = _StreamingProvider(events)
     llm = WorkersAILLM(_BindingWrapper(provider.ai), "@cf/meta/llama-3.3-70b-instruct-fp8-fast")
     seen = await _read(llm.stream([Message.user("Oslo?")], [WEATHER]), provider)
+    provider.destroy()
     texts = [(part.text, log) for part, log in seen if isinstance(part, TextDelta)]
     assert [t for t, _ in texts] == ["Cold ", "in ", "Oslo."]
     assert "end" not in texts[0][1]
