@@ -13,8 +13,8 @@ nothing of the Worker's runtime is ours):
 - Offline Pyodide. workerd fetches Cloudflare's Pyodide bundle at start. Where that host
   cannot be reached (or PYODIDE_BUNDLE=development), workerd runs with its testing flag
   `python_workers_development` and the same Pyodide assembled from npm
-  (scripts/pyodide_bundle.py); runtime/workerd gives it the bundle's folder. The banner
-  says which bundle runs.
+  (scripts/pyodide_bundle.py); runtime/workerd gives it the bundle's folder and
+  workerd's baseline snapshot of it. The banner says which bundle runs.
 - Settings. For this kit's Worker: [vars], then .dev.vars, then environment variables of
   the kit's settings and the agent module's SETTINGS and DEV_STUBS (later wins), handed to
   wrangler as one env file; API_TOKEN defaults to "dev-token", CHAT_PAGE to "on"; an empty
@@ -56,8 +56,9 @@ DEVELOPMENT_FLAGS = (
     "python_workers_development",
     "no_python_workers_20250116",
     "no_python_workers_314",
-    "python_dedicated_snapshot",
 )
+# workerd's baseline snapshot of that Pyodide (scripts/pyodide_bundle.py), loaded at start.
+SNAPSHOT = PROJECT / ".cache" / "pyodide-bundle" / "baseline.bin"
 # The kit's own settings: read from the environment even when [vars] and .dev.vars omit them.
 KIT_SETTINGS = (
     "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
@@ -337,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     flags = [str(f) for f in config.get("compatibility_flags") or []]
     if bundle == "development":
         flags += [f for f in DEVELOPMENT_FLAGS if f not in flags]
-    env = node_env({"DURABLE_AGENTS_AGENT": str(agent_file)} if agent_file else {})
+    extra = {"DURABLE_AGENTS_AGENT": str(agent_file)} if agent_file else {}
+    if bundle == "development" and SNAPSHOT.is_file():
+        extra["DURABLE_AGENTS_PYODIDE_SNAPSHOT"] = SNAPSHOT.name
+    env = node_env(extra)
     args = [
         "dev", "--config", str(config_file), "--ip", options.ip, "--port", str(port),
         "--persist-to", str(persist), "--env-file", str(env_file), "--test-scheduled",

@@ -21,8 +21,15 @@ The glue gets the source edits workerd's own build makes to it (its
 dynamic library loading and `eval` go through functions of workerd's
 `pyodide-internal:builtin_wrappers`, which is compiled into the binary.
 
-The output is rebuilt only when its inputs change (a stamp beside it). stdlib
-only; the Cap'n Proto encoding is written here (one segment, no packing).
+Beside it goes `baseline.bin`: workerd's baseline snapshot of that Pyodide (memory after
+Pyodide and the standard library are set up, before any Worker code), made by
+`workerd test --python-save-baseline-snapshot` on a one-line Worker. Loaded by
+runtime/workerd (`--python-load-snapshot`), it saves each start the Pyodide set-up, as
+Cloudflare's own baseline snapshots do. `--workerd` names the binary (default: the one
+of node_modules).
+
+Both are rebuilt only when their inputs change (stamps beside them). stdlib only; the
+Cap'n Proto encoding is written here (one segment, no packing).
 """
 
 from __future__ import annotations
@@ -31,11 +38,33 @@ import argparse
 import hashlib
 import json
 import struct
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
 BUNDLE_NAME = "pyodide_dev.capnp.bin"
+SNAPSHOT_NAME = "baseline.bin"
+WORKERD = PROJECT / "node_modules" / "@cloudflare" / "workerd-linux-64" / "bin" / "workerd"
+# The flags of runtime/dev.py's development bundle, and the built-in workers SDK (this
+# Worker vendors none): the snapshot is taken before any Worker code runs.
+_SNAPSHOT_CONFIG = """using Workerd = import "/workerd/workerd.capnp";
+const config :Workerd.Config = (services = [(name = "main", worker = .main)]);
+const main :Workerd.Worker = (
+  modules = [(name = "worker.py", pythonModule = embed "worker.py")],
+  compatibilityDate = "2026-09-08",
+  compatibilityFlags = ["python_workers", "python_workers_development",
+    "no_python_workers_20250116", "no_python_workers_314", "disable_python_external_sdk"],
+);
+"""
+_SNAPSHOT_WORKER = """from workers import WorkerEntrypoint
+
+
+class Default(WorkerEntrypoint):
+    def test(self):
+        pass
+"""
 PREFIX = "pyodideRuntime-internal:"
 
 _PRELUDE = (
@@ -179,12 +208,49 @@ def build(pyodide_dir: Path, out_dir: Path) -> Path:
     return out
 
 
+def baseline_snapshot(workerd: Path, out_dir: Path) -> Path:
+    """Write out_dir/baseline.bin (workerd's baseline snapshot of the bundle in out_dir)
+    unless it is up to date for this bundle and this workerd."""
+    out = out_dir / SNAPSHOT_NAME
+    stamp = out_dir / f"{SNAPSHOT_NAME}.stamp"
+    version = subprocess.run([workerd, "--version"], capture_output=True, text=True, check=True)
+    wanted = f"{version.stdout.strip()} {(out_dir / f'{BUNDLE_NAME}.stamp').read_text()}"
+    if out.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return out
+    with tempfile.TemporaryDirectory(prefix="pyodide-snapshot-") as scratch:
+        work = Path(scratch)
+        (work / "config.capnp").write_text(_SNAPSHOT_CONFIG)
+        (work / "worker.py").write_text(_SNAPSHOT_WORKER)
+        done = subprocess.run(
+            [
+                workerd, "test", "--experimental", "config.capnp",
+                "--python-save-baseline-snapshot", f"--python-snapshot-dir={work}",
+                f"--pyodide-bundle-disk-cache-dir={out_dir}",
+                f"--pyodide-package-disk-cache-dir={work}",
+            ],
+            cwd=work, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        made = work / "snapshot.bin"
+        if done.returncode != 0 or not made.exists():
+            raise SystemExit(
+                f"pyodide_bundle: workerd made no snapshot:\n{done.stdout}{done.stderr}"
+            )
+        made.replace(out)
+    stamp.write_text(wanted)
+    print(
+        f"pyodide_bundle: {out} (workerd's baseline snapshot, {out.stat().st_size / 2**20:.1f} MiB)"
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pyodide", type=Path, default=PROJECT / "node_modules" / "pyodide")
     parser.add_argument("--out", type=Path, default=PROJECT / ".cache" / "pyodide-bundle")
+    parser.add_argument("--workerd", type=Path, default=WORKERD)
     args = parser.parse_args(argv)
     build(args.pyodide, args.out)
+    baseline_snapshot(args.workerd, args.out)
     return 0
 
 
