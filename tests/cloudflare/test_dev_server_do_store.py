@@ -98,7 +98,7 @@ def test_retention_deletes_idle_sessions_in_their_objects(
         idle = worker.post("/sessions/idle-do/messages", {"message": "triage issue 1"})
         time.sleep(days * 86400 + 0.5)
         worker.post("/sessions/fresh-do/messages", {"message": "triage issue 2"})
-        fired = worker.request("GET", "/__scheduled?cron=17+*+*+*+*", token="")
+        fired = worker.request("GET", "/cdn-cgi/handler/scheduled?cron=17+*+*+*+*", token="")
         assert (fired.status, fired.text) == (200, "ok")
         assert worker.get("/sessions/idle-do").status == 404  # gone from its object
         assert worker.get("/sessions/fresh-do").status == 200

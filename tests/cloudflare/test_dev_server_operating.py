@@ -1,7 +1,8 @@
-"""Operating sessions over HTTP against `scripts/dev` (the Worker, its Durable Objects, D1 in
-the local runtime): a listing of 10,000 sessions paged while sessions are written, the
-timeline page of a crashed-and-resumed session (looked at in Chromium), delete, session
-tokens, retention fired as `wrangler dev --test-scheduled` fires it, and the spend limit."""
+"""Operating sessions over HTTP against `scripts/dev` (the Worker, its Durable Objects and
+D1 on workerd, as `wrangler dev` runs them): a listing of 10,000 sessions paged while
+sessions are written, the timeline page of a crashed-and-resumed session (looked at in
+Chromium), delete, session tokens, retention fired as `wrangler dev --test-scheduled`
+fires it (GET /cdn-cgi/handler/scheduled), and the spend limit."""
 
 from __future__ import annotations
 
@@ -197,7 +198,7 @@ def test_retention_fired_by_the_cron_deletes_only_idle_sessions(worker: DevWorke
     time.sleep(RETENTION_DAYS * 86400 + 0.5)
 
     def fire() -> None:
-        fired = worker.request("GET", "/__scheduled?cron=17+*+*+*+*", token="")
+        fired = worker.request("GET", "/cdn-cgi/handler/scheduled?cron=17+*+*+*+*", token="")
         assert (fired.status, fired.text) == (200, "ok")
 
     # one cron run deletes at most 800 sessions, oldest first (the listing test left 10,000

@@ -2,14 +2,15 @@
 
 tests/workers/streaming/ is a Worker whose Durable Object answers a body it writes from
 an asyncio task (the readable side of a TransformStream, the task handed to
-ctx.waitUntil), one SSE event every 200 ms. Served by `node runtime/dev-server.mjs
---config ...` and read over HTTP on 127.0.0.1: the first event reaches the client long
-before the object writes the last one, the events arrive in order and complete, a client
-that goes away after the first event leaves the server serving and the object's task
-finishing its work, and complete and bodyless answers keep their framing. The kit's own
-Worker gets the chat page setting (CHAT_PAGE, on unless set otherwise).
+ctx.waitUntil), one SSE event every 200 ms. Served by `runtime/dev.py --config ...`
+(`wrangler dev` on real workerd) and read over HTTP on 127.0.0.1: the first event
+reaches the client long before the object writes the last one, the events arrive in
+order and complete, a client that goes away after the first event leaves the server
+and the object serving, a body that breaks mid-way is cut short, and complete and
+bodyless answers keep their framing. The kit's own Worker gets the chat page setting
+(CHAT_PAGE, on unless set otherwise).
 
-Needs `scripts/setup-runtime` (node_modules/ and python_modules/).
+Needs `scripts/setup-runtime` (node_modules/, the pinned Node and python_modules/).
 """
 
 from __future__ import annotations
@@ -64,15 +65,12 @@ class Server(ServedWorker):
         runs: list[dict[str, Any]] = json.loads(body)["runs"]
         return runs
 
-    def log_line(self, start: str, timeout: float = 10) -> str:
-        """The request line the server logged for a request starting `start`."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = [line for line in self.lines if line.startswith(start)]
-            if found:
-                return found[-1]
-            time.sleep(0.02)
-        raise AssertionError(f"no log line {start!r}:\n{self.output[-3000:]}")
+    def log_line(self, method: str, path: str, timeout: float = 10) -> str:
+        """wrangler's log line of a request (`GET /path 200 OK (12ms)`, no query), logged
+        when the Worker's answer starts."""
+        return self.wait_line(
+            rf"^{method} {re.escape(path)} \d{{3}} [A-Za-z ]+ \(\d+ms\)$", timeout
+        )
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +82,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         served.close()
 
 
-def read_events(answer: http.client.HTTPResponse, limit: int) -> list[tuple[float, dict[str, Any]]]:
-    """Up to `limit` SSE events, each with the time it reached the client."""
-    events = []
+def read_events(
+    answer: http.client.HTTPResponse,
+    limit: int,
+    into: list[tuple[float, dict[str, Any]]] | None = None,
+) -> list[tuple[float, dict[str, Any]]]:
+    """Up to `limit` SSE events, each with the time it reached the client (appended to
+    `into` as they come, if given). A chunked body cut short raises IncompleteRead
+    (read1 says so; readline would take the cut for the body's end)."""
+    events = [] if into is None else into
+    buffered = b""
     while len(events) < limit:
-        line = answer.readline()
-        if not line:
-            break
+        if b"\n" not in buffered:
+            data = answer.read1(65536)
+            if not data:
+                break
+            buffered += data
+            continue
+        line, buffered = buffered.split(b"\n", 1)
         if line.startswith(b"data: "):
             events.append((time.time(), json.loads(line[6:])))
     return events
@@ -141,12 +150,11 @@ def test_the_first_chunk_arrives_long_before_the_object_writes_the_last(
     again = connection.getresponse()
     assert (again.status, again.read()) == (200, b"a body that is complete")
     connection.close()
-    line = server.log_line(f"GET /do/first-{how}/{how}?")
-    ms = int(re.search(r" 200 (\d+)ms$", line)[1])  # type: ignore[index]
-    assert ms >= (CHUNKS - 1) * DELAY_S * 1000 * 0.9, line
+    # wrangler logs the request when its answer starts (the path, without the query).
+    assert " 200 OK " in server.log_line("GET", f"/do/first-{how}/{how}")
 
 
-def test_a_client_that_goes_away_leaves_the_object_writing_and_the_server_serving(
+def test_a_client_that_goes_away_leaves_the_server_and_the_object_serving(
     server: Server,
 ) -> None:
     connection = server.connect()
@@ -158,90 +166,98 @@ def test_a_client_that_goes_away_leaves_the_object_writing_and_the_server_servin
     assert connection.sock is not None
     connection.sock.close()  # the client goes away after the first event
     connection.close()
-    line = server.log_line("GET /do/gone/stream?")
-    assert line.endswith(" - (the client went away mid-body)"), line
-    assert re.search(r" 200 \d+ms ", line), line
-    # The server serves on, while the object's task still writes.
+    left_at = time.monotonic()
+    assert " 200 OK " in server.log_line("GET", "/do/gone/stream")
+    # The server serves on, and so does the object (its task still runs).
     status, _, body = server.request("GET", "/text")
     assert (status, body) == (200, b"a body that is complete")
-    assert not server.report("gone")[-1]["finished"]
-    # The object's task finished its work: every chunk tried, those after the client
-    # left failed (the stream was cancelled), none was lost silently.
-    run = wait_finished(server, "gone")
-    assert run["written"] >= 1
-    assert run["failed"] >= 1
-    assert run["written"] + run["failed"] == CHUNKS
-    assert server.process.poll() is None
-    assert "dev: the Worker's response body failed" not in server.output
+    # The same object streams a whole body to the next client.
+    status, headers, body = server.request("GET", f"/do/gone/stream?{STREAM}")
+    assert (status, headers["content-type"]) == (200, "text/event-stream; charset=utf-8")
+    events = [json.loads(line[6:]) for line in body.splitlines() if line.startswith(b"data: ")]
+    assert [event["i"] for event in events] == list(range(CHUNKS))
+    # workerd does not cancel the abandoned body's stream: the task's writes after the
+    # first few (what the pipe buffers) neither complete nor fail, long after the
+    # object would have written them all. (The kit must not count on a failing write
+    # to learn that its client left.)
+    time.sleep(max(0.0, (CHUNKS - 1) * DELAY_S * 2 - (time.monotonic() - left_at)))
+    abandoned, again = server.report("gone")
+    assert again == {"chunks": CHUNKS, "written": CHUNKS, "failed": 0, "finished": True}
+    assert abandoned["failed"] == 0
+    assert 1 <= abandoned["written"] < CHUNKS
+    assert not abandoned["finished"]
+    assert server.running
 
 
-@pytest.mark.parametrize(
-    ("name", "query", "events", "logged"),
-    [
-        ("broken", "abort_after=2", 2, "the object broke its stream"),
-        ("strings", "as=text", 0, "a body stream must give bytes"),
-    ],
-)
-def test_a_body_that_fails_mid_way_is_cut_short_and_the_server_serves_on(
-    server: Server, name: str, query: str, events: int, logged: str
-) -> None:
-    """The Worker's stream errors (the object aborts it, or gives strings, which workerd
-    refuses in a body): the client gets the head and what came before, then the body
-    cut short (no last chunk), as from workerd; the server logs why and serves on."""
+def test_a_body_that_fails_mid_way_is_cut_short_and_the_server_serves_on(server: Server) -> None:
+    """The object aborts its stream before its third event: the client gets the head
+    and at most the events written before, then the body cut short (no last chunk);
+    workerd logs why; the server serves on."""
     connection = server.connect()
-    connection.request("GET", f"/do/{name}/stream?chunks={CHUNKS}&delay=0.05&{query}")
+    connection.request("GET", f"/do/broken/stream?chunks={CHUNKS}&delay=0.05&abort_after=2")
     answer = connection.getresponse()
     assert answer.status == 200
-    assert [e["i"] for _, e in read_events(answer, events)] == list(range(events))
+    assert answer.getheader("transfer-encoding") == "chunked"
+    events: list[tuple[float, dict[str, Any]]] = []
     with pytest.raises(http.client.IncompleteRead):
-        answer.read()
+        read_events(answer, CHUNKS + 1, into=events)
+    # The abort discards what the pipe still held: the first event, perhaps the second.
+    assert [event["i"] for _, event in events] in ([0], [0, 1])
     connection.close()
-    line = server.log_line(f"GET /do/{name}/stream?")
-    assert line.endswith(" - (the Worker's body failed mid-way)"), line
-    deadline = time.monotonic() + 5
-    while logged not in server.output:
-        assert time.monotonic() < deadline, server.output[-3000:]
-        time.sleep(0.05)
+    assert " 200 OK " in server.log_line("GET", "/do/broken/stream")  # its head was sent
+    server.wait_line(r"Uncaught Error: the object broke its stream", timeout=5)
     status, _, body = server.request("GET", "/text")
     assert (status, body) == (200, b"a body that is complete")
-    run = wait_finished(server, name)
+    run = wait_finished(server, "broken")
     assert run["written"] + run["failed"] == CHUNKS
+    assert run["written"] >= 1
     assert run["failed"] >= 1
-    assert server.process.poll() is None
+    assert server.running
+
+
+def test_a_body_stream_of_strings_is_sent_as_text(server: Server) -> None:
+    """The object writes str chunks, not bytes: workerd sends them as text, framed."""
+    status, headers, body = server.request(
+        "GET", f"/do/strings/stream?chunks={CHUNKS}&delay=0.05&as=text"
+    )
+    assert (status, headers["transfer-encoding"]) == (200, "chunked")
+    events = [json.loads(line[6:]) for line in body.splitlines() if line.startswith(b"data: ")]
+    assert [event["i"] for event in events] == list(range(CHUNKS))
+    assert body == b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    run = wait_finished(server, "strings")
+    assert run == {"chunks": CHUNKS, "written": CHUNKS, "failed": 0, "finished": True}
 
 
 def test_complete_and_bodyless_answers(server: Server) -> None:
-    # A body built from a string: content-length, not chunked; HEAD the same head.
+    # A body built from a string: content-length, not chunked; HEAD the same head, no body.
     status, headers, body = server.request("GET", "/text")
     assert (status, body) == (200, b"a body that is complete")
     assert headers["content-length"] == str(len(body))
     assert "transfer-encoding" not in headers
-    status, headers, body = server.request("HEAD", "/text")
-    assert (status, body, headers["content-length"]) == (200, b"", "23")
+    status, head, body = server.request("HEAD", "/text")
+    assert (status, body, head["content-type"]) == (200, b"", headers["content-type"])
+    assert "transfer-encoding" not in head
     # 204: no body, no length.
     status, headers, body = server.request("GET", "/empty")
     assert (status, body) == (204, b"")
     assert "content-length" not in headers
     assert "transfer-encoding" not in headers
-    # HEAD of a streamed answer: the head at once, no body; the keep-alive connection
-    # then carries the next request. The object's writes fail (its body was cancelled)
-    # and its task still finishes.
+    # HEAD of a streamed answer: the head, no body; the keep-alive connection then
+    # carries the next request. workerd reads the object's body to its end and drops
+    # it: the object's task writes every chunk and finishes.
     connection = server.connect()
-    started = time.monotonic()
     connection.request("HEAD", f"/do/head/stream?{STREAM}")
     answer = connection.getresponse()
     assert answer.status == 200
     assert answer.getheader("content-type") == "text/event-stream; charset=utf-8"
     assert answer.getheader("content-length") is None
     assert answer.read() == b""
-    assert time.monotonic() - started < 1.0
     connection.request("GET", "/text")
     again = connection.getresponse()
     assert (again.status, again.read()) == (200, b"a body that is complete")
     connection.close()
     run = wait_finished(server, "head")
     assert run["written"] + run["failed"] == CHUNKS
-    assert run["failed"] >= CHUNKS - 1
 
 
 def test_two_streams_at_once_do_not_wait_for_each_other(server: Server) -> None:
@@ -272,7 +288,7 @@ def test_the_kit_worker_gets_the_chat_page_setting(tmp_path: Path) -> None:
     .dev.vars (or [vars], or the environment) can turn it off."""
     on = DevWorker(ROOT, tmp_path / "on").start()
     try:
-        ready = on.lines.index(f"ready on {on.url}")
+        ready = on.lines.index(f"dev: ready on {on.url}")
         deadline = time.monotonic() + 10
         while len(on.lines) <= ready + 1 and time.monotonic() < deadline:
             time.sleep(0.02)

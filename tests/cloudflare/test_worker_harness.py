@@ -3,7 +3,8 @@ the refunds example's turn waits for approval, the refund is approved with its d
 Worker is killed with SIGKILL while the payments API holds the refund, restarted, `/resume`d:
 exactly one refund, with an Idempotency-Key, and a tool-durability-error stored.
 
-Real processes: `scripts/dev` (Pyodide + miniflare's D1) and a payments API on 127.0.0.1.
+Real processes: `scripts/dev` (`wrangler dev` on real workerd: Pyodide, D1, the session's
+Durable Object) and a payments API on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import http.client
 import json
 import os
 import re
-import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,23 @@ from durable_agents.testing.worker import DevWorker
 
 pytestmark = pytest.mark.slow
 REFUNDS = "examples/refunds/agent.py"
+
+
+def _running_in_group(group: int) -> list[str]:
+    """The processes of process group `group` that still run (not zombies), by /proc."""
+    running = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
+        if int(pgrp) == group and state not in ("Z", "X"):
+            running.append(f"{entry.name} {name}")
+    return running
 
 
 def _tool_results(messages: list[dict[str, Any]], tool_name: str) -> list[dict[str, Any]]:
@@ -105,10 +123,13 @@ def test_the_harness_isolates_settings_keeps_state_and_leaves_no_process(
         worker.restart()
         assert worker.get("/sessions/iso").body["messages"][0]["content"] == "refund order 1"
     groups.append(os.getpgid(worker.process.pid) if worker.process else None)
+    assert groups[-1] is not None
+    alive = _running_in_group(groups[-1])
+    assert any(p.endswith(" workerd") for p in alive), alive  # workerd is in the group
 
     worker.close()
     assert not worker.running
+    assert len(set(groups)) == 3  # each start its own group: scripts/dev, wrangler, workerd
     for group in groups:
         assert group is not None
-        with pytest.raises(ProcessLookupError):
-            os.killpg(group, signal.SIGCONT)  # no process of any start is left
+        assert _running_in_group(group) == []  # no process of any start runs

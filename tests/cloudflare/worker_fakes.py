@@ -12,11 +12,15 @@
 - `PaymentsAPI`: the payments API the refunds example (examples/refunds/agent.py)
   talks to: `GET /orders/{id}` and `POST /refunds`, every refund request recorded
   with its headers, its answer held until released when asked to.
-- `DevServer`: `scripts/dev` on a free port with its own state dir (the
-  shipped `durable_agents.testing.worker.DevWorker`, whose child gets none of
-  the developer's settings), serving an agent module given by path (`--agent`;
-  the triage example by default, never the template's src/agent.py, which is
-  the user's to replace); `crash()` SIGKILLs it, `stop()` ends it with SIGTERM.
+- `DevServer`: `scripts/dev` (`wrangler dev` on real workerd) on a free port with
+  its own state dir (the shipped `durable_agents.testing.worker.DevWorker`, whose
+  child gets none of the developer's settings), serving an agent module given by
+  path (`--agent`; the triage example by default, never the template's
+  src/agent.py, which is the user's to replace); `crash()` SIGKILLs its process
+  group (wrangler and workerd with it), `stop()` ends it with SIGTERM.
+- `wrangler()` and `d1_query()`: the project's wrangler as the dev server runs it
+  (scripts/wrangler: the pinned Node 22 of runtime/node, runtime/workerd), reading
+  the D1 state a dev server keeps (`<state>/v3/d1/`).
 """
 
 from __future__ import annotations
@@ -25,9 +29,7 @@ import contextlib
 import hashlib
 import hmac
 import json
-import os
 import re
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -38,16 +40,17 @@ from typing import Any
 from durable_agents.testing.worker import DevWorker
 
 PROJECT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 90.0
+START_TIMEOUT_S = 180.0  # a start takes 10-15 s; far longer on a busy machine
 TRIAGE_AGENT = PROJECT / "examples" / "triage" / "agent.py"
 REFUNDS_AGENT = PROJECT / "examples" / "refunds" / "agent.py"
 DURABILITY_REPLY = "The post may already have gone out; I will not post again. Check #triage."
 
 
 def durable_object_id(name: str, namespace: str = "durable-agents-AgentSession") -> str:
-    """The id `SESSIONS.idFromName(name)` gives in the local runtime, derived as workerd
-    derives it (runtime/durable-objects.mjs) under `wrangler dev`'s unique key
-    `<worker name>-<class name>`."""
+    """The id `SESSIONS.idFromName(name)` gives under `wrangler dev`, derived as workerd's
+    local ActorIdFactory derives it (an HMAC-SHA256 of the name, keyed by the SHA-256 of
+    the namespace's unique key, `<worker name>-<class name>` in miniflare, then 16
+    bytes of HMAC of that)."""
     key = hashlib.sha256(namespace.encode()).digest()
     first = hmac.new(key, name.encode(), "sha256").digest()[:16]
     return (first + hmac.new(key, first, "sha256").digest()[:16]).hex()
@@ -434,16 +437,11 @@ class DevServer:
 
 
 def wrangler(*args: str, persist_to: Path | None = None) -> str:
-    """Run `npx wrangler ...` in the project, offline; its stdout."""
-    command = ["npx", "--no-install", "wrangler", *args]
-    if persist_to is not None:
-        command += ["--persist-to", str(persist_to)]
-    env = {**os.environ, "CI": "true", "WRANGLER_SEND_METRICS": "false", "NO_COLOR": "1"}
-    done = subprocess.run(
-        command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    """`wrangler ARGS` in the project as the dev server runs it (scripts/wrangler, by
+    DevWorker.wrangler), offline; its stdout. Fails with its output."""
+    state = persist_to or PROJECT / ".wrangler" / "state"
+    extra = ["--persist-to", str(persist_to)] if persist_to is not None else []
+    return DevWorker(PROJECT, state).wrangler(*args, *extra)
 
 
 def d1_query(sql: str, persist_to: Path) -> list[dict[str, Any]]:

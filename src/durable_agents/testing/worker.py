@@ -1,4 +1,5 @@
-"""The project's Worker in a test: `scripts/dev` on a free port, killed and restarted at will.
+"""The project's Worker in a test: `scripts/dev` (`wrangler dev` on real workerd) on a
+free port, killed and restarted at will.
 
     worker = DevWorker(project, tmp_path / "state", settings={"PAYMENTS_API_URL": url},
                        agent="examples/refunds/agent.py").start()
@@ -19,12 +20,20 @@ What the server gets: the project's wrangler.toml `[vars]`, then `settings`
 (written to a `.dev.vars` file of its own; the project's `.dev.vars` is not
 read), and `API_TOKEN` = `token` unless `settings` has one. Its environment
 holds only what a process needs (PATH, HOME, locale, temp, Node's and
-npm's variables) and `env`, so a setting exported in the developer's shell
-never reaches a test. D1 lives in the state directory: `rows()` and
-`count()` read it with `wrangler d1 execute --local`, as a user would, while
-the server runs or after it died. `scripts/dev` runs in a process group of
-its own; `close()` kills the group of every server started, so no workerd
-outlives the test, even one a SIGKILLed server left behind.
+npm's variables), `PYODIDE_BUNDLE` (which Pyodide bundle workerd runs) and
+`env`, so a setting exported in the developer's shell never reaches a test.
+D1 lives in the state directory, where wrangler keeps it (`<state>/v3/d1/`):
+`rows()` and `count()` read it with `wrangler d1 execute --local`, as a user
+would, while the server runs or after it died.
+`wrangler()` is the project's own wrangler (`scripts/wrangler`: on the
+pinned Node 22 of runtime/node, with runtime/workerd), as the dev server
+runs it.
+
+`scripts/dev` runs in a process group of its own, with wrangler and its
+workerd processes: `kill()` SIGKILLs the whole group (the Worker dies
+mid-request, as in a crash) and returns once no process of it runs;
+`close()` does the same for every server started, so no workerd outlives
+the test.
 
 No pytest import: usable from scripts too.
 """
@@ -52,9 +61,16 @@ from typing import Any
 __all__ = ["DevWorker", "EventStream", "SSEEvent", "WorkerResponse", "find_project"]
 
 START_TIMEOUT_S = float(os.environ.get("DURABLE_AGENTS_DEV_START_TIMEOUT", "120"))
-# What a process needs from the environment; nothing else reaches the dev server.
+# How long the processes of a killed or stopped server may take to be gone.
+GONE_TIMEOUT_S = 20.0
+# The project's wrangler on its pinned Node 22 (wrangler needs Node >= 22.12), with
+# runtime/workerd as its workerd: what the dev server (runtime/dev.py) runs too.
+WRANGLER = Path("scripts", "wrangler")
+# What a process needs from the environment, and which Pyodide bundle workerd runs
+# (runtime/dev.py: PYODIDE_BUNDLE; scripts/test sets it); nothing else reaches the server.
 _KEPT_ENV = frozenset(
     {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "TZ", "TMPDIR", "TEMP", "TMP"}
+    | {"PYODIDE_BUNDLE"}
 )
 _KEPT_ENV_PREFIXES = ("LC_", "NODE_", "NPM_", "npm_", "XDG_")
 
@@ -136,11 +152,12 @@ class DevWorker:
         reader.start()
         self._started.append((self.process, reader))
         if not ready.wait(self.start_timeout) or not self.url:
+            why = f"did not start within {self.start_timeout:.0f} s"
+            if ready.is_set():  # its output ended: let it exit with its own status
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    why = f"exited ({self.process.wait(10)}) before it was ready"
             self.close()
-            raise RuntimeError(
-                f"the dev server did not start within {self.start_timeout:.0f} s:\n"
-                + "\n".join(self.lines[-40:])
-            )
+            raise RuntimeError(f"the dev server {why}:\n" + "\n".join(self.lines[-40:]))
         self.start_s = time.perf_counter() - started
         return self
 
@@ -154,7 +171,7 @@ class DevWorker:
         assert process.stdout is not None
         for line in process.stdout:
             self.lines.append(line.rstrip("\n"))
-            match = re.match(r"ready on (http://\S+)", line)
+            match = re.match(r"dev: ready on (http://\S+)$", line)
             if match and process is self.process:
                 self.url = match.group(1)
                 ready.set()
@@ -165,20 +182,23 @@ class DevWorker:
         return self.process is not None and self.process.poll() is None
 
     def kill(self) -> None:
-        """SIGKILL the server (a crash: no cleanup runs; the next start tidies up)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(10)
+        """SIGKILL the server: its process group, so wrangler and workerd die at once (a
+        crash: the Worker dies mid-request, no cleanup runs). Returns once none of its
+        processes runs any more."""
+        if self.process is not None:
+            _kill_group(self.process)
 
     def stop(self) -> None:
-        """End the server cleanly (SIGTERM), as Ctrl-C would."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """End the server cleanly (SIGTERM), as Ctrl-C would; returns once none of its
+        processes runs (SIGKILL for any left after a while)."""
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        if not _group_gone(process.pid, timeout=GONE_TIMEOUT_S):
+            _kill_group(process)
+        process.wait()
 
     def restart(self) -> DevWorker:
         """Start the server again on the same state (stopping it first if it runs). The
@@ -190,10 +210,7 @@ class DevWorker:
         """Stop the server and kill every process any of its starts left behind."""
         self.stop()
         for process, reader in self._started:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            _wait_until_gone(process.pid)  # its workerd dies a moment after the signal
+            _kill_group(process)
             reader.join(10)
             if process.stdout is not None:
                 process.stdout.close()
@@ -320,38 +337,80 @@ class DevWorker:
         return str(databases[0].get("database_name") or databases[0].get("binding") or "DB")
 
     def wrangler(self, *args: str, timeout: float = 120) -> str:
-        """`npx wrangler ...` in the project, offline; its stdout."""
-        command = ["npx", "--no-install", "wrangler", *args]
-        env = {**_child_env(self.env), "CI": "true", "WRANGLER_SEND_METRICS": "false"}
+        """`wrangler ARGS` in the project, as the dev server runs it: `scripts/wrangler`
+        (the project's wrangler on its pinned Node 22, runtime/workerd as its workerd),
+        offline and non-interactive; its stdout."""
+        script = self.project / WRANGLER
+        if not script.is_file():
+            raise RuntimeError(f"no {script}: the project's wrangler runs from there")
+        env = {**_child_env(self.env), "CI": "true", "NO_COLOR": "1"}
+        env.setdefault("WRANGLER_SEND_METRICS", "false")
         done = subprocess.run(
-            command,
+            [str(script), *args],
             cwd=self.project,
-            env={**env, "NO_COLOR": "1"},
+            env=env,
+            stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
+            raise RuntimeError(f"wrangler {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
         return done.stdout
 
 
-def _wait_until_gone(group: int, timeout: float = 10) -> None:
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    """SIGKILL the process group `process` leads, and wait until none of it runs."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    if not _group_gone(process.pid, timeout=GONE_TIMEOUT_S):
+        raise RuntimeError(f"processes of group {process.pid} still run after SIGKILL")
+
+
+def _group_gone(group: int, timeout: float) -> bool:
+    """Whether, within `timeout` seconds, no process of group `group` runs (a zombie
+    waiting to be reaped is not running: it holds no port and no file)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
+        if not _group_members(group):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _group_members(group: int) -> list[int]:
+    """The running processes of the process group `group`."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: the group exists while any member does
         try:
             os.killpg(group, 0)
         except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.02)
+            return []
+        return [group]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == group and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
 
 
 def _child_env(extra: Mapping[str, str]) -> dict[str, str]:
     kept = {
         k: v for k, v in os.environ.items() if k in _KEPT_ENV or k.startswith(_KEPT_ENV_PREFIXES)
     }
-    return {**kept, **extra}
+    # No .pyc files under src/: `wrangler dev` watches src/ ([build] watch_dir) and
+    # rebuilds and reloads every running Worker when a file there changes.
+    return {**kept, "PYTHONDONTWRITEBYTECODE": "1", **extra}
 
 
 def _dotenv_value(value: str) -> str:

@@ -6,7 +6,7 @@ RUNS: list[dict[str, object]] = []
 
 
 class Default(WorkerEntrypoint):
-    async def scheduled(self, controller):
+    async def scheduled(self, controller, env, ctx):
         RUNS.append({"cron": controller.cron, "scheduledTime": controller.scheduledTime})
         if controller.cron == "fail":
             raise RuntimeError("the scheduled handler failed")

@@ -1,4 +1,5 @@
-"""A KV Worker: /put/<key>/<value>, /get/<key>, /list; /bucket touches an unserved R2 binding."""
+"""A KV and R2 Worker (test fixture): /put/<key>/<value>, /get/<key>, /list on KV;
+/bucket/put/<key>/<value>, /bucket/get/<key> on R2; /vars: the config's [vars]."""
 
 from urllib.parse import urlparse
 
@@ -18,11 +19,12 @@ class Default(WorkerEntrypoint):
             listed = await self.env.FOO.list()
             return Response.json([key["name"] for key in listed["keys"]])
         if parts[0] == "vars":
-            return Response(self.env.URL_WITH_SLASHES)
-        if parts[0] == "bucket":
-            try:
-                await self.env.BUCKET.get("x")
-            except Exception as error:
-                return Response(f"{type(error).__name__}: {error}", status=500)
-            return Response("served?")
+            names = ("URL_WITH_SLASHES", "NOT_A_COMMENT", "QUOTED")
+            return Response.json({name: getattr(self.env, name) for name in names})
+        if parts[:2] == ["bucket", "put"]:
+            stored = await self.env.BUCKET.put(parts[2], parts[3])
+            return Response.json({"key": stored.key, "size": stored.size})
+        if parts[:2] == ["bucket", "get"]:
+            found = await self.env.BUCKET.get(parts[2])
+            return Response("(none)" if found is None else await found.text())
         return Response("not found", status=404)

@@ -1,28 +1,31 @@
-"""A Durable Object that writes a row and fetches a URL in the same step.
+"""A Durable Object that writes and fetches a URL in the same step (test fixture,
+tests/cloudflare/test_output_gate.py: workerd's output gate).
 
-Test fixture (tests/test_runtime_output_gate.py):
-- /do/<name>/write-then-fetch?key=K&url=U: inserts row K into `notes` with
-  `sql.exec`, then (no await in between) fetches U?key=K with the global fetch;
-  answers {"status", "body"} of that fetch, or {"error"} if it failed. With
-  `fail=1` the object first asks the runtime (test hook) to fail its next commit.
-- /do/<name>/rows: the keys the object has.
-- /do/<name>/bench?n=N&fetch=U: N writes (one `sql.exec` per event step, each
-  followed by an await of a fetch to U when given): the time taken.
+- /do/<name>/write-then-fetch?key=K&url=U&size=N: inserts row K (with N random bytes)
+  into `notes` with `sql.exec`, then, with no await in between, fetches U?key=K with
+  the global fetch; answers {"status", "body"} of that fetch, or {"error"}.
+- /do/<name>/put-unconfirmed-then-fetch?key=K&url=U&size=N: the same with the KV API's
+  `storage.put(K, N bytes, {allowUnconfirmed: true})`, which asks workerd not to hold
+  the object's output for that write.
+- /do/<name>/rows: the keys in `notes`.
 """
 
 import json
-import time
 from urllib.parse import parse_qs, urlparse
 
 import js
+from pyodide.ffi import to_js
 from workers import DurableObject, Response, WorkerEntrypoint
 
 
 class Writer(DurableObject):
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
-        self.ctx.storage.sql.exec(
-            "CREATE TABLE IF NOT EXISTS notes (key TEXT PRIMARY KEY, at REAL)"
+        sql = self.ctx.storage.sql
+        sql.exec("CREATE TABLE IF NOT EXISTS notes (key TEXT PRIMARY KEY, data BLOB)")
+        sql.exec(
+            "CREATE TABLE IF NOT EXISTS links"
+            " (key TEXT PRIMARY KEY, note TEXT REFERENCES notes (key))"
         )
 
     async def fetch(self, request):
@@ -33,25 +36,23 @@ class Writer(DurableObject):
             return Response.json(
                 [row.key for row in sql.exec("SELECT key FROM notes ORDER BY key")]
             )
+        key, size = query.get("key", ""), int(query.get("size", "0"))
         if url.path == "/write-then-fetch":
-            key = query["key"]
             if query.get("fail") == "1":
-                self.ctx.storage.failNextCommitForTests("injected by the test")
-            sql.exec("INSERT INTO notes (key, at) VALUES (?, ?)", key, time.time())
-            try:
-                answer = await js.fetch(f"{query['url']}?key={key}")
-                return Response.json({"status": answer.status, "body": await answer.text()})
-            except Exception as error:  # the fetch was dropped
-                return Response.json({"error": str(error)})
-        if url.path == "/bench":
-            n = int(query.get("n", "100"))
-            start = time.perf_counter()
-            for i in range(n):
-                sql.exec("INSERT OR REPLACE INTO notes (key, at) VALUES (?, ?)", f"bench-{i}", 0)
-                if query.get("fetch"):
-                    await js.fetch(query["fetch"])
-            return Response.json({"n": n, "seconds": time.perf_counter() - start})
-        return Response("not found", status=404)
+                # A foreign key checked at commit, not at the INSERT: the commit fails.
+                sql.exec("PRAGMA defer_foreign_keys = ON")
+                sql.exec("INSERT INTO links (key, note) VALUES (?, 'no such note')", key)
+            sql.exec("INSERT INTO notes (key, data) VALUES (?, randomblob(?))", key, size)
+        elif url.path == "/put-unconfirmed-then-fetch":
+            options = to_js({"allowUnconfirmed": True}, dict_converter=js.Object.fromEntries)
+            self.ctx.storage.put(key, "x" * size, options)
+        else:
+            return Response("not found", status=404)
+        try:
+            answer = await js.fetch(f"{query['url']}?key={key}")
+            return Response.json({"status": answer.status, "body": await answer.text()})
+        except Exception as error:  # the fetch failed
+            return Response.json({"error": str(error)})
 
 
 class Default(WorkerEntrypoint):
@@ -60,6 +61,5 @@ class Default(WorkerEntrypoint):
         parts = url.path.strip("/").split("/", 2)
         if len(parts) == 3 and parts[0] == "do":
             stub = self.env.WRITERS.getByName(parts[1])
-            rest = f"http://do/{parts[2]}?{url.query}"
-            return await stub.fetch(rest)
+            return await stub.fetch(f"http://do/{parts[2]}?{url.query}")
         return Response(json.dumps({"parts": parts}), status=404)

@@ -5,7 +5,7 @@ Test fixture (tests/cloudflare/test_dev_server_streaming.py):
   body of N events `data: {"i", "written_at"}`, S seconds apart, written by a task the
   object hands to ctx.waitUntil (the readable side of a TransformStream); with
   `abort_after=K` the task aborts the stream before event K; with `as=text` it writes
-  strings, not bytes (which workerd refuses in a body);
+  strings, not bytes (workerd sends them as text);
 - /do/<name>/rewrap?...: the same body in a new Response (the Worker's own status and
   headers around the object's JS ReadableStream);
 - /do/<name>/report: what the object's tasks did: per stream, chunks written, writes
