@@ -57,6 +57,11 @@ DEVELOPMENT_FLAGS = (
     "no_python_workers_20250116",
     "no_python_workers_314",
 )
+# The earliest compatibility date the development bundle starts with: before it, workerd
+# stops at start ("addEventListener(): useCapture must be false"; measured, workerd
+# 1.20261117.1). Cloudflare gives such a date an older Pyodide, which offline is not had.
+DEVELOPMENT_EARLIEST_DATE = "2026-08-04"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # workerd's baseline snapshot of that Pyodide (scripts/pyodide_bundle.py), loaded at start.
 SNAPSHOT = PROJECT / ".cache" / "pyodide-bundle" / "baseline.bin"
 # The kit's own settings: read from the environment even when [vars] and .dev.vars omit them.
@@ -300,6 +305,7 @@ def apply_migrations(
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
+    sys.dont_write_bytecode = True  # no __pycache__ in src/: wrangler reloads on any change there
     parser = argparse.ArgumentParser(prog="scripts/dev", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=8787)
     parser.add_argument("--ip", default="127.0.0.1")
@@ -335,6 +341,15 @@ def main(argv: list[str] | None = None) -> int:
         out.writelines(dotenv_line(k, v) for k, v in settings.items())
 
     bundle = bundle_choice()
+    date = str(config.get("compatibility_date") or "")
+    if bundle == "development" and date < DEVELOPMENT_EARLIEST_DATE:
+        fail(
+            f"{config_file}: compatibility_date {date or '(none)'}: offline, workerd runs the "
+            f"Pyodide 314.0.6 development bundle, which needs a date from "
+            f"{DEVELOPMENT_EARLIEST_DATE} (Cloudflare gives {python_workers_hint(date)}); use "
+            "a date from 2026-09-08 (python_workers_314), or run with the internet "
+            "(PYODIDE_BUNDLE=official)"
+        )
     flags = [str(f) for f in config.get("compatibility_flags") or []]
     if bundle == "development":
         flags += [f for f in DEVELOPMENT_FLAGS if f not in flags]
@@ -373,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     assert server.stdout is not None
     ready = False
     for line in server.stdout:
-        line = line.rstrip("\n")
+        line = ANSI.sub("", line.rstrip("\n"))
         if not ready and "Ready on" in line:
             migrations.join()
             if not migrated:
@@ -402,6 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     if not ready:
         fail(f"wrangler dev exited ({code}) before the Worker was ready")
     return code
+
+
+def python_workers_hint(date: str) -> str:
+    if date >= "2026-09-08":
+        return "it Pyodide 314.0.6"
+    return "an earlier date Pyodide 0.28 or 314.0.4, which cannot be had offline"
 
 
 def bundle_label(bundle: str) -> str:

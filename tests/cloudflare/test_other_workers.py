@@ -286,7 +286,8 @@ def write_worker(directory: Path, config_name: str, config: str) -> Path:
 
 def test_a_compatibility_date_the_offline_pyodide_cannot_run_is_refused(tmp_path: Path) -> None:
     # Offline, workerd runs the development bundle (Pyodide 314.0.6), which needs a
-    # recent compatibility date: with an old one the Worker fails at start, not later.
+    # recent compatibility date (workerd stops at start below 2026-08-04): the dev
+    # server refuses an older one before starting, saying why.
     config = write_worker(
         tmp_path / "old",
         "wrangler.jsonc",
@@ -294,9 +295,11 @@ def test_a_compatibility_date_the_offline_pyodide_cannot_run_is_refused(tmp_path
         ' "compatibility_flags": ["python_workers"]}',
     )
     server = start_and_fail(config, tmp_path, {"PYODIDE_BUNDLE": "development"})
-    assert "The Workers runtime failed to start" in server.output
-    assert "service core:user:old:" in server.output
-    assert "dev: wrangler dev exited (1) before the Worker was ready" in server.output
+    assert "compatibility_date 2025-06-01: offline, workerd runs the Pyodide 314.0.6" in (
+        server.output
+    )
+    assert "needs a date from 2026-08-04" in server.output
+    assert "PYODIDE_BUNDLE=official" in server.output
 
 
 def test_an_unknown_compatibility_flag_is_refused(tmp_path: Path) -> None:
