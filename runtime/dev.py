@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
+import hashlib
 import importlib.util
 import json
 import os
@@ -280,6 +282,17 @@ def wrangler(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.
     return subprocess.Popen(command, cwd=PROJECT, env=env, text=True, **kwargs)
 
 
+def start_lock(config_file: Path) -> Any:
+    """An exclusive lock on starting a server of `config_file` (released by closing it,
+    or when this process dies)."""
+    locks = PROJECT / ".cache" / "dev-start"
+    locks.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(str(config_file).encode()).hexdigest()[:16]
+    lock = (locks / f"{key}.lock").open("w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock
+
+
 def apply_migrations(
     config_file: Path, config: dict[str, Any], persist: Path, env: dict[str, str]
 ) -> list[str]:
@@ -363,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         "--inspector-port", str(free_port("127.0.0.1")), "--show-interactive-dev-session=false",
         "--compatibility-flags", *flags,
     ]  # fmt: skip
+    # One start at a time per config: wrangler runs the config's [build] (for this kit,
+    # build/worker/, with --agent's module) and bundles from it; another server's build
+    # must not change those files before this one has bundled them (until `Ready on`).
+    starting = start_lock(config_file)
     server = wrangler(
         args, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
     )
@@ -390,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in server.stdout:
         line = ANSI.sub("", line.rstrip("\n"))
         if not ready and "Ready on" in line:
+            starting.close()
             migrations.join()
             if not migrated:
                 server.kill()

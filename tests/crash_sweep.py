@@ -2,7 +2,7 @@
 handler, resume, and check the at-most-once invariants each time.
 
 Used on CPython (tests/test_crash_sweep.py: SQLite and the D1 store over the
-fake binding) and inside Pyodide on miniflare's real D1
+fake binding) and inside workerd on its real D1
 (tests/runtime/test_crash_sweep_d1.py). One workload, two turns:
 
     turn "first":  step 1  lookup ‖ post        (parallel, ids left to the loop)

@@ -1,6 +1,6 @@
 """The D1 store on CPython, over the sqlite3-backed fake binding.
 
-The same checks run against miniflare's real D1 in tests/runtime/test_d1_store.py;
+The same checks run against workerd's D1 in tests/runtime/test_d1_store.py;
 passing both keeps `FakeD1Database` honest.
 """
 

@@ -1,4 +1,4 @@
-"""Every test_*.py here runs INSIDE the local Workers runtime (Pyodide + miniflare's D1).
+"""Every test_*.py here runs INSIDE workerd (Pyodide 314, its D1 and Durable Objects).
 
 See `durable_agents.testing.pytest_plugin`. The fixtures below run on
 CPython; their values (JSON) become the in-runtime tests' arguments.

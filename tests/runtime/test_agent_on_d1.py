@@ -1,4 +1,4 @@
-"""A durable agent run inside Pyodide on miniflare's D1: crash after a side effect, then resume."""
+"""A durable agent run inside workerd on its D1: crash after a side effect, then resume."""
 
 from pydantic import BaseModel
 

@@ -1,4 +1,4 @@
-"""The D1 store against miniflare's real D1, inside Pyodide, through the workers SDK's wrapper."""
+"""The D1 store against workerd's D1, inside workerd, through the workers SDK's wrapper."""
 
 from durable_agents.cloudflare import d1_store
 from durable_agents.testing import conformance, d1_checks

@@ -226,7 +226,9 @@ class WorkersRuntime:
             raise RuntimeError(
                 f"the Workers runtime is not set up (missing: {missing}); run scripts/setup-runtime"
             )
-        out = self.project_dir / "build" / "runtime-tests"
+        # One test Worker per pytest process (pytest-xdist runs several).
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        out = self.project_dir / "build" / ("runtime-tests" + (f"-{worker}" if worker else ""))
         self.staged = stage_test_worker(self.project_dir, self.test_files, self.pythonpath, out)
         started = time.perf_counter()
         dev = [sys.executable, str(self.project_dir / "runtime" / "dev.py")]
