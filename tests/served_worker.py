@@ -23,12 +23,12 @@ import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
+from durable_agents.testing.worker import run_wrangler, running_in_group
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ROOT / "tests" / "workers"
 DEV = ROOT / "runtime" / "dev.py"
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-# The project's wrangler on its pinned Node 22, with runtime/workerd (as runtime/dev.py runs it)
-WRANGLER = ROOT / "scripts" / "wrangler"
 
 
 def link_python_modules(directory: Path) -> None:
@@ -46,43 +46,7 @@ def wrangler(*args: str, timeout: float = 120) -> str:
     """`scripts/wrangler ARGS` (wrangler as the dev server runs it), offline and
     non-interactive; its stdout. Fails with its output if it fails."""
     env = {**os.environ, "CI": "true", "NO_COLOR": "1", "WRANGLER_SEND_METRICS": "false"}
-    done = subprocess.run(
-        [str(WRANGLER), *args],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"wrangler {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout
-
-
-def running_in_group(group: int) -> list[int]:
-    """The processes of process group `group` that run (a zombie, dead but not yet
-    reaped, holds no port and no file: it does not count)."""
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: the group counts while any member exists
-        try:
-            os.killpg(group, 0)
-        except (ProcessLookupError, PermissionError):
-            return []
-        return [group]
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        state, _parent, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
-        if int(pgrp) == group and state not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
+    return run_wrangler(ROOT, args, env=env, timeout=timeout)
 
 
 def _group_gone(group: int, timeout: float = 15) -> bool:

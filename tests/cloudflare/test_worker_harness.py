@@ -20,27 +20,10 @@ from typing import Any
 import pytest
 from worker_fakes import PaymentsAPI
 
-from durable_agents.testing.worker import DevWorker
+from durable_agents.testing.worker import DevWorker, running_in_group
 
 pytestmark = pytest.mark.slow
 REFUNDS = "examples/refunds/agent.py"
-
-
-def _running_in_group(group: int) -> list[str]:
-    """The processes of process group `group` that still run (not zombies), by /proc."""
-    running = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
-        if int(pgrp) == group and state not in ("Z", "X"):
-            running.append(f"{entry.name} {name}")
-    return running
 
 
 def _tool_results(messages: list[dict[str, Any]], tool_name: str) -> list[dict[str, Any]]:
@@ -124,12 +107,13 @@ def test_the_harness_isolates_settings_keeps_state_and_leaves_no_process(
         assert worker.get("/sessions/iso").body["messages"][0]["content"] == "refund order 1"
     groups.append(os.getpgid(worker.process.pid) if worker.process else None)
     assert groups[-1] is not None
-    alive = _running_in_group(groups[-1])
-    assert any(p.endswith(" workerd") for p in alive), alive  # workerd is in the group
+    alive = running_in_group(groups[-1])
+    names = [Path(f"/proc/{pid}/comm").read_text().strip() for pid in alive]
+    assert "workerd" in names, names  # workerd is in the group
 
     worker.close()
     assert not worker.running
     assert len(set(groups)) == 3  # each start its own group: scripts/dev, wrangler, workerd
     for group in groups:
         assert group is not None
-        assert _running_in_group(group) == []  # no process of any start runs
+        assert running_in_group(group) == []  # no process of any start runs

@@ -52,13 +52,22 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DevWorker", "EventStream", "SSEEvent", "WorkerResponse", "find_project"]
+__all__ = [
+    "DevWorker",
+    "EventStream",
+    "SSEEvent",
+    "WorkerResponse",
+    "find_project",
+    "kill_group",
+    "run_wrangler",
+    "running_in_group",
+]
 
 START_TIMEOUT_S = float(os.environ.get("DURABLE_AGENTS_DEV_START_TIMEOUT", "120"))
 # How long the processes of a killed or stopped server may take to be gone.
@@ -186,7 +195,7 @@ class DevWorker:
         crash: the Worker dies mid-request, no cleanup runs). Returns once none of its
         processes runs any more."""
         if self.process is not None:
-            _kill_group(self.process)
+            kill_group(self.process)
 
     def stop(self) -> None:
         """End the server cleanly (SIGTERM), as Ctrl-C would; returns once none of its
@@ -197,7 +206,7 @@ class DevWorker:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
         if not _group_gone(process.pid, timeout=GONE_TIMEOUT_S):
-            _kill_group(process)
+            kill_group(process)
         process.wait()
 
     def restart(self) -> DevWorker:
@@ -210,7 +219,7 @@ class DevWorker:
         """Stop the server and kill every process any of its starts left behind."""
         self.stop()
         for process, reader in self._started:
-            _kill_group(process)
+            kill_group(process)
             reader.join(10)
             if process.stdout is not None:
                 process.stdout.close()
@@ -340,27 +349,36 @@ class DevWorker:
         """`wrangler ARGS` in the project, as the dev server runs it: `scripts/wrangler`
         (the project's wrangler on its pinned Node 22, runtime/workerd as its workerd),
         offline and non-interactive; its stdout."""
-        script = self.project / WRANGLER
-        if not script.is_file():
-            raise RuntimeError(f"no {script}: the project's wrangler runs from there")
         env = {**_child_env(self.env), "CI": "true", "NO_COLOR": "1"}
         env.setdefault("WRANGLER_SEND_METRICS", "false")
-        done = subprocess.run(
-            [str(script), *args],
-            cwd=self.project,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"wrangler {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-        return done.stdout
+        return run_wrangler(self.project, args, env=env, timeout=timeout)
 
 
-def _kill_group(process: subprocess.Popen[str]) -> None:
+def run_wrangler(
+    project: Path, args: Sequence[str], *, env: Mapping[str, str], timeout: float = 120
+) -> str:
+    """`scripts/wrangler ARGS` in `project` (its wrangler on its pinned Node, runtime/workerd
+    as its workerd), with `env` and no input; its stdout. Raises RuntimeError with its
+    output if it fails."""
+    script = project / WRANGLER
+    if not script.is_file():
+        raise RuntimeError(f"no {script}: the project's wrangler runs from there")
+    done = subprocess.run(
+        [str(script), *args],
+        cwd=project,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"wrangler {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def kill_group(process: subprocess.Popen[str]) -> None:
     """SIGKILL the process group `process` leads, and wait until none of it runs."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
@@ -374,15 +392,16 @@ def _group_gone(group: int, timeout: float) -> bool:
     waiting to be reaped is not running: it holds no port and no file)."""
     deadline = time.monotonic() + timeout
     while True:
-        if not _group_members(group):
+        if not running_in_group(group):
             return True
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
 
 
-def _group_members(group: int) -> list[int]:
-    """The running processes of the process group `group`."""
+def running_in_group(group: int) -> list[int]:
+    """The running processes of the process group `group` (a zombie, dead but not yet
+    reaped, holds no port and no file: it does not count)."""
     proc = Path("/proc")
     if not proc.is_dir():  # not Linux: the group exists while any member does
         try:
