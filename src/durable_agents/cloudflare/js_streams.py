@@ -19,8 +19,11 @@ _PUMPS: set[asyncio.Task[None]] = set()  # streams being written: kept reference
 
 
 def readable_stream(chunks: AsyncIterator[bytes]) -> Any:
-    """A JS ReadableStream of `chunks`. When the client goes away, the next write
-    fails and `chunks` is closed; whatever produces them (a turn) goes on."""
+    """A JS ReadableStream of `chunks`; whatever produces them (a turn) goes on when the
+    client goes away. If the reader cancels, the next write fails and `chunks` is
+    closed. workerd (1.20261117.1, locally) does neither for a client that just left:
+    the pending write waits until the object is evicted
+    (tests/cloudflare/test_dev_server_streaming.py)."""
     import js  # type: ignore[import-not-found, unused-ignore]
     from pyodide.ffi import to_js  # type: ignore[import-not-found, unused-ignore]
 
