@@ -242,10 +242,14 @@ def worker_settings(
 # -- processes -----------------------------------------------------------------------------
 
 
-def free_port(ip: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
-        s.bind((ip, 0))
-        return int(s.getsockname()[1])
+def free_port(ip: str, avoid: int = 0) -> int:
+    """A port free on `ip` now (not `avoid`)."""
+    while True:
+        with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
+            s.bind((ip, 0))
+            port = int(s.getsockname()[1])
+        if port != avoid:
+            return port
 
 
 def bundle_choice() -> str:
@@ -341,18 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     if agent_file is not None and (agent_file.suffix != ".py" or not agent_file.is_file()):
         fail(f"--agent: no Python file at {agent_file}")
 
-    port = options.port or free_port(options.ip)
     host = f"[{options.ip}]" if ":" in options.ip else options.ip
-    origin = f"http://{host}:{port}"
     agent = describe_agent(agent_file) if agent_file is not None else None
-    settings, notes = worker_settings(config, dev_vars, agent, origin)
-
-    persist.mkdir(parents=True, exist_ok=True)
-    env_file = persist / "dev-settings.env"
-    fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.writelines(dotenv_line(k, v) for k, v in settings.items())
-
     bundle = bundle_choice()
     date = str(config.get("compatibility_date") or "")
     if bundle == "development" and date < DEVELOPMENT_EARLIEST_DATE:
@@ -370,27 +364,18 @@ def main(argv: list[str] | None = None) -> int:
     if bundle == "development" and SNAPSHOT.is_file():
         extra["DURABLE_AGENTS_PYODIDE_SNAPSHOT"] = SNAPSHOT.name
     env = node_env(extra)
-    args = [
-        "dev", "--config", str(config_file), "--ip", options.ip, "--port", str(port),
-        "--persist-to", str(persist), "--env-file", str(env_file), "--test-scheduled",
-        "--inspector-port", str(free_port("127.0.0.1")), "--show-interactive-dev-session=false",
-        "--compatibility-flags", *flags,
-    ]  # fmt: skip
-    # One start at a time per config: wrangler runs the config's [build] (for this kit,
-    # build/worker/, with --agent's module) and bundles from it; another server's build
-    # must not change those files before this one has bundled them (until `Ready on`).
-    starting = start_lock(config_file)
-    server = wrangler(
-        args, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-    )
+    persist.mkdir(parents=True, exist_ok=True)
+
+    running: list[subprocess.Popen[str]] = []
 
     def stop(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        for server in running:
+            with contextlib.suppress(ProcessLookupError):
+                server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
         sys.exit(128 + signum if signum != signal.SIGINT else 0)
 
     signal.signal(signal.SIGTERM, stop)
@@ -402,39 +387,86 @@ def main(argv: list[str] | None = None) -> int:
         daemon=True,
     )
     migrations.start()
-    assert server.stdout is not None
-    ready = False
-    for line in server.stdout:
-        line = ANSI.sub("", line.rstrip("\n"))
-        if not ready and "Ready on" in line:
-            starting.close()
-            migrations.join()
-            if not migrated:
-                server.kill()
-                return 1
-            ready = True
-            where = (
-                config_file.relative_to(PROJECT) if config_file.is_relative_to(PROJECT) else None
-            )
-            name = config.get("name", "worker")
-            say(f"{name} ({where or config_file}) on workerd, Pyodide: {bundle_label(bundle)}")
-            for note in notes:
-                say(note)
-            databases = ", ".join(migrated[0]) or "up to date"
-            say(f"state in {persist}; D1 migrations: {databases}")
-            say(f"started in {time.perf_counter() - started:.1f} s")
-            say(f"ready on {origin}")
-            chat_page = settings.get("CHAT_PAGE", (config.get("vars") or {}).get("CHAT_PAGE"))
-            if agent is not None and chat_page == "on":
-                say(f"chat page: {origin}/")
-            continue
-        if NOISE.search(line):
-            continue
-        print(line.replace("[wrangler:info] ", ""), flush=True)
-    code = server.wait()
-    if not ready:
-        fail(f"wrangler dev exited ({code}) before the Worker was ready")
-    return code
+    # A free port is free when looked up, not always when wrangler binds it (another
+    # server may take it meanwhile): with --port 0, a taken one is replaced, three times.
+    for _ in range(3 if options.port == 0 else 1):
+        port = options.port or free_port(options.ip)
+        origin = f"http://{host}:{port}"
+        settings, notes = worker_settings(config, dev_vars, agent, origin)
+        env_file = persist / "dev-settings.env"
+        fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.writelines(dotenv_line(k, v) for k, v in settings.items())
+        args = [
+            "dev", "--config", str(config_file), "--ip", options.ip, "--port", str(port),
+            "--persist-to", str(persist), "--env-file", str(env_file), "--test-scheduled",
+            "--inspector-port", str(free_port("127.0.0.1", avoid=port)),
+            "--show-interactive-dev-session=false", "--compatibility-flags", *flags,
+        ]  # fmt: skip
+        # One start at a time per config: wrangler runs the config's [build] (for this kit,
+        # build/worker/, with --agent's module) and bundles from it; another server's build
+        # must not change those files before this one has bundled them (until `Ready on`).
+        starting = start_lock(config_file)
+        server = wrangler(
+            args, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        running[:] = [server]
+        assert server.stdout is not None
+        ready = port_taken = False
+        for line in server.stdout:
+            line = ANSI.sub("", line.rstrip("\n"))
+            if not ready and "Ready on" in line:
+                starting.close()
+                migrations.join()
+                if not migrated:
+                    server.kill()
+                    return 1
+                ready = True
+                announce(config_file, config, bundle, notes, persist, migrated[0], started, origin)
+                chat_page = settings.get("CHAT_PAGE", (config.get("vars") or {}).get("CHAT_PAGE"))
+                if agent is not None and chat_page == "on":
+                    say(f"chat page: {origin}/")
+                continue
+            if (
+                not ready
+                and options.port == 0
+                and f"Address already in use ({options.ip}:{port})" in line
+            ):
+                port_taken = True
+                continue
+            if NOISE.search(line):
+                continue
+            print(line.replace("[wrangler:info] ", ""), flush=True)
+        code = server.wait()
+        starting.close()
+        if ready:
+            return code
+        if not port_taken:
+            fail(f"wrangler dev exited ({code}) before the Worker was ready")
+        say(f"port {port} was taken before wrangler could bind it; trying another")
+    fail("wrangler dev found no free port in three tries")
+    return 1
+
+
+def announce(
+    config_file: Path,
+    config: dict[str, Any],
+    bundle: str,
+    notes: list[str],
+    persist: Path,
+    migrations: list[str],
+    started: float,
+    origin: str,
+) -> None:
+    """The banner: what runs, the agent's settings, where the state is, how fast."""
+    where = config_file.relative_to(PROJECT) if config_file.is_relative_to(PROJECT) else None
+    name = config.get("name", "worker")
+    say(f"{name} ({where or config_file}) on workerd, Pyodide: {bundle_label(bundle)}")
+    for note in notes:
+        say(note)
+    say(f"state in {persist}; D1 migrations: {', '.join(migrations) or 'up to date'}")
+    say(f"started in {time.perf_counter() - started:.1f} s")
+    say(f"ready on {origin}")
 
 
 def python_workers_hint(date: str) -> str:
