@@ -28,8 +28,8 @@ from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
 WRANGLER = PROJECT / "scripts" / "wrangler"  # the pinned wrangler on the pinned Node
-# Settings the dev server reads from its environment (the kit's, the triage agent's, its
-# stubs' switch): a developer's shell must not change what a benchmark measures.
+# Settings the dev server reads from its environment (runtime/dev.py's KIT_SETTINGS, the
+# triage agent's, its stubs' switch): a developer's shell must not change what a benchmark measures.
 SETTINGS = (
     "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
     "CHAT_PAGE", "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "RETENTION_DAYS", "SESSION_STORE",
@@ -37,8 +37,13 @@ SETTINGS = (
 )  # fmt: skip
 
 
+def _environment() -> dict[str, str]:
+    """This process's environment without the settings the dev server would read."""
+    return {k: v for k, v in os.environ.items() if k not in SETTINGS}
+
+
 def wrangler_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SETTINGS}
+    env = _environment()
     env.update(
         CI="true",  # no prompts (`d1 migrations apply` asks before applying otherwise)
         NO_COLOR="1",
@@ -80,8 +85,7 @@ class DevServer:
         self._reader: threading.Thread | None = None
 
     def start(self) -> DevServer:
-        env = {k: v for k, v in os.environ.items() if k not in SETTINGS}
-        env.update(self.env)
+        env = {**_environment(), **self.env}
         self.process = subprocess.Popen(
             [str(PROJECT / "scripts" / "dev"), "--port", "0", *self.args],
             cwd=PROJECT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
