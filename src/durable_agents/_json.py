@@ -17,11 +17,21 @@ encoded (what a tool handler returns).
 Speed: text with at most `max_depth` brackets in all cannot be too deep, and
 two `str.count` calls say so at C speed. Only other text is scanned, once,
 iteratively, skipping string literals; nothing here recurses.
+
+Strict JSON (RFC 8259), whatever the sender wrote. Python's `json` reads and
+writes `NaN` and `Infinity`, which no strict parser (`JSON.parse`, D1's
+`json()`) reads back, and reads `1e400` as infinity; it also reads a lone
+`"\\ud800"` escape into a str that cannot be encoded as UTF-8 (every store and
+every HTTP answer then fails with `UnicodeEncodeError`). So `loads` refuses
+non-finite numbers (`NonFiniteNumberError`, a `ValueError`) and repairs lone
+surrogates to U+FFFD; `clean` does both for Python values (what a model
+adapter or a handler built), and `repair_text` for one string.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -32,9 +42,12 @@ __all__ = [
     "STORED_MAX_DEPTH",
     "DepthScanner",
     "JSONTooDeepError",
+    "NonFiniteNumberError",
     "check_depth",
     "check_text_depth",
+    "clean",
     "loads",
+    "repair_text",
 ]
 
 MAX_DEPTH = MAX_JSON_DEPTH
@@ -75,6 +88,39 @@ class JSONTooDeepError(json.JSONDecodeError):
     def __init__(self, max_depth: int, doc: str = "", pos: int = 0) -> None:
         self.max_depth = max_depth
         super().__init__(f"JSON nested deeper than {max_depth} levels", doc, pos)
+
+
+class NonFiniteNumberError(ValueError):
+    """A number JSON cannot carry: NaN, an infinity, or a literal past the float range."""
+
+    def __init__(self, what: str, why: str = "JSON has no NaN or infinities") -> None:
+        super().__init__(f"{what} is not a JSON number ({why})")
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def repair_text(text: str) -> str:
+    """`text` with every lone surrogate replaced by U+FFFD (the same str when it has none).
+
+    A surrogate pair written as two code points (`"\\ud83d\\ude00"` built in
+    Python) becomes the one character it encodes; any other surrogate is lone.
+    """
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise NonFiniteNumberError(literal[:40], "it is past the range of a double, about 1.8e308")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise NonFiniteNumberError(name)
 
 
 class DepthScanner:
@@ -183,16 +229,59 @@ def check_text_depth(text: str | bytes, max_depth: int = MAX_DEPTH) -> None:
 
 
 def loads(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
-    """`json.loads(text)`, refusing text nested deeper than `max_depth` first.
+    """`json.loads(text)` for strict JSON, refusing text nested deeper than `max_depth` first.
 
     Raises `JSONTooDeepError` (a `json.JSONDecodeError`) for too-deep text,
-    and whatever `json.loads` raises for text that is not JSON (all
-    `ValueError`s). Bytes are decoded as `json.loads` would (UTF-8/16/32).
+    `NonFiniteNumberError` for `NaN`, `Infinity` or a number past the float
+    range, and whatever `json.loads` raises for text that is not JSON (all
+    `ValueError`s). Lone surrogates (escaped or not) come back as U+FFFD.
+    Bytes are decoded as `json.loads` would (UTF-8/16/32).
     """
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")
     check_text_depth(text, max_depth)
-    return json.loads(text)
+    value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
+    if _SURROGATE_ESCAPE.search(text) is not None or _SURROGATE.search(text) is not None:
+        value = _repaired(value)
+    return value
+
+
+def clean(value: Any, max_depth: int = MAX_DEPTH) -> Any:
+    """`value` (a Python value about to be stored or sent as JSON) made strict JSON.
+
+    Raises `JSONTooDeepError` for a value nested deeper than `max_depth` (a
+    cycle included) and `NonFiniteNumberError` for a NaN or infinite float;
+    returns `value` itself, or a copy with lone surrogates in its strings
+    (keys too) replaced by U+FFFD. Iterative, like `check_depth`.
+    """
+    check_depth(value, max_depth)
+    dirty = False
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise NonFiniteNumberError(repr(item))
+        elif isinstance(item, str):
+            dirty = dirty or _SURROGATE.search(item) is not None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return _repaired(value) if dirty else value
+
+
+def _repaired(value: Any) -> Any:
+    """A copy of `value` with its strings repaired (`repair_text`). Recursive, on values
+    already known to nest at most a bounded depth."""
+    if isinstance(value, str):
+        return repair_text(value)
+    if isinstance(value, dict):
+        return {_repaired(k): _repaired(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_repaired(v) for v in value]
+    return value
 
 
 def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:

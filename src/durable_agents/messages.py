@@ -8,7 +8,8 @@ here (`to_dict` / `from_dict`) is what the HTTP API and the CLI print.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
@@ -19,21 +20,38 @@ Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 
 
+CALL_ID = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.:~-]{1,255}")
+"""The ids the kit stores for calls: what a URL path segment, a header and a log line
+carry as they are (`/sessions/{name}/approvals/{tool_call_id}` accepts exactly these)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """One tool invocation requested by the LLM.
 
-    `id` is the provider's call id; the run loop replaces an empty or
-    duplicate id with a generated one before the call is stored, so every
-    stored call can be matched to exactly one result.
+    `id` is the call's id in the kit: the provider's, unless it was empty, a
+    duplicate in the session or not a `CALL_ID` (`"a/b"`, `"café"`, 300
+    characters): then the run loop gives the call an id of its own before it
+    is stored, and keeps the provider's as `provider_id`, which is what the
+    provider gets back on the next call (`wire_id`). So every stored call can
+    be matched to exactly one result and named in a URL.
     """
 
     id: str
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    provider_id: str | None = None
+
+    @property
+    def wire_id(self) -> str:
+        """The id to send the provider: its own, when the kit stored another."""
+        return self.provider_id or self.id
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+        data = {"id": self.id, "name": self.name, "arguments": self.arguments}
+        if self.provider_id is not None:
+            data["provider_id"] = self.provider_id
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ToolCall:
@@ -43,15 +61,18 @@ class ToolCall:
                 f"tool call arguments must be an object, got {type(arguments).__name__}"
             )
         call_id, name = str(data.get("id") or ""), str(data["name"])
+        provider_id = data.get("provider_id")
+        provider_id = None if provider_id is None else str(provider_id)
         if data.get("arguments_error"):
             return MalformedToolCall(
                 call_id,
                 name,
                 {},
+                provider_id,
                 raw_arguments=str(data.get("raw_arguments") or ""),
                 arguments_error=str(data["arguments_error"]),
             )
-        return cls(id=call_id, name=name, arguments=arguments)
+        return cls(id=call_id, name=name, arguments=arguments, provider_id=provider_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +97,32 @@ class MalformedToolCall(ToolCall):
         }
 
 
+MAX_CALL_TOKENS = 2**32 - 1
+"""The most tokens one LLM call is counted for (each of input and output); a provider's
+larger, negative or non-integer count is taken as this bound or 0. Far past any model's
+context, and small enough that a session's totals stay integers every store binds."""
+
+
+def token_count(value: Any) -> int:
+    """A token count as stored: an int within 0..MAX_CALL_TOKENS (0 for a non-integer)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return 0
+    return max(0, min(value, MAX_CALL_TOKENS))
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Tokens used by LLM calls. Adds up with `+`."""
 
     input_tokens: int = 0
     output_tokens: int = 0
+
+    def bounded(self) -> Usage:
+        """This usage with each count within 0..MAX_CALL_TOKENS (as a store keeps it)."""
+        inp, out = token_count(self.input_tokens), token_count(self.output_tokens)
+        if (inp, out) == (self.input_tokens, self.output_tokens):
+            return self
+        return Usage(inp, out)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -124,6 +165,8 @@ class Message:
             raise ValueError(f"unknown message role {self.role!r}; expected one of {sorted(ROLES)}")
         if not isinstance(self.tool_calls, tuple):
             object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if isinstance(self.content, str):  # stored and sent as UTF-8: no lone surrogates
+            object.__setattr__(self, "content", _json.repair_text(self.content))
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs the tool_call_id it answers")
 
@@ -201,21 +244,44 @@ class LLMResponse:
     usage: Usage | None = None
 
     def __post_init__(self) -> None:
-        calls, refused = list(self.tool_calls), False
-        for index, call in enumerate(calls):
-            if isinstance(call, MalformedToolCall):
-                continue
-            try:
-                _json.check_depth(call.arguments)
-            except ValueError as exc:
-                error = (
-                    f"The arguments for tool {call.name!r} were refused ({exc}), so the tool "
-                    "was not run. Call it again with flatter arguments."
-                )
-                calls[index] = MalformedToolCall(call.id, call.name, {}, arguments_error=error)
-                refused = True
-        if refused:  # (never compare the calls: == on a too-deep value recurses)
-            object.__setattr__(self, "tool_calls", calls)
+        # Whatever the model sent, what is stored is strict JSON in valid UTF-8:
+        # lone surrogates become U+FFFD, non-finite or too-deep arguments make
+        # the call malformed (answered, never run), usage counts are bounded.
+        object.__setattr__(self, "text", _json.repair_text(self.text))
+        object.__setattr__(self, "tool_calls", [_clean_call(c) for c in self.tool_calls])
+        if self.usage is not None:
+            object.__setattr__(self, "usage", self.usage.bounded())
+
+
+def _clean_call(call: ToolCall) -> ToolCall:
+    """`call` with valid UTF-8 text, or a `MalformedToolCall` if its arguments cannot be
+    stored as strict JSON. Returns `call` itself when nothing needed a change (never
+    compare the calls: == on a too-deep value recurses)."""
+    call_id, name = _json.repair_text(call.id), _json.repair_text(call.name)
+    provider_id = None if call.provider_id is None else _json.repair_text(call.provider_id)
+    if isinstance(call, MalformedToolCall):
+        raw, error = _json.repair_text(call.raw_arguments), _json.repair_text(call.arguments_error)
+        if (call_id, name, provider_id, raw, error) == (
+            call.id, call.name, call.provider_id, call.raw_arguments, call.arguments_error
+        ):  # fmt: skip
+            return call
+        return MalformedToolCall(
+            call_id, name, {}, provider_id, raw_arguments=raw, arguments_error=error
+        )
+    try:
+        arguments = _json.clean(call.arguments)
+    except ValueError as exc:
+        fix = "flatter arguments" if isinstance(exc, _json.JSONTooDeepError) else "finite numbers"
+        error = (
+            f"The arguments for tool {name!r} were refused ({exc}), so the tool was not run. "
+            f"Call it again with {fix}."
+        )
+        return MalformedToolCall(call_id, name, {}, provider_id, arguments_error=error)
+    if arguments is call.arguments and (call_id, name, provider_id) == (
+        call.id, call.name, call.provider_id
+    ):  # fmt: skip
+        return call
+    return ToolCall(call_id, name, arguments, provider_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +293,9 @@ class TextDelta:
     """
 
     text: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", _json.repair_text(self.text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +388,17 @@ def decode_tool_calls(raw: str | None) -> tuple[ToolCall, ...]:
     if not raw:
         return ()
     return tuple(ToolCall.from_dict(c) for c in _json.loads(raw, max_depth=_json.STORED_MAX_DEPTH))
+
+
+def provider_call_ids(messages: Sequence[Message]) -> Mapping[str, str]:
+    """Kit call id -> provider call id, for the calls the kit gave an id of its own: what
+    an adapter sends back in place of `tool_call_id` (the calls themselves have `wire_id`)."""
+    return {
+        call.id: call.provider_id
+        for message in messages
+        for call in message.tool_calls
+        if call.provider_id is not None
+    }
 
 
 def pending_tool_calls(history: Sequence[Message]) -> list[ToolCall]:

@@ -70,6 +70,7 @@ from .errors import (
 from .events import CancelToken, MessageStored, OnEvent, RunEvent, RunFinished
 from .llm.base import LLM
 from .messages import (
+    CALL_ID,
     LLMResponse,
     MalformedToolCall,
     Message,
@@ -105,7 +106,10 @@ class RunResult:
     are in `pending`, see `durable_agents.approvals`) or `"cancelled"` (its
     `CancelToken` was cancelled; it stopped at a step boundary) or
     `"budget_exceeded"` (the session's stored usage reached
-    `agent.max_session_tokens` before an LLM call; `error` says how far). In every
+    `agent.max_session_tokens` before an LLM call; `error` says how far).
+    With `"error"`, `error_code` says which: `"llm-error"` (the call failed)
+    or `"llm-response-too-large"` (the reply is over the store's limit for one
+    message, `MAX_ROW_BYTES`, so it was not kept). In every
     case but the first the stored history is consistent and
     `run(..., message=None)` continues the turn (once waiting calls are decided).
     `messages` is the whole conversation as the LLM sees it, system message
@@ -120,6 +124,7 @@ class RunResult:
     usage: Usage
     error: str | None = None
     pending: list[PendingApproval] = field(default_factory=list)
+    error_code: str | None = None
 
 
 async def run(
@@ -222,6 +227,7 @@ async def _run(
     make_id = new_id or _random_id
     if message is not None:
         _check_user_message(agent, session_id, message)
+        message = _json.repair_text(message)  # stored as UTF-8: no lone surrogates
     if request_key is not None and message is None:
         raise ConfigurationError("request_key identifies a message; pass it with message=")
     bound = _bind_tools(agent, tools or {})
@@ -332,7 +338,7 @@ def _died_on_this_host(holder: LeaseHolder) -> bool:
 def _check_user_message(agent: Agent[Any], session_id: str | None, message: object) -> None:
     if not isinstance(message, str):
         raise ConfigurationError(f"message must be a string, got {type(message).__name__}")
-    size = len(message.encode())
+    size = len(message.encode("utf-8", "surrogatepass"))
     if size > agent.max_message_bytes:
         raise MessageTooLargeError(
             session_id or "(new session)",
@@ -451,7 +457,8 @@ class _Session:
                     # The turn's first call failed for good: keep its message (one
                     # write, on this path only), so message=None can finish the turn.
                     await self.append(unstored, release=True)
-                return self.result("error", "", steps, usage, f"{type(exc).__name__}: {exc}")
+                error = f"{type(exc).__name__}: {exc}"
+                return self.result("error", "", steps, usage, error, error_code="llm-error")
             steps += 1
             usage += response.usage or Usage()
             calls = self.assign_ids(response.tool_calls)
@@ -460,12 +467,28 @@ class _Session:
             free = [c for c in calls if c.id not in gated]
             # write #1 (with the approval requests; the lease held through the
             # handlers' timeouts), or the final write
-            await self.append(
-                [*unstored, assistant],
-                hold=self.step_seconds(free),
-                release=not free,
-                approvals=list(gated.values()),
-            )
+            try:
+                await self.append(
+                    [*unstored, assistant],
+                    hold=self.step_seconds(free),
+                    release=not free,
+                    approvals=list(gated.values()),
+                )
+            except MessageTooLargeError as exc:
+                if exc.role != "assistant":
+                    raise
+                # The store cannot hold this reply; nothing of it landed. Keep
+                # the turn's message, as for a failed LLM call: message=None or
+                # a new message goes on from there.
+                if unstored:
+                    await self.append(unstored, release=True)
+                error = (
+                    f"the model's reply ({exc.size:,} bytes of text and tool calls) is over "
+                    f"the store's {exc.limit:,}-byte limit for one message and was not kept"
+                )
+                return self.result(
+                    "error", "", steps, usage, error, error_code="llm-response-too-large"
+                )
             unstored = []
             if not calls:
                 return self.result("complete", response.text, steps, usage)
@@ -599,14 +622,28 @@ class _Session:
             await self.events.emit(MessageStored(position + offset, stored))
 
     def assign_ids(self, calls: Sequence[ToolCall]) -> list[ToolCall]:
-        """Give every call an id unique in the session, so it can be matched to one result."""
+        """Give every call an id unique in the session, so it can be matched to one result,
+        and one a URL carries as it is (`CALL_ID`). A provider's id that is neither keeps
+        going back to the provider (`provider_id`); a duplicate does not (the provider
+        would get two calls of one id)."""
         assigned = []
         for call in calls:
             if not call.id or call.id in self.call_ids:
-                call = replace(call, id=f"call_{self.new_id()}")
+                call = replace(call, id=self.fresh_call_id(), provider_id=None)
+            elif CALL_ID.fullmatch(call.id) is None:
+                call = replace(call, id=self.fresh_call_id(), provider_id=call.id)
             self.call_ids.add(call.id)
             assigned.append(call)
         return assigned
+
+    def fresh_call_id(self) -> str:
+        call_id = f"call_{self.new_id()}"
+        if CALL_ID.fullmatch(call_id) is None or call_id in self.call_ids:
+            raise ConfigurationError(
+                f"new_id() made {call_id[5:][:80]!r}, which is not a new tool call id: an id is "
+                "1 to 250 of A-Z a-z 0-9 _ . : ~ - and unique in its session"
+            )
+        return call_id
 
     async def dispatch(
         self,
@@ -698,10 +735,10 @@ class _Session:
                 f"Tool {call.name!r} ran, but its result nests arrays and objects deeper than "
                 f"{_json.MAX_DEPTH} levels and was not stored.",
             )
-        except ValueError as exc:
+        except ValueError as exc:  # breaks its output schema, or is not strict JSON
             return tool_error_content(
                 ToolErrorKind.INVALID_OUTPUT,
-                f"Tool {call.name!r} ran, but its result does not match its output schema: {exc}",
+                f"Tool {call.name!r} ran, but its result was not stored: {exc}",
             )
         size = len(content.encode())
         if size > self.agent.max_result_bytes:
@@ -722,6 +759,7 @@ class _Session:
         error: str | None = None,
         *,
         pending: list[PendingApproval] | None = None,
+        error_code: str | None = None,
     ) -> RunResult:
         return RunResult(
             status=status,
@@ -732,6 +770,7 @@ class _Session:
             usage=usage,
             error=error,
             pending=pending or [],
+            error_code=error_code,
         )
 
 

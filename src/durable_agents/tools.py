@@ -110,7 +110,8 @@ class Tool:
             try:
                 checked = self.output.validate_python(value)
             except ValidationError as exc:
-                raise ValueError(_summarise(exc)) from None
+                problems = _summarise(exc)
+                raise ValueError(f"it does not match the output schema: {problems}") from None
             content = self.output.dump_json(checked).decode()
         elif isinstance(value, str):
             content = value
@@ -118,12 +119,16 @@ class Tool:
             content = value.model_dump_json()
         else:
             try:
-                content = json.dumps(value, ensure_ascii=False)
-            except (TypeError, ValueError) as exc:
+                content = json.dumps(value, ensure_ascii=False, allow_nan=False)
+            except TypeError as exc:
                 raise ValueError(f"the handler returned a value that is not JSON: {exc}") from None
+            except ValueError:
+                raise ValueError(
+                    "the handler returned NaN or an infinity, which JSON cannot hold"
+                ) from None
         if content.lstrip().startswith(("[", "{")):
             _json.check_text_depth(content)  # a model's fields, or a str of JSON
-        return content
+        return _json.repair_text(content)  # stored as UTF-8: lone surrogates become U+FFFD
 
 
 @overload

@@ -34,6 +34,7 @@ from ..messages import (
     ToolCallDelta,
     ToolSpec,
     Usage,
+    provider_call_ids,
 )
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
@@ -129,11 +130,12 @@ def build_request(
     """A Messages API request body for the neutral conversation."""
     system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
     turns: list[dict[str, Any]] = []
+    wire_ids = provider_call_ids(messages)
     for message in messages:
         if message.role == "system":
             continue
         role = "assistant" if message.role == "assistant" else "user"
-        blocks = _blocks(message)
+        blocks = _blocks(message, wire_ids)
         if not blocks:
             continue  # the API rejects empty turns and empty text blocks
         if turns and turns[-1]["role"] == role:
@@ -148,9 +150,13 @@ def build_request(
     return body
 
 
-def _blocks(message: Message) -> list[dict[str, Any]]:
+def _blocks(message: Message, wire_ids: Mapping[str, str]) -> list[dict[str, Any]]:
     if message.role == "tool":
-        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.tool_call_id}
+        call_id = message.tool_call_id or ""
+        block: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": wire_ids.get(call_id, call_id),
+        }
         if message.content:
             block["content"] = message.content
         if is_error_result(message.content):
@@ -162,7 +168,7 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
         blocks.append({"type": "text", "text": message.content})
     for call in message.tool_calls:
         blocks.append(
-            {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
+            {"type": "tool_use", "id": call.wire_id, "name": call.name, "input": call.arguments}
         )
     return blocks
 

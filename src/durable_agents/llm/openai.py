@@ -31,6 +31,7 @@ from ..messages import (
     ToolCallDelta,
     ToolSpec,
     Usage,
+    provider_call_ids,
 )
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
@@ -140,6 +141,7 @@ def to_openai_messages(
     servers whose schema wants a string.
     """
     out: list[dict[str, Any]] = []
+    wire_ids = provider_call_ids(messages)
     for message in messages:
         if message.role == "system":
             if message.content:
@@ -152,7 +154,7 @@ def to_openai_messages(
                 entry["content"] = message.content or empty_content
                 entry["tool_calls"] = [
                     {
-                        "id": call.id,
+                        "id": call.wire_id,
                         "type": "function",
                         "function": {
                             "name": call.name,
@@ -168,11 +170,15 @@ def to_openai_messages(
             out.append(
                 {
                     "role": "tool",
-                    "tool_call_id": message.tool_call_id,
+                    "tool_call_id": _wire_id(wire_ids, message.tool_call_id),
                     "content": message.content,
                 }
             )
     return out
+
+
+def _wire_id(wire_ids: Mapping[str, str], call_id: str | None) -> str | None:
+    return wire_ids.get(call_id, call_id) if call_id is not None else None
 
 
 def to_openai_tool(spec: ToolSpec) -> dict[str, Any]:

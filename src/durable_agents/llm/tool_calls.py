@@ -16,7 +16,9 @@ import json
 from typing import Any
 
 from .. import _json
-from ..messages import MalformedToolCall, ToolCall, tool_error
+from ..messages import MalformedToolCall, ToolCall, token_count, tool_error
+
+__all__ = ["decode_arguments", "is_error_result", "make_tool_call", "token_count"]
 
 
 def decode_arguments(name: str, raw: Any) -> tuple[dict[str, Any], str | None]:
@@ -84,8 +86,3 @@ def make_tool_call(call_id: str, name: str, raw_arguments: Any) -> ToolCall:
 def is_error_result(content: str) -> bool:
     """True when a tool message's content is the `{"error": ...}` JSON of a failed call."""
     return tool_error(content) is not None
-
-
-def token_count(value: Any) -> int:
-    """A usage field as an int; 0 when a provider leaves it out or sends something else."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -37,7 +37,14 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Se
 from typing import Any
 
 from ..errors import ConfigurationError
-from ..messages import LLMResponse, Message, StreamPart, TextDelta, ToolSpec
+from ..messages import (
+    LLMResponse,
+    Message,
+    StreamPart,
+    TextDelta,
+    ToolSpec,
+    provider_call_ids,
+)
 from ._retry import RetryPolicy, attempt_timeout, call_with_retries, stream_with_retries
 from ._sse import sse_events, sse_lines
 from .errors import (
@@ -280,7 +287,12 @@ def _as_bytes(value: Any) -> bytes:
 
 def _messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     out = to_openai_messages(messages, empty_content="")
-    names = {m.tool_call_id: m.tool_name for m in messages if m.role == "tool"}
+    wire_ids = provider_call_ids(messages)
+    names = {
+        wire_ids.get(m.tool_call_id, m.tool_call_id): m.tool_name
+        for m in messages
+        if m.role == "tool" and m.tool_call_id is not None
+    }
     for entry in out:
         # Some Workers AI chat templates identify a tool result by the tool's name.
         if entry["role"] == "tool" and names.get(entry["tool_call_id"]):
