@@ -222,6 +222,27 @@ async def test_events_replay_after_a_position_then_follow_the_turn_exactly_once(
     assert any(k == "delta" for k, _, _ in events)  # live, after the replay
 
 
+async def test_events_follow_a_new_sessions_first_turn_before_anything_is_stored(
+    store: D1Store,
+) -> None:
+    model = Model()
+    model.hold = True
+    obj = Object(store, model)
+    post = asyncio.ensure_future(
+        obj.request("POST", "/sessions/a/messages", {"message": "first"}, headers=JSON)
+    )
+    await model.first_word.wait()  # the first LLM call is held: nothing is stored yet
+    assert await store.load_messages(SESSION_ID) == []
+    events = asyncio.ensure_future(read_all(await obj.request("GET", "/sessions/a/events")))
+    await asyncio.sleep(0.01)
+    model.release.set()
+    got, reply = await events, await post
+    assert [k for k, _, _ in got if k != "delta"] == ["message"] * 4 + ["done"]
+    assert [int(i) for k, i, _ in got if k == "message"] == [0, 1, 2, 3]
+    assert got[-1][2] == reply.body
+    assert reply.body["status"] == "complete"
+
+
 async def test_events_without_a_running_turn_replay_then_say_how_the_session_stands(
     store: D1Store,
 ) -> None:

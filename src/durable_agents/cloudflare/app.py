@@ -87,6 +87,7 @@ from ..errors import (
 from ..events import CancelToken, OnEvent
 from ..llm.base import LLM
 from ..llm.settings import llm_from_env, setting
+from ..messages import CALL_ID
 from ..run import run
 from ..stores._sql import MAX_BOUND_INT
 from ..stores.base import SessionInfo, Store
@@ -128,7 +129,7 @@ __all__ = [
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 SESSION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 REQUEST_KEY = re.compile(r"[!-~]{1,255}")  # printable ASCII, as Stripe-style keys are
-TOOL_CALL_ID = re.compile(r"[A-Za-z0-9_.:~-]{1,255}")
+TOOL_CALL_ID = CALL_ID  # every id the kit stores for a call (run() gives others its own)
 DIGEST = re.compile(r"[0-9a-f]{64}")
 _SESSION_PATH = re.compile(
     r"/sessions/([^/]+)(?:/(messages|resume|approvals|events|cancel|view|token)(?:/([^/]+))?)?"
@@ -190,7 +191,9 @@ class Reply:
     text: str | None = None
 
     def json_text(self) -> str:
-        return json.dumps(self.body, ensure_ascii=False, separators=(",", ":"))
+        """The body as strict JSON (no NaN; lone surrogates, if any got here, as U+FFFD)."""
+        text = json.dumps(self.body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return _json.repair_text(text)
 
     def all_headers(self) -> dict[str, str]:
         return {**_JSON, **self.headers}
@@ -775,22 +778,28 @@ async def serve_session(
 
     turn = LiveTurn()
     queue = turn.follow() if command.stream else None
+    live.waiting.append(turn)
 
     async def one_turn() -> Reply:
-        async with live.lock:
-            live.turn = turn
-            try:
-                reply = await _turn(
-                    command, session_id, store, env, agent, llm, make_llm, make_deps,
-                    http_client, turn,
-                )  # fmt: skip
-            except BaseException as exc:  # torn down mid-turn: followers must not wait forever
+        try:
+            async with live.lock:
+                live.waiting.remove(turn)
+                live.turn = turn
+                try:
+                    reply = await _turn(
+                        command, session_id, store, env, agent, llm, make_llm, make_deps,
+                        http_client, turn,
+                    )  # fmt: skip
+                finally:
+                    live.turn = None
+                if index is not None:
+                    await _mirror(store, index, session_id)
+        except BaseException as exc:  # torn down, waiting or mid-turn: followers must not hang
+            if turn in live.waiting:
+                live.waiting.remove(turn)
+            if turn.reply is None:
                 turn.end(internal_error(exc, f"session {session_id}"))
-                raise
-            finally:
-                live.turn = None
-            if index is not None:
-                await _mirror(store, index, session_id)
+            raise
         turn.end(reply)
         return reply
 
@@ -914,12 +923,13 @@ async def _prepend(
 
 
 async def _events(command: Command, session_id: str, store: Store, live: LiveSession) -> Reply:
-    """GET .../events: the stored messages after `command.after`, then the running turn live."""
-    turn = live.turn
+    """GET .../events: the stored messages after `command.after`, then the running turn live
+    (also a new session's first turn, before anything of it is stored)."""
+    turn = live.current
     queue = turn.follow() if turn is not None else None  # first: nothing stored later is missed
     try:
         history = await store.load_messages(session_id)
-        if not history:
+        if not history and queue is None:
             return _no_session(session_id)
         idle = None if queue is not None else await _idle_state(session_id, store, history)
     except BaseException:
@@ -978,7 +988,7 @@ async def _view(command: Command, session_id: str, store: Store) -> Reply:
 
 
 async def _cancel(session_id: str, live: LiveSession) -> Reply:
-    turn = live.turn
+    turn = live.current
     if turn is None:
         return error_reply(
             409, "no-turn-running", f"no turn of session {session_id} is running; nothing to cancel"
@@ -1036,10 +1046,13 @@ async def _run_turn(
     if result.status == "awaiting_approval":
         body["pending"] = [p.to_dict() for p in result.pending]
     if result.status == "error":
+        code = result.error_code or "llm-error"
+        what = f"the LLM call failed ({result.error})" if code == "llm-error" else result.error
         message = (
-            f"the LLM call failed; the session is intact, POST .../resume to retry: {result.error}"
+            f"{what}; the session is intact and keeps your message: POST .../resume to ask "
+            "the model again, or send a new message"
         )
-        body["error"] = {"code": "llm-error", "message": message}
+        body["error"] = {"code": code, "message": message}
         return Reply(502, body)
     if result.status == "budget_exceeded":
         body["error"] = {"code": "budget-exceeded", "message": result.error}

@@ -20,6 +20,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from .._json import repair_text
 from ..events import CancelToken, MessageStored, RunEvent
 from ..messages import TextDelta
 
@@ -38,8 +39,8 @@ EventQueue: TypeAlias = "asyncio.Queue[tuple[str, int | None, bytes]]"
 def sse(event: str, data: Any, event_id: int | None = None) -> bytes:
     """One server-sent event: `event:`, optional `id:`, one `data:` line of JSON."""
     head = f"event: {event}\n" + ("" if event_id is None else f"id: {event_id}\n")
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return (head + f"data: {text}\n\n").encode()
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return (head + f"data: {repair_text(text)}\n\n").encode()
 
 
 def message_event(position: int, message_dict: dict[str, Any]) -> bytes:
@@ -100,8 +101,16 @@ class LiveSession:
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
-        self.turn: LiveTurn | None = None
+        self.turn: LiveTurn | None = None  # the turn holding the lock
+        self.waiting: list[LiveTurn] = []  # accepted turns waiting for the lock, in order
         self.tasks: set[asyncio.Task[Any]] = set()  # turns still running: kept referenced
+
+    @property
+    def current(self) -> LiveTurn | None:
+        """The turn `/events` follows and `/cancel` stops: the running one, else the first
+        accepted one (a request is a turn from the moment it is accepted, before its
+        first write: a new session's first turn has nothing stored yet)."""
+        return self.turn or (self.waiting[0] if self.waiting else None)
 
 
 async def follow(
