@@ -24,6 +24,7 @@ from durable_agents import (
     LLMResponse,
     Message,
     RunResult,
+    SessionNotFoundError,
     ToolCall,
     ToolContext,
     ToolDurabilityError,
@@ -271,7 +272,7 @@ async def test_a_wrong_digest_or_an_unknown_call_decides_nothing(durable_store: 
             await approve(
                 durable_store, SESSION, call_id, digest=waiting.pending[0].digest, approved=True
             )
-    with pytest.raises(ApprovalNotFoundError):
+    with pytest.raises(SessionNotFoundError):
         await approve(durable_store, "no-session", "r1", digest="0" * 64, approved=True)
     assert [e.event for e in await durable_store.load_approvals(SESSION)] == ["requested"]
     assert (await resume(durable_store, effects, ScriptedLLM([]))).status == "awaiting_approval"
@@ -293,6 +294,36 @@ async def test_of_racing_approvers_exactly_one_wins(durable_store: Store) -> Non
     assert all(isinstance(o, ApprovalAlreadyDecidedError) for o in losers), losers
     decisions = [e for e in await durable_store.load_approvals(SESSION) if e.event != "requested"]
     assert len(decisions) == 1
+
+
+class DeletedMeanwhile:
+    """A store whose session is deleted just before the decision's write lands: the
+    approver loaded the waiting call, then somebody sent DELETE."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def append_messages_atomic(self, session_id: str, *args: Any, **kwargs: Any) -> None:
+        await self.store.delete_session(session_id)
+        await self.store.append_messages_atomic(session_id, *args, **kwargs)
+
+
+async def test_a_decision_on_a_deleted_session_says_the_session_is_gone(
+    durable_store: Store,
+) -> None:
+    effects = Effects()
+    waiting = await start(durable_store, effects, REFUND)
+    digest = waiting.pending[0].digest
+    racing: Any = DeletedMeanwhile(durable_store)
+    with pytest.raises(SessionNotFoundError):
+        await approve(racing, SESSION, "r1", digest=digest, approved=True)
+    with pytest.raises(SessionNotFoundError):  # and after the delete, plainly
+        await approve(durable_store, SESSION, "r1", digest=digest, approved=True)
+    assert await durable_store.load_approvals(SESSION) == []
+    assert effects == {}
 
 
 async def test_invalid_arguments_are_answered_at_once_with_nothing_to_approve(

@@ -50,6 +50,7 @@ from .errors import (
     ApprovalDigestMismatchError,
     ApprovalNotFoundError,
     SessionConflictError,
+    SessionNotFoundError,
 )
 from .messages import ToolCall, pending_tool_calls
 from .stores.base import ApprovalChange, ApprovalEvent, Store
@@ -160,7 +161,8 @@ async def approve(
     digest`, or computed by `approval_digest`); a decision for other
     arguments is refused. `reason` is kept with the decision (who decided,
     and why) and, for a denial, shown to the model. Raises, with nothing
-    written: `ApprovalNotFoundError` (no such call waits), `ApprovalDigestMismatchError`,
+    written: `SessionNotFoundError` (no such session, or it was deleted),
+    `ApprovalNotFoundError` (no such call waits), `ApprovalDigestMismatchError`,
     `ApprovalAlreadyDecidedError` (a decision exists; of racing approvers
     exactly one wins and the others get this). The turn goes on with
     `run(..., message=None)` once every waiting call of the step is decided.
@@ -168,6 +170,8 @@ async def approve(
     states = approval_states(await store.load_approvals(session_id))
     state = states.get(tool_call_id)
     history = await store.load_messages(session_id)
+    if not history:  # never started, or deleted (also while this decision was on its way)
+        raise SessionNotFoundError(session_id)
     if state is None or tool_call_id not in {c.id for c in pending_tool_calls(history)}:
         if state is not None and state.decision is not None:
             raise ApprovalAlreadyDecidedError(session_id, tool_call_id, state.decision)
@@ -182,7 +186,10 @@ async def approve(
     try:
         await store.append_messages_atomic(session_id, len(history), [], approvals=[change])
     except SessionConflictError:
-        # Another approver got there first (the schema let exactly one decision land).
+        # Another approver got there first (the schema let exactly one decision land),
+        # or the session was deleted meanwhile.
+        if not await store.load_messages(session_id):
+            raise SessionNotFoundError(session_id) from None
         now = approval_states(await store.load_approvals(session_id)).get(tool_call_id)
         raise ApprovalAlreadyDecidedError(
             session_id, tool_call_id, (now.decision if now else None) or "decided"
