@@ -113,6 +113,9 @@ async def test_an_expired_or_tampered_token_is_a_401() -> None:
         f"{prefix}.{name}.{int(expires) + 9999}.{signature}",  # a later expiry
         f"{prefix}.{name}.{expires}.{signature[:-1]}{'A' if signature[-1] != 'A' else 'B'}",
         f"{prefix}.{name}.{expires}",
+        f"{prefix}.{name}.0{expires}.{signature}",  # the same expiry, another text
+        f"{prefix}.{name}.00{expires}.{signature}",
+        f"{prefix}.{name}.+{expires}.{signature}",
         token + ".",
         token.replace("dast1", "dast2"),
         mint_session_token("another-secret-of-thirty-two-bytes!!", name, expires_at=int(expires)),

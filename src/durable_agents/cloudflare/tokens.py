@@ -21,7 +21,10 @@ import re
 __all__ = ["SessionTokenError", "mint_session_token", "verify_session_token"]
 
 PREFIX = "dast1"
-_SHAPE = re.compile(r"dast1\.([A-Za-z0-9_-]{1,64})\.([0-9]{1,12})\.([A-Za-z0-9_-]{43})")
+# Canonical fields only: one text per token. The expiry is digits without a leading
+# zero or a sign (`int()` would also take "0123", "+123" and "1_000"), and the
+# signature is compared as text, so no two texts carry one signed value.
+_SHAPE = re.compile(r"dast1\.([A-Za-z0-9_-]{1,64})\.([1-9][0-9]{0,11})\.([A-Za-z0-9_-]{43})")
 MIN_SECRET_BYTES = 32
 
 
