@@ -16,6 +16,11 @@ entry; nothing is scheduled per timeout. Only a deadline earlier than the
 sleeper's next wake-up (a timeout shorter than `TICK`) restarts it, leaving one
 timer behind. On CPython the same code runs, so it is what the tests exercise.
 
+Time is what the sleeper has slept, when the loop's clock says less: a Worker's
+clock may stand still between I/O events (Cloudflare's Spectre mitigation), so
+a deadline measured by it alone might never come, while a timer that fired
+means its delay has passed.
+
 `timeout(seconds)` behaves as `asyncio.timeout(seconds)`: on expiry the block
 is cancelled and `TimeoutError` raised, `.expired()` says whether it was; None
 is no limit.
@@ -55,8 +60,13 @@ class _Sleeper:
         self.order = itertools.count()
         self.task: asyncio.Task[None] | None = None
         self.wake_at = float("inf")
+        self.slept_to = float("-inf")  # the time the last sleep that ran out ended at
 
-    def add(self, when: float, callback: Callable[[], None]) -> _Entry:
+    def now(self) -> float:
+        return max(self.loop.time(), self.slept_to)
+
+    def add(self, seconds: float, callback: Callable[[], None]) -> _Entry:
+        when = self.now() + max(seconds, 0.0)
         entry = _Entry(when, next(self.order), callback)
         heapq.heappush(self.heap, entry)
         if self.task is None or self.task.done():
@@ -73,15 +83,19 @@ class _Sleeper:
                 if entry.cancelled:
                     heapq.heappop(self.heap)
                     continue
-                wait = entry.when - self.loop.time()
+                now = self.now()
+                wait = entry.when - now
                 if wait > 0:
-                    self.wake_at = self.loop.time() + min(wait, TICK)
-                    await asyncio.sleep(min(wait, TICK))
+                    nap = min(wait, TICK)
+                    self.wake_at = now + nap
+                    await asyncio.sleep(nap)
+                    self.slept_to = max(self.slept_to, now + nap)
                     continue
                 heapq.heappop(self.heap)
                 entry.callback()
         finally:
-            self.wake_at = float("inf")
+            if asyncio.current_task() is self.task:  # (not a sleeper started again)
+                self.wake_at = float("inf")
 
 
 _SLEEPERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sleeper] = (
@@ -108,9 +122,7 @@ class Timeout:
             if sleeper is None:
                 sleeper = _SLEEPERS[loop] = _Sleeper(loop)
             inner = self._inner
-            self._entry = sleeper.add(
-                loop.time() + max(self.seconds, 0.0), lambda: inner.reschedule(loop.time())
-            )
+            self._entry = sleeper.add(self.seconds, lambda: inner.reschedule(loop.time()))
         return self
 
     async def __aexit__(
