@@ -24,12 +24,17 @@ nothing of the Worker's runtime is ours):
   migrations folder, while the Worker starts.
 - Cron: GET /cdn-cgi/handler/scheduled?cron=... runs the Worker's scheduled() (as
   `wrangler dev --test-scheduled`).
+- Limits: WORKERS_PLAN = free (the default) | paid, read like the settings: Cloudflare's
+  per-invocation limits of that plan (50 subrequests on free, 10,000 on paid; D1 queries,
+  other Cloudflare services), enforced in the Worker with Cloudflare's errors
+  (runtime/dev_limits.py); the banner says which.
 - A killed server leaves nothing running: wrangler and workerd die with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -46,6 +51,8 @@ import time
 import tomllib
 from pathlib import Path
 from typing import Any
+
+import dev_limits  # runtime/, beside this file
 
 PROJECT = Path(__file__).resolve().parent.parent
 # The project's wrangler on its Node, with runtime/workerd as its workerd.
@@ -277,13 +284,15 @@ def node_env(extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, "NO_COLOR": "1", "FORCE_COLOR": "0", **extra}
 
 
-def wrangler(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen[str]:
+def wrangler(
+    args: list[str], env: dict[str, str], cwd: Path = PROJECT, **kwargs: Any
+) -> subprocess.Popen[str]:
     """scripts/wrangler; it dies with this process (setpriv's parent-death signal, which
     outlives the script's exec of node)."""
     command = [str(WRANGLER), *args]
     if Path("/usr/bin/setpriv").exists():
         command = ["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", *command]
-    return subprocess.Popen(command, cwd=PROJECT, env=env, text=True, **kwargs)
+    return subprocess.Popen(command, cwd=cwd, env=env, text=True, **kwargs)
 
 
 def start_lock(config_file: Path) -> Any:
@@ -360,11 +369,28 @@ def main(argv: list[str] | None = None) -> int:
     flags = [str(f) for f in config.get("compatibility_flags") or []]
     if bundle == "development":
         flags += [f for f in DEVELOPMENT_FLAGS if f not in flags]
+    try:
+        plan, plan_source = dev_limits.read_plan(config.get("vars") or {}, dev_vars, os.environ)
+    except ValueError as exc:
+        fail(str(exc))
+    limits = dev_limits.plan_limits(plan, config)
+    plan_note = dev_limits.describe(plan, plan_source, limits)
+    unenforced = dev_limits.unsupported(config, main_module, is_kit)
+    if unenforced:
+        plan_note = f"WORKERS_PLAN={plan}: its limits are not enforced ({unenforced})"
     extra = {"DURABLE_AGENTS_AGENT": str(agent_file)} if agent_file else {}
     if bundle == "development" and SNAPSHOT.is_file():
         extra["DURABLE_AGENTS_PYODIDE_SNAPSHOT"] = SNAPSHOT.name
-    env = node_env(extra)
     persist.mkdir(parents=True, exist_ok=True)
+    # The Worker's main under the plan's limits: a generated module in a staging folder of
+    # this server (dev_limits.Stage), which `wrangler dev` runs as its script.
+    stage = None
+    if not unenforced:
+        stage = dev_limits.Stage(PROJECT, main_module, limits, is_kit, persist)
+    script = [str(stage.main)] if stage else []
+    if stage:
+        atexit.register(stage.close)  # also on fail() and SIGTERM (sys.exit)
+    env = node_env({**extra, **(stage.env() if stage else {})})
 
     running: list[subprocess.Popen[str]] = []
 
@@ -398,18 +424,22 @@ def main(argv: list[str] | None = None) -> int:
         with os.fdopen(fd, "w") as out:
             out.writelines(dotenv_line(k, v) for k, v in settings.items())
         args = [
-            "dev", "--config", str(config_file), "--ip", options.ip, "--port", str(port),
+            "dev", *script, "--config", str(config_file), "--ip", options.ip, "--port", str(port),
             "--persist-to", str(persist), "--env-file", str(env_file), "--test-scheduled",
             "--inspector-port", str(free_port("127.0.0.1", avoid=port)),
             "--show-interactive-dev-session=false", "--compatibility-flags", *flags,
         ]  # fmt: skip
         # One start at a time per config: wrangler runs the config's [build] (for this kit,
-        # build/worker/, with --agent's module) and bundles from it; another server's build
-        # must not change those files before this one has bundled them (until `Ready on`).
+        # build/worker/, with --agent's module; under WORKERS_PLAN this server's own staging
+        # folder) and bundles from it; another server's build must not change those files
+        # before this one has bundled them (until `Ready on`).
         starting = start_lock(config_file)
+        # From the config's folder: with a script argument wrangler takes the project (its
+        # python_modules/) from the working directory.
         server = wrangler(
-            args, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
+            args, env, config_file.parent,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
         running[:] = [server]
         assert server.stdout is not None
         ready = port_taken = False
@@ -422,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                     server.kill()
                     return 1
                 ready = True
+                notes = [*notes, plan_note]
                 announce(config_file, config, bundle, notes, persist, migrated[0], started, origin)
                 chat_page = settings.get("CHAT_PAGE", (config.get("vars") or {}).get("CHAT_PAGE"))
                 if agent is not None and chat_page == "on":

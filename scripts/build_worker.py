@@ -22,6 +22,12 @@ If the Worker did import one, it would fail at once on deploy; the kit's
 tests/test_bundle.py imports the staged bundle inside the local runtime
 and serves a turn from it.
 
+Under `scripts/dev` (DURABLE_AGENTS_DEV_STAGE names that server's staging
+folder; see runtime/dev_limits.py) the modules go to `<folder>/worker/`
+instead, with the files of `<folder>/extra/` (the WORKERS_PLAN limits and
+the main module that applies them): each dev server serves its own copy,
+and build/worker/ stays what a deploy uploads.
+
 stdlib only; Python >= 3.11.
 """
 
@@ -46,6 +52,8 @@ PROJECT = Path(__file__).resolve().parent.parent
 SRC = PROJECT / "src"
 OUT = PROJECT / "build" / "worker"
 ROOTS = ("entry",)
+# Set by the dev server (runtime/dev_limits.py): the folder of its staged Worker.
+DEV_STAGE = "DURABLE_AGENTS_DEV_STAGE"
 # Modules (and packages) the Worker never imports, though Worker modules name them.
 CPYTHON_ONLY = (
     "durable_agents.testing",  # test doubles, check_agent, the pytest plugin
@@ -140,13 +148,14 @@ def worker_modules(src: Path = SRC, roots: tuple[str, ...] = ROOTS) -> dict[str,
     return dict(sorted(wanted.items()))
 
 
-def stage(out: Path = OUT, src: Path = SRC) -> dict[str, Path]:
-    """Replace `out` with the Worker's modules. A failed build leaves `out` as it was; two
-    builds at once (two dry runs, two `wrangler dev`) take turns."""
+def stage(out: Path = OUT, src: Path = SRC, extra: Path | None = None) -> dict[str, Path]:
+    """Replace `out` with the Worker's modules (and the files of the folder `extra`). A failed
+    build leaves `out` as it was; two builds at once (two dry runs, two `wrangler dev`) take
+    turns."""
     modules = worker_modules(src)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _locked(out.parent / f".{out.name}.lock"):
-        _replace(out, src, modules)
+        _replace(out, src, modules, extra)
     return modules
 
 
@@ -158,13 +167,15 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def _replace(out: Path, src: Path, modules: dict[str, Path]) -> None:
+def _replace(out: Path, src: Path, modules: dict[str, Path], extra: Path | None = None) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         for name, path in modules.items():
             target = staging / _module_file(name, path)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
+        for path in sorted(extra.iterdir()) if extra is not None else []:
+            shutil.copyfile(path, staging / path.name)
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)
@@ -190,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, path in worker_modules().items():
             print(f"{name}\t{path}")
         return 0
-    modules = stage(args.out)
+    dev_stage = os.environ.get(DEV_STAGE)
+    if dev_stage and args.out == OUT:
+        args.out, extra = Path(dev_stage) / "worker", Path(dev_stage) / "extra"
+    else:
+        extra = None
+    modules = stage(args.out, extra=extra)
     size = sum(path.stat().st_size for path in modules.values())
     unused = sorted(set(source_modules(SRC)) - set(modules))
     print(
