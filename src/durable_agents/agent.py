@@ -32,6 +32,12 @@ class Agent(Generic[DepsT]):
       so it survives crashes) is added up; at or over the limit the turn
       stops with status `"budget_exceeded"`, resumable once it is raised.
       None: no limit.
+    - `tool_concurrency`: at most this many handlers of one step run at once
+      (default 6: a Worker invocation may have 6 connections open at a time;
+      the others wait their turn).
+    - `max_tool_calls_per_step`: the calls of one LLM reply that are run
+      (default 100); the rest are answered `too-many-calls` and never run
+      (nor wait for approval), so the model can ask again in smaller steps.
     - `deps_type`: the type of the `deps` its runs take (`ctx.deps` in its
       handlers), for the type checker only: `Agent(..., deps_type=MyDeps)`
       is an `Agent[MyDeps]`, and `run(agent, deps=...)` must pass a `MyDeps`.
@@ -46,6 +52,8 @@ class Agent(Generic[DepsT]):
     max_message_bytes: int = 1_000_000
     deps_type: type[DepsT] | None = None
     max_session_tokens: int | None = None
+    tool_concurrency: int = 6
+    max_tool_calls_per_step: int = 100
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
@@ -53,6 +61,10 @@ class Agent(Generic[DepsT]):
             raise ConfigurationError("an agent needs a name")
         if self.max_steps < 1:
             raise ConfigurationError(f"max_steps must be at least 1, got {self.max_steps}")
+        for count in ("tool_concurrency", "max_tool_calls_per_step"):
+            value = getattr(self, count)
+            if type(value) is not int or value < 1:
+                raise ConfigurationError(f"{count} must be a positive int, got {value!r}")
         budget = self.max_session_tokens
         if budget is not None and (type(budget) is not int or budget < 1):
             raise ConfigurationError(f"max_session_tokens must be a positive int, got {budget!r}")

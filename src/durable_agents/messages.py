@@ -338,6 +338,9 @@ class ToolErrorKind(StrEnum):
                                `toolName` and `toolCallId` besides
         TOOL_DENIED            a person denied the call (it needed approval); with
                                `toolName`, `toolCallId` and the decision's `reason`
+        TOO_MANY_CALLS         the reply asked for more calls than the agent runs in
+                               one step (`max_tool_calls_per_step`); this one was
+                               not run
     """
 
     UNKNOWN_TOOL = "unknown-tool"
@@ -348,6 +351,7 @@ class ToolErrorKind(StrEnum):
     RESULT_TOO_LARGE = "result-too-large"
     TOOL_DURABILITY_ERROR = "tool-durability-error"
     TOOL_DENIED = "tool-denied"
+    TOO_MANY_CALLS = "too-many-calls"
 
 
 def tool_error_content(kind: ToolErrorKind, text: str, **fields: str | None) -> str:

@@ -540,7 +540,7 @@ class _Session:
         declared `requires_approval` whose arguments are valid (a call that cannot
         run is answered at once, with nothing to approve)."""
         requests = {}
-        for call in calls:
+        for call in calls[: self.agent.max_tool_calls_per_step]:  # the rest never run
             tool = self.tools.get(call.name)
             if tool is None or not tool.requires_approval or isinstance(call, MalformedToolCall):
                 continue
@@ -658,21 +658,42 @@ class _Session:
         With `decided` (calls a person decided on): those in `run` (claimed just
         now) run as new calls, the others get their `tool-denied` result."""
         decided, run = decided or {}, run or set()
-        jobs = [
-            self.result_content(call, resuming and call.id not in run)
-            if call.id not in decided or call.id in run
-            else _denied(call, decided[call.id])
-            for call in calls
-        ]
+        over = self.beyond_cap()
+        slots = asyncio.Semaphore(self.agent.tool_concurrency)
+
+        async def answer(call: ToolCall) -> str:
+            if call.id in decided and call.id not in run:
+                return await _denied(call, decided[call.id])
+            async with slots:
+                return await self.result_content(
+                    call, resuming and call.id not in run, call.id in over
+                )
+
+        jobs = [answer(call) for call in calls]
         contents = [await jobs[0]] if len(jobs) == 1 else await _all_or_crash(jobs)
         return [Message.tool_result(c, text) for c, text in zip(calls, contents, strict=True)]
 
-    async def result_content(self, call: ToolCall, resuming: bool) -> str:
+    def beyond_cap(self) -> set[str]:
+        """The calls of the last step past `max_tool_calls_per_step`: answered, never run."""
+        last = next((m for m in reversed(self.history) if m.role == "assistant"), None)
+        if last is None:
+            return set()
+        return {c.id for c in last.tool_calls[self.agent.max_tool_calls_per_step :]}
+
+    async def result_content(self, call: ToolCall, resuming: bool, over_cap: bool = False) -> str:
         if isinstance(call, MalformedToolCall):  # never run, so never a durability question
             return tool_error_content(ToolErrorKind.INVALID_ARGUMENTS, call.arguments_error)
         tool = self.tools.get(call.name)
         if resuming and (tool is None or not tool.safe_to_retry):
+            # (Also past the cap: the cap may have been lower when the step began.)
             return ToolDurabilityError(call.name, call.id).to_content()
+        if over_cap:
+            cap = self.agent.max_tool_calls_per_step
+            return tool_error_content(
+                ToolErrorKind.TOO_MANY_CALLS,
+                f"Tool {call.name!r} was not run: one reply may ask for at most {cap} tool "
+                f"calls, and this was call {cap + 1} or later. Ask for the rest in another step.",
+            )
         if tool is None:
             return tool_error_content(
                 ToolErrorKind.UNKNOWN_TOOL,
