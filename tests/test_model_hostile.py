@@ -26,12 +26,12 @@ from durable_agents import (
     ToolCall,
     ToolContext,
     Usage,
+    _json,
     approve,
     pending_approvals,
     run,
     tool,
 )
-from durable_agents import _json
 from durable_agents.limits import MAX_ROW_BYTES
 from durable_agents.llm.anthropic import build_request
 from durable_agents.llm.openai import parse_response, to_openai_messages
@@ -106,16 +106,33 @@ async def test_odd_call_ids_get_ids_of_the_kit_and_go_back_to_the_provider(world
     assert result.status == "complete"
     stored = calls_of(await world.history())
     assert all(CALL_ID.fullmatch(c["id"]) for c in stored)
-    assert [c.get("provider_id") for c in stored] == [i.replace("\ud800", "\ufffd") for i in ODD_IDS]
+    assert [c.get("provider_id") for c in stored] == [
+        i.replace("\ud800", "\ufffd") for i in ODD_IDS
+    ]
     assert len(world.posts) == len(ODD_IDS)  # each ran once, under the kit's id
     # The next LLM call gives the provider back its own ids, calls and results alike.
     sent = to_openai_messages(llm.calls[1].messages)
     assert [c["id"] for c in sent[2]["tool_calls"]] == [c["provider_id"] for c in stored]
     assert [m["tool_call_id"] for m in sent[3:]] == [c["provider_id"] for c in stored]
     anthropic = build_request("m", llm.calls[1].messages, [], max_tokens=10)["messages"]
-    assert [b["tool_use_id"] for b in anthropic[2]["content"]] == [
-        c["provider_id"] for c in stored
-    ]
+    assert [b["tool_use_id"] for b in anthropic[2]["content"]] == [c["provider_id"] for c in stored]
+
+
+async def test_a_repeated_odd_id_is_a_duplicate_and_never_goes_back_twice(world: World) -> None:
+    first = [ToolCall("a/b", "post", {"text": "1"}), ToolCall("a/b", "post", {"text": "2"})]
+    llm = ScriptedLLM(
+        [LLMResponse(tool_calls=first),
+         LLMResponse(tool_calls=[ToolCall("a/b", "post", {"text": "3"})]),
+         LLMResponse(text="ok")]
+    )  # fmt: skip
+    await world.turn(llm)
+    stored = calls_of(await world.history())
+    assert [c.get("provider_id") for c in stored] == ["a/b", None, None]
+    assert len({c["id"] for c in stored}) == 3
+    sent = to_openai_messages(llm.calls[2].messages)
+    wire = [c["id"] for m in sent if m["role"] == "assistant" for c in m["tool_calls"]]
+    assert wire[0] == "a/b"
+    assert len(set(wire)) == 3
 
 
 async def test_a_plain_provider_id_is_kept_as_it_is(world: World) -> None:
@@ -139,9 +156,7 @@ async def test_an_approval_of_an_odd_id_is_decided_by_the_listed_id(world: World
     (waiting,) = await pending_approvals(world.store, SESSION)
     assert CALL_ID.fullmatch(waiting.tool_call_id)
     assert waiting.tool_call_id == first.pending[0].tool_call_id
-    await approve(
-        world.store, SESSION, waiting.tool_call_id, digest=waiting.digest, approved=True
-    )
+    await approve(world.store, SESSION, waiting.tool_call_id, digest=waiting.digest, approved=True)
     done = await world.turn(llm, message=None)
     assert done.status == "complete"
     assert world.refunds == [waiting.tool_call_id]
@@ -179,10 +194,12 @@ async def test_non_finite_numbers_built_in_python_are_invalid_arguments(
     calls = [ToolCall("c1", tool_name, {"text": "a", "n": value})]
     result = await world.turn(ScriptedLLM([LLMResponse(tool_calls=calls), LLMResponse(text="ok")]))
     assert result.status == "complete"  # a gated tool's call is answered, never awaits approval
-    assert world.posts == [] and world.refunds == []
+    assert world.posts == []
+    assert world.refunds == []
     history = await world.history()
     error = tool_error(history[2]["content"])
-    assert error is not None and error["kind"] == "invalid-arguments"
+    assert error is not None
+    assert error["kind"] == "invalid-arguments"
     assert "finite numbers" in error["error"]
 
 
@@ -224,7 +241,8 @@ async def test_a_handler_result_with_nan_or_a_lone_surrogate_is_stored_strict(
     assert result.status == "complete"
     history = await world.history()
     nan_result = tool_error(history[2]["content"])
-    assert nan_result is not None and nan_result["kind"] == "invalid-output"
+    assert nan_result is not None
+    assert nan_result["kind"] == "invalid-output"
     assert "NaN" in nan_result["error"]
     assert history[3]["content"] == "lone \ufffd text"
     assert json.loads(history[4]["content"]) == {"k": ["\ufffd"]}
@@ -256,7 +274,8 @@ async def test_a_reply_the_store_cannot_hold_ends_the_turn_and_keeps_the_message
     result = await world.turn(ScriptedLLM([reply]), message="hello")
     assert result.status == "error"
     assert result.error_code == "llm-response-too-large"
-    assert result.error is not None and "was not kept" in result.error
+    assert result.error is not None
+    assert "was not kept" in result.error
     assert world.posts == []
     assert [m["content"] for m in await world.history()] == ["hello"]
     resumed = await world.turn(ScriptedLLM([LLMResponse(text="short now")]), message=None)

@@ -408,7 +408,11 @@ class _Session:
         self.new_id = new_id
         self.system = Message.system(agent.instructions)
         self.specs = [t.spec for t in tools.values()]
-        self.call_ids = {c.id for m in history for c in m.tool_calls}
+        # Every id a call of the session has (or had, from its provider): a repeat is a
+        # duplicate. Provider ids the kit replaced never match CALL_ID, so never a kit id.
+        self.call_ids = {
+            i for m in history for c in m.tool_calls for i in (c.id, c.provider_id) if i
+        }
         self.name: str | None = None  # stored by the append that creates the session
 
     def find_request(self, request_key: str, message: str) -> int | None:
@@ -632,6 +636,7 @@ class _Session:
                 call = replace(call, id=self.fresh_call_id(), provider_id=None)
             elif CALL_ID.fullmatch(call.id) is None:
                 call = replace(call, id=self.fresh_call_id(), provider_id=call.id)
+                self.call_ids.add(call.id if call.provider_id is None else call.provider_id)
             self.call_ids.add(call.id)
             assigned.append(call)
         return assigned
