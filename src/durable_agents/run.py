@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 import httpx
 
-from . import _json, context
+from . import _json, _timeouts, context
 from .agent import Agent
 from .approvals import (
     ApprovalState,
@@ -802,7 +802,7 @@ class _Session:
             deps=self.deps,
         )
         assert tool.handler is not None  # _bind_tools guarantees it
-        timer = asyncio.timeout(tool.timeout)
+        timer = _timeouts.timeout(tool.timeout)  # leaves no timer behind (Pyodide)
         try:
             value = tool.handler(args, ctx)
             if inspect.isawaitable(value):

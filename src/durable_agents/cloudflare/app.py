@@ -67,6 +67,7 @@ import httpx
 
 from .. import _json
 from .._http_json import refuse_deep_json
+from .._timeouts import timeout
 from ..agent import Agent
 from ..approvals import approve, pending_approvals
 from ..errors import (
@@ -811,7 +812,8 @@ async def serve_session(
     if queue is None:
         return await asyncio.shield(task)  # the request may go; the turn goes on
     try:
-        first = await asyncio.wait_for(queue.get(), FIRST_EVENT_WAIT_S)
+        async with timeout(FIRST_EVENT_WAIT_S):
+            first = await queue.get()
     except TimeoutError:
         first = None
     ended = first is not None and first[0] == "end" and turn.reply is not None
@@ -1063,7 +1065,7 @@ def with_budget(agent: Agent, env: Any) -> Agent:
     """`agent` with the Worker's `MAX_SESSION_TOKENS` and `MAX_CONTEXT_TOKENS` settings as
     its `max_session_tokens` and `max_context_tokens`, when set (they win over the
     agent's own)."""
-    changes = {}
+    changes: dict[str, Any] = {}
     for name, field_name in (
         ("MAX_SESSION_TOKENS", "max_session_tokens"), ("MAX_CONTEXT_TOKENS", "max_context_tokens"),
     ):  # fmt: skip

@@ -11,7 +11,11 @@ is rejected) but runs a batch as one implicit transaction, all or nothing.
 An append is therefore a batch of the message INSERTs plus the session
 upsert; the schema's UNIQUE (session_id, seq) key and its in-order trigger
 make the batch fail whole when another writer got there first, which is the
-whole concurrency check. No read precedes the write.
+whole concurrency check. No read precedes the write. D1 counts each statement
+of a batch as a query of the invocation (50 on Workers Free): a step of many
+tool calls has its rows packed into a few statements (`_sql.append_statements`),
+and every statement is checked against D1's limits before it is bound
+(`_sql.check_statement`), which miniflare's D1 does not all enforce.
 
 The binding is used as the `workers` SDK hands it to Python code:
 `prepare(sql).bind(*args)`, `await stmt.raw()` (rows as lists), `await

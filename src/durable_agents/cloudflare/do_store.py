@@ -19,7 +19,9 @@ How it uses the storage API (workerd's `DurableObjectStorage`):
 - `storage.transactionSync(callback)` is the only transaction there is
   (workerd refuses BEGIN, SAVEPOINT and RELEASE): every write of an append (the
   message INSERTs, the session upsert, approvals, the lease) runs inside one
-  callback, committed together or rolled back if it throws. The schema's
+  callback, committed together or rolled back if it throws; the same statements
+  as on D1, so a step of many tool calls is a few packed INSERTs here too, one
+  `sql.exec` each rather than one per row. The schema's
   UNIQUE key and in-order trigger make an append at a stale position fail,
   exactly as on D1: `SessionConflictError`, nothing written.
 - The schema (`_sql.MIGRATIONS`) is applied on a store's first use, in one

@@ -21,12 +21,13 @@ expiry the request is aborted and `httpx.ReadTimeout` raised.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
+
+from .._timeouts import timeout
 
 __all__ = ["FetchTransport"]
 
@@ -137,7 +138,7 @@ def _read_timeout(request: httpx.Request) -> float | None:
 
 
 async def _within(awaitable: Awaitable[Any], seconds: float | None) -> Any:
-    async with asyncio.timeout(seconds):
+    async with timeout(seconds):  # one per read: it must leave no JS timer behind
         return await awaitable
 
 

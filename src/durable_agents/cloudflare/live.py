@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .._json import repair_text
+from .._timeouts import timeout
 from ..events import CancelToken, MessageStored, RunEvent
 from ..messages import TextDelta
 
@@ -122,7 +123,8 @@ async def follow(
     sent) are skipped; a comment every `keep_alive` seconds while nothing comes."""
     while True:
         try:
-            kind, position, data = await asyncio.wait_for(queue.get(), keep_alive)
+            async with timeout(keep_alive):  # one per event: it must leave no JS timer behind
+                kind, position, data = await queue.get()
         except TimeoutError:
             yield b": keep-alive\n\n"
             continue

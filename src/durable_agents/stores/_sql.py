@@ -6,7 +6,18 @@ migration's `ALTER TABLE ... ADD COLUMN` and its backfill is idempotent;
 `schema_plan()` leaves those out for a database that has the column already,
 which is what the SQLite store (and `D1Store.create_tables`) run on open.
 Every statement uses `?` placeholders, which both sqlite3 and D1 accept, and
-binds at most 11 parameters (D1 allows 100).
+binds at most 12 parameters.
+
+Why a big append packs its rows: D1 counts every statement of a batch as one
+of the queries a Worker invocation may make (50 on Workers Free, 1,000 on
+Paid), so one INSERT per message made a step of 1,000 tool calls a batch of
+1,002 statements, past what D1 takes, which the miniflare D1 of `scripts/dev`
+ran all the same. An append of more than MAX_BATCH_STATEMENTS statements has
+its messages (and approval events) travel as JSON arrays instead, each bound
+to one parameter of an INSERT ... SELECT FROM json_each(?): a few statements
+whatever the row count. Every append and every statement D1 or a Durable
+Object runs is checked against D1's limits first (`check_batch`,
+`check_statement`), so a local run fails where Cloudflare would.
 
 Why the schema itself guards the history: rows are insert-only and keyed by
 (session_id, seq). The UNIQUE key makes a writer that lost a race collide; the
@@ -24,7 +35,7 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import (
@@ -66,20 +77,86 @@ def bindable(value: int, what: str, session_id: str | None = None) -> int:
     )
 
 
+# D1's limits on one statement, which hold for each statement of a batch too
+# (developers.cloudflare.com/d1/platform/limits) and which a Durable Object's SQLite
+# shares: bound parameters, bytes of SQL text, and bytes of one string or BLOB value.
+# And the statements of one batch: D1 counts each as a query of the invocation, and
+# a Worker invocation on Workers Free may make 50 (on Paid, 1,000). Local workerd
+# refuses the first two; miniflare's D1 takes an over-long value and any batch, and
+# SQLite on CPython takes everything, so `check_statement` and `check_batch` do the
+# refusing on every backend, before anything is written.
+MAX_BOUND_PARAMS = 100
+MAX_SQL_BYTES = 100_000
+MAX_VALUE_BYTES = 2_000_000
+MAX_BATCH_STATEMENTS = 50
+
+Statement = tuple[str, tuple[Any, ...]]
+
 _TABLE = re.compile(r"(?:INTO|UPDATE|FROM)\s+(\w+)")
+
+
+def _statement_name(sql: str) -> str:
+    table = _TABLE.search(sql)  # only to name the statement in an error
+    return repr(table[1] if table else sql[:40])
+
+
+def _text_bytes(value: str) -> int:
+    # A lone surrogate is counted, not refused: what binding does with it is each
+    # backend's own business, as it was before the count.
+    return len(value.encode("utf-8", "surrogatepass"))
+
+
+def check_statement(sql: str, params: Sequence[Any], session_id: str | None = None) -> None:
+    """`StoreError` if one statement is past a D1 limit on statements (see MAX_BOUND_PARAMS)."""
+    problem = None
+    if len(params) > MAX_BOUND_PARAMS:
+        problem = f"binds {len(params)} parameters (D1 allows {MAX_BOUND_PARAMS})"
+    elif len(sql) * 4 > MAX_SQL_BYTES and _text_bytes(sql) > MAX_SQL_BYTES:
+        problem = f"is {_text_bytes(sql)} bytes of SQL (D1 allows {MAX_SQL_BYTES})"
+    else:
+        for value in params:
+            size = (
+                _text_bytes(value) if isinstance(value, str) and len(value) * 4 > MAX_VALUE_BYTES
+                else len(value) if isinstance(value, bytes) else 0
+            )  # fmt: skip
+            if size > MAX_VALUE_BYTES:
+                problem = f"binds a value of {size} bytes (D1 allows {MAX_VALUE_BYTES})"
+                break
+    if problem is not None:
+        where = "" if session_id is None else f"session {session_id!r}: "
+        raise StoreError(
+            f"{where}the statement on {_statement_name(sql)} {problem}; nothing was written",
+            session_id=session_id,
+        )
+
+
+def check_batch(statements: Sequence[Statement], session_id: str | None = None) -> list[Statement]:
+    """`statements` if D1 would run them as one batch (see MAX_BATCH_STATEMENTS), each
+    checked by `check_statement`; else `StoreError`."""
+    if len(statements) > MAX_BATCH_STATEMENTS:
+        where = "" if session_id is None else f"session {session_id!r}: "
+        raise StoreError(
+            f"{where}one write needs {len(statements)} statements, more than the "
+            f"{MAX_BATCH_STATEMENTS} D1 runs in one batch; nothing was written",
+            session_id=session_id,
+        )
+    for sql, params in statements:
+        check_statement(sql, params, session_id)
+    return list(statements)
 
 
 def bound_params(sql: str, params: Sequence[Any], session_id: str | None = None) -> list[Any]:
     """`sql`'s parameters as D1 and Durable Object SQL must get them: a bool as the int
     0 or 1 (Durable Object SQL binds True as the text 'true'), every int within
-    ±MAX_BOUND_INT (else `StoreError`, before anything is bound)."""
+    ±MAX_BOUND_INT, the statement within D1's limits (`check_statement`); else
+    `StoreError`, before anything is bound."""
+    check_statement(sql, params, session_id)
     bound: list[Any] = []
     for value in params:
         if isinstance(value, bool):
             value = int(value)
         elif isinstance(value, int) and not -MAX_BOUND_INT <= value <= MAX_BOUND_INT:
-            table = _TABLE.search(sql)  # only to name the statement in the error
-            bindable(value, f"a value bound to {table[1] if table else sql[:40]!r}", session_id)
+            bindable(value, f"a value bound to {_statement_name(sql)}", session_id)
         bound.append(value)
     return bound
 
@@ -232,6 +309,34 @@ INSERT_MESSAGE = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
+
+def _text(alias: str, index: int) -> str:
+    """SQL for text `index` of a packed JSON element, as `_packable` spelled it: SQLite's
+    json_extract ends a text at an escaped U+0000 (3.40, CPython's, does), so a packed
+    text has none: U+0000 travels as U+0001 U+0001 and U+0001 as U+0001 U+0002, which
+    these two replaces, in this order, undo exactly."""
+    value = f"json_extract({alias}.value, '$[{index}]')"
+    return f"replace(replace({value}, char(1, 1), char(0)), char(1, 2), char(1))"
+
+
+def _packable(value: Any) -> Any:
+    if isinstance(value, str) and ("\x00" in value or "\x01" in value):
+        return value.replace("\x01", "\x01\x02").replace("\x00", "\x01\x01")
+    return value
+
+
+# Messages seq = ? + 0, 1, ...: the columns of INSERT_MESSAGE from role to
+# summary_of, one JSON array per row (`packed_message_rows`), in order: each row's
+# insert is checked by the in-order trigger against the rows before it, as if
+# inserted one by one. Binds the session id, the first seq, the time and the JSON.
+INSERT_MESSAGES = (
+    "INSERT INTO agent_messages (session_id, seq, role, content, tool_call_id, tool_name, "
+    "tool_calls, input_tokens, output_tokens, request_key, summary_of, created_at) "
+    f"SELECT ?, ? + m.key, {', '.join(_text('m', i) for i in range(5))}, "
+    "json_extract(m.value, '$[5]'), json_extract(m.value, '$[6]'), "
+    f"{_text('m', 7)}, json_extract(m.value, '$[8]'), ? FROM json_each(?) AS m ORDER BY m.key"
+)
+
 # Created on first write (with its name, never changed after); later writes
 # refresh it and add their messages' usage to the totals. Upsert, not
 # read-modify-write.
@@ -360,6 +465,23 @@ SELECT_APPROVALS = (
     "SELECT tool_call_id, event, tool_name, digest, reason, created_at FROM agent_approvals "
     "WHERE session_id = ? ORDER BY rowid"
 )
+# REQUEST_APPROVAL and DEPENDENT_APPROVAL for a run of changes, one JSON array each:
+# [tool_call_id, tool_name, digest] and [tool_call_id, event, depends_on, digest,
+# reason]. SQLite computes an INSERT's SELECT before the first row lands when it
+# reads the table written, so a dependent change never sees another of the same
+# statement: `approval_statements` starts a new one at a repeated call id.
+REQUEST_APPROVALS = (
+    f"INSERT INTO agent_approvals ({_APPROVAL_COLUMNS}) SELECT ?, {_text('a', 0)}, "
+    f"'requested', {_text('a', 1)}, {_text('a', 2)}, NULL, ? "
+    "FROM json_each(?) AS a ORDER BY a.key"
+)
+DEPENDENT_APPROVALS = (
+    f"INSERT INTO agent_approvals ({_APPROVAL_COLUMNS}) SELECT ?, {_text('a', 0)}, "
+    f"{_text('a', 1)}, (SELECT d.tool_name FROM agent_approvals AS d WHERE d.session_id = ? "
+    f"AND d.tool_call_id = {_text('a', 0)} AND d.event = {_text('a', 2)} "
+    f"AND d.digest = {_text('a', 3)}), {_text('a', 3)}, {_text('a', 4)}, ? "
+    "FROM json_each(?) AS a ORDER BY a.key"
+)
 
 
 def session_state(last: Message) -> str:
@@ -427,7 +549,13 @@ def append_rows(
     return rows
 
 
-Statement = tuple[str, tuple[Any, ...]]
+# An append of up to this many statements, one per row, runs them as built; a bigger
+# one goes packed. (A test sets it to 0 to hold packed appends to the whole contract.)
+PACK_ABOVE = MAX_BATCH_STATEMENTS
+
+# The most JSON one packed statement binds: no more than one row may hold, so a
+# pack stays under D1's MAX_VALUE_BYTES with the margin MAX_ROW_BYTES keeps.
+PACK_BYTES = MAX_ROW_BYTES
 
 
 def append_statements(
@@ -444,22 +572,117 @@ def append_statements(
 ) -> list[Statement]:
     """Every statement of one atomic append, in order, all built (and checked)
     before anything is written: the messages, the session row, the approval
-    events, the lease. The SQLite store runs them in one transaction, D1 in one batch."""
+    events, the lease. The SQLite store runs them in one transaction, D1 in one batch.
+
+    One INSERT per message and per approval event while they fit one D1 batch
+    (MAX_BATCH_STATEMENTS); an append too big for that, a step of many tool calls,
+    goes packed (see the module docstring): a statement or two per megabyte of
+    rows. Past D1's limits even so, `StoreError` (`check_batch`)."""
     rows = append_rows(session_id, expected_seq, messages, now_ms, max_row_bytes, approvals)
-    statements: list[Statement] = [(INSERT_MESSAGE, row) for row in rows]
+    inserts: list[Statement] = [(INSERT_MESSAGE, row) for row in rows]
+    events = [approval_statement(session_id, change, now_ms) for change in approvals]
+    session: list[Statement] = []
     if messages:
         count = expected_seq + len(messages)
-        statements.append(
-            (
-                UPSERT_SESSION,
-                session_row(session_id, agent_name, messages, count, now_ms, session_name),
-            )
-        )
-    statements += [approval_statement(session_id, change, now_ms) for change in approvals]
+        row = session_row(session_id, agent_name, messages, count, now_ms, session_name)
+        session.append((UPSERT_SESSION, row))
     renew_or_release = lease_statement(session_id, lease, now_ms)
-    if renew_or_release is not None:
-        statements.append(renew_or_release)
+    lease_part = [] if renew_or_release is None else [renew_or_release]
+    if len(inserts) + len(session) + len(events) + len(lease_part) > PACK_ABOVE:
+        inserts = packed_message_rows(rows, now_ms)
+        events = approval_statements(session_id, approvals, now_ms)
+    return check_batch([*inserts, *session, *events, *lease_part], session_id)
+
+
+def _packed(
+    entries: Sequence[tuple[Sequence[Any], Statement, str | None]],
+    pack: Callable[[int, str], Statement],
+) -> list[Statement]:
+    """Runs of consecutive `entries` (values, own statement, key) as packed statements,
+    in order: `pack(first, json)` binds the JSON array of the values of `entries[first:]`
+    up to the run's end. A run ends before PACK_BYTES and before a key already in it;
+    an entry whose JSON alone is too big for a pack keeps its own statement."""
+    statements: list[Statement] = []
+    run: list[str] = []  # the JSON of each entry of the run, from entries[first]
+    keys: set[str] = set()
+    first = size = 0
+
+    def end_run() -> None:
+        nonlocal run, keys, size
+        if run:
+            statements.append(pack(first, f"[{','.join(run)}]"))
+        run, keys, size = [], set(), 0
+
+    for index, (values, alone, key) in enumerate(entries):
+        packable = [_packable(value) for value in values]
+        text = json.dumps(packable, ensure_ascii=False, separators=(",", ":"))
+        cost = _text_bytes(text) + 1  # with its comma (or the closing bracket)
+        if cost + 1 > PACK_BYTES:
+            end_run()
+            statements.append(alone)
+            continue
+        if size + cost + 1 > PACK_BYTES or key in keys:
+            end_run()
+        if not run:
+            first = index
+        run.append(text)
+        size += cost
+        if key is not None:
+            keys.add(key)
+    end_run()
     return statements
+
+
+def packed_message_rows(rows: Sequence[tuple[Any, ...]], now_ms: int) -> list[Statement]:
+    """INSERT_MESSAGES statements for `message_row` rows of one session, in order
+    (INSERT_MESSAGE for a row that cannot go packed)."""
+    if not rows:
+        return []
+    session_id, first_seq = rows[0][0], rows[0][1]
+    entries = [(row[2:11], (INSERT_MESSAGE, row), None) for row in rows]
+    return _packed(
+        entries,
+        lambda first, data: (INSERT_MESSAGES, (session_id, first_seq + first, now_ms, data)),
+    )
+
+
+def approval_statements(
+    session_id: str, changes: Sequence[ApprovalChange], now_ms: int
+) -> list[Statement]:
+    """The statements recording `changes`, in order: runs of requests as REQUEST_APPROVALS,
+    runs of decisions and claims as DEPENDENT_APPROVALS."""
+    statements: list[Statement] = []
+    start = 0
+    while start < len(changes):
+        requested = changes[start].event == "requested"
+        end = start
+        while end < len(changes) and (changes[end].event == "requested") == requested:
+            end += 1
+        run = changes[start:end]
+        entries = [
+            (_approval_values(change), approval_statement(session_id, change, now_ms),
+             change.tool_call_id)
+            for change in run
+        ]  # fmt: skip
+        if requested:
+            statements += _packed(
+                entries, lambda _, data: (REQUEST_APPROVALS, (session_id, now_ms, data))
+            )
+        else:
+            statements += _packed(
+                entries,
+                lambda _, data: (DEPENDENT_APPROVALS, (session_id, session_id, now_ms, data)),
+            )
+        start = end
+    return statements
+
+
+def _approval_values(change: ApprovalChange) -> tuple[Any, ...]:
+    """One change's element of the JSON a packed approval statement binds."""
+    if change.event == "requested":
+        return (change.tool_call_id, change.tool_name, change.digest)
+    depends_on = "approved" if change.event == "claimed" else "requested"
+    return (change.tool_call_id, change.event, depends_on, change.digest, change.reason)
 
 
 def session_row(
