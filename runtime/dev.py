@@ -76,7 +76,8 @@ SNAPSHOT = PROJECT / ".cache" / "pyodide-bundle" / "baseline.bin"
 # The kit's own settings: read from the environment even when [vars] and .dev.vars omit them.
 KIT_SETTINGS = (
     "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
-    "CHAT_PAGE", "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "RETENTION_DAYS", "SESSION_STORE",
+    "CHAT_PAGE", "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "MAX_CONTEXT_TOKENS",
+    "RETENTION_DAYS", "SESSION_STORE",
 )  # fmt: skip
 # wrangler's output that says nothing to a user of this server (it runs offline on purpose).
 NOISE = re.compile(

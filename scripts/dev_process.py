@@ -32,8 +32,8 @@ WRANGLER = PROJECT / "scripts" / "wrangler"  # the pinned wrangler on the pinned
 # triage agent's, its stubs' switch): a developer's shell must not change what a benchmark measures.
 SETTINGS = (
     "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
-    "CHAT_PAGE", "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "RETENTION_DAYS", "SESSION_STORE",
-    "ISSUES_API_URL", "SLACK_WEBHOOK_URL", "DEV_STUBS",
+    "CHAT_PAGE", "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "MAX_CONTEXT_TOKENS",
+    "RETENTION_DAYS", "SESSION_STORE", "ISSUES_API_URL", "SLACK_WEBHOOK_URL", "DEV_STUBS",
 )  # fmt: skip
 
 

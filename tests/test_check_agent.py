@@ -271,9 +271,13 @@ class AcksWriteOneEarly:
             return expected_seq + len(messages)
         return await self.inner.append_messages_atomic(session_id, expected_seq, messages, **kwargs)
 
-    async def load_messages(self, session_id: str) -> list[Message]:
+    async def load_messages(self, session_id: str, **page: Any) -> list[Message]:
         self.pending = None  # the process that held it is gone
-        return await self.inner.load_messages(session_id)
+        return await self.inner.load_messages(session_id, **page)
+
+    async def load_context(self, session_id: str) -> tuple[int, list[Message]]:
+        self.pending = None
+        return await self.inner.load_context(session_id)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -47,7 +47,7 @@ async def test_schema_has_the_documented_tables_and_columns(tmp_path: Path) -> N
     ]  # fmt: skip
     assert columns["agent_messages"] == [
         "session_id", "seq", "role", "content", "tool_call_id", "tool_name", "tool_calls",
-        "input_tokens", "output_tokens", "request_key", "created_at",
+        "input_tokens", "output_tokens", "request_key", "created_at", "summary_of",
     ]  # fmt: skip
 
 

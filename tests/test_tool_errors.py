@@ -17,6 +17,7 @@ WIRE = {
     "invalid-output",
     "result-too-large",
     "tool-denied",
+    "too-many-calls",
     "tool-durability-error",
 }
 

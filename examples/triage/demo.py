@@ -161,15 +161,20 @@ class Narrated:
         self.writes = 0
         self.durable = inner.durable
 
-    async def load_messages(self, session_id: str) -> list[Message]:
-        messages = await self.inner.load_messages(session_id)
+    async def load_context(self, session_id: str) -> tuple[int, list[Message]]:
+        base, messages = await self.inner.load_context(session_id)
         if messages:
             print(
                 f"    load  {len(messages)} stored messages; the last asks for "
                 f"{', '.join(c.name for c in messages[-1].tool_calls) or 'nothing'} "
                 "with no result stored"
             )
-        return messages
+        return base, messages
+
+    async def load_messages(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[Message]:
+        return await self.inner.load_messages(session_id, start=start, limit=limit)
 
     async def append_messages_atomic(
         self, session_id: str, expected_seq: int, messages: Sequence[Message], **kw: Any

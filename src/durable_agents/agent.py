@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic
 
+from .context import DEFAULT_MAX_CONTEXT_TOKENS, HistoryProcessor, Summarizer
 from .errors import ConfigurationError
 from .limits import MAX_ROW_BYTES
 from .tools import DepsT, Tool
@@ -32,6 +33,20 @@ class Agent(Generic[DepsT]):
       so it survives crashes) is added up; at or over the limit the turn
       stops with status `"budget_exceeded"`, resumable once it is raised.
       None: no limit.
+    - `tool_concurrency`: at most this many handlers of one step run at once
+      (default 6: a Worker invocation may have 6 connections open at a time;
+      the others wait their turn).
+    - `max_tool_calls_per_step`: the calls of one LLM reply that are run
+      (default 100); the rest are answered `too-many-calls` and never run
+      (nor wait for approval), so the model can ask again in smaller steps.
+    - `max_context_tokens`: what one LLM call may be sent, estimated (about 4
+      characters a token; default 64,000). Over it, older messages are folded
+      into a stored summary before the call (`durable_agents.context`); the
+      history itself keeps every message.
+    - `summarize`: `summarize(previous_summary, messages) -> str` (sync or
+      async) writes that summary; default: the run's own model, without tools.
+    - `history_processor`: `process(messages) -> messages`, applied to what each
+      LLM call is sent (instructions first); never stored.
     - `deps_type`: the type of the `deps` its runs take (`ctx.deps` in its
       handlers), for the type checker only: `Agent(..., deps_type=MyDeps)`
       is an `Agent[MyDeps]`, and `run(agent, deps=...)` must pass a `MyDeps`.
@@ -46,6 +61,11 @@ class Agent(Generic[DepsT]):
     max_message_bytes: int = 1_000_000
     deps_type: type[DepsT] | None = None
     max_session_tokens: int | None = None
+    tool_concurrency: int = 6
+    max_tool_calls_per_step: int = 100
+    max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS
+    summarize: Summarizer | None = None
+    history_processor: HistoryProcessor | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
@@ -53,6 +73,10 @@ class Agent(Generic[DepsT]):
             raise ConfigurationError("an agent needs a name")
         if self.max_steps < 1:
             raise ConfigurationError(f"max_steps must be at least 1, got {self.max_steps}")
+        for count in ("tool_concurrency", "max_tool_calls_per_step", "max_context_tokens"):
+            value = getattr(self, count)
+            if type(value) is not int or value < 1:
+                raise ConfigurationError(f"{count} must be a positive int, got {value!r}")
         budget = self.max_session_tokens
         if budget is not None and (type(budget) is not int or budget < 1):
             raise ConfigurationError(f"max_session_tokens must be a positive int, got {budget!r}")

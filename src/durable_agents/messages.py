@@ -150,6 +150,10 @@ class Message:
 
     `request_key` (user messages) is the caller's idempotency key for the
     turn the message started: see `run(..., request_key=...)`.
+
+    A stored `system` message is a summary (`Message.summary`): it stands for
+    the session's messages at positions `0 .. summary_of - 1` in what the
+    model is sent (see `Agent.max_context_tokens`); those stay stored.
     """
 
     role: Role
@@ -159,6 +163,7 @@ class Message:
     tool_name: str | None = None
     usage: Usage | None = None
     request_key: str | None = None
+    summary_of: int | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -173,6 +178,15 @@ class Message:
     @classmethod
     def system(cls, text: str) -> Message:
         return cls("system", text)
+
+    @classmethod
+    def summary(cls, text: str, summary_of: int) -> Message:
+        """A summary of the session's first `summary_of` messages (a system message)."""
+        return cls("system", text, summary_of=summary_of)
+
+    @property
+    def is_summary(self) -> bool:
+        return self.summary_of is not None
 
     @classmethod
     def user(cls, text: str) -> Message:
@@ -205,6 +219,8 @@ class Message:
             data["usage"] = self.usage.to_dict()
         if self.request_key is not None:
             data["request_key"] = self.request_key
+        if self.summary_of is not None:
+            data["summary_of"] = [0, self.summary_of]  # the positions it stands for
         return data
 
     @classmethod
@@ -218,7 +234,16 @@ class Message:
             tool_name=data.get("tool_name"),
             usage=Usage(**usage) if usage else None,
             request_key=data.get("request_key"),
+            summary_of=_summary_end(data.get("summary_of")),
         )
+
+
+def _summary_end(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, list) and len(value) == 2 and value[0] == 0 and type(value[1]) is int:
+        return value[1]
+    raise ValueError(f"summary_of must be [0, n], got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +363,9 @@ class ToolErrorKind(StrEnum):
                                `toolName` and `toolCallId` besides
         TOOL_DENIED            a person denied the call (it needed approval); with
                                `toolName`, `toolCallId` and the decision's `reason`
+        TOO_MANY_CALLS         the reply asked for more calls than the agent runs in
+                               one step (`max_tool_calls_per_step`); this one was
+                               not run
     """
 
     UNKNOWN_TOOL = "unknown-tool"
@@ -348,6 +376,7 @@ class ToolErrorKind(StrEnum):
     RESULT_TOO_LARGE = "result-too-large"
     TOOL_DURABILITY_ERROR = "tool-durability-error"
     TOOL_DENIED = "tool-denied"
+    TOO_MANY_CALLS = "too-many-calls"
 
 
 def tool_error_content(kind: ToolErrorKind, text: str, **fields: str | None) -> str:

@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 import httpx
 
-from . import _json, _timeouts
+from . import _json, _timeouts, context
 from .agent import Agent
 from .approvals import (
     ApprovalState,
@@ -244,29 +244,32 @@ async def _run(
     if not store.durable:
         raise MemoryStoreNotDurableError(session_id)
     if message is None:  # reading a finished turn back needs no lease
-        history = await store.load_messages(session_id)
+        base, history = await store.load_context(session_id)
         if not history:
             raise SessionNotFoundError(session_id)
         if history[-1].is_final_reply:
-            session = _Session(agent, store, session_id, history, bound, deps, make_id)
+            session = _Session(agent, store, session_id, history, bound, deps, make_id, base=base)
             return session.result("complete", history[-1].content, 0, Usage())
     lease = None
     if lease_seconds is not None:
         lease = await _take_lease(store, session_id, _random_id(), lease_seconds, wait_seconds)
     try:
-        # Loaded under the lease: whatever the previous holder stored is in it.
-        history = await store.load_messages(session_id)
+        # Loaded under the lease: whatever the previous holder stored is in it. Only
+        # what the turn needs: the latest summary's tail (`context`), however long
+        # the history.
+        base, history = await store.load_context(session_id)
         if message is None and not history:
             raise SessionNotFoundError(session_id)
         session = _Session(
-            agent, store, session_id, history, bound, deps, make_id, lease, events, cancel
-        )
+            agent, store, session_id, history, bound, deps, make_id, lease, events, cancel,
+            base=base,
+        )  # fmt: skip
         session.name = session_name
         start = None if request_key is None or message is None else (
-            session.find_request(request_key, message)
+            await session.find_request(request_key, message)
         )  # fmt: skip
         if start is not None:
-            earlier = session.earlier_turn_result(start)
+            earlier = await session.earlier_turn_result(start)
             if earlier is not None:
                 return earlier
             message = None  # a retry of the last turn: finish it, as message=None does
@@ -381,7 +384,10 @@ def idempotency_key(session_id: str, tool_call_id: str) -> str:
 
 
 class _Session:
-    """One run's view of a session: the loaded history and the next position to write."""
+    """One run's view of a session: the loaded history and the next position to write.
+
+    `history` holds the session's messages from position `base` on (the latest
+    summary's tail, see `durable_agents.context`); a new session's base is 0."""
 
     def __init__(
         self,
@@ -395,8 +401,11 @@ class _Session:
         lease: _RunLease | None = None,
         events: _Events | None = None,
         cancel: CancelToken | None = None,
+        *,
+        base: int = 0,
     ) -> None:
         self.agent = agent
+        self.base = base
         self.lease = lease
         self.events = events or _Events(None)
         self.cancel = cancel
@@ -414,22 +423,33 @@ class _Session:
             i for m in history for c in m.tool_calls for i in (c.id, c.provider_id) if i
         }
         self.name: str | None = None  # stored by the append that creates the session
+        self.tokens_used: int | None = None  # the session's, for max_session_tokens
 
-    def find_request(self, request_key: str, message: str) -> int | None:
+    @property
+    def position(self) -> int:
+        """The position the next append writes at."""
+        return self.base + len(self.history)
+
+    async def find_request(self, request_key: str, message: str) -> int | None:
         """The position of the user message stored with `request_key`, if any."""
-        for index, stored in enumerate(self.history):
-            if stored.role == "user" and stored.request_key == request_key:
-                if stored.content != message:
-                    raise RequestKeyReusedError(self.session_id, request_key)
-                return index
-        return None
+        found = await self.store.find_request(self.session_id, request_key)
+        if found is None:
+            return None
+        position, content = found
+        if content != message:
+            raise RequestKeyReusedError(self.session_id, request_key)
+        return position
 
-    def earlier_turn_result(self, start: int) -> RunResult | None:
+    async def earlier_turn_result(self, start: int) -> RunResult | None:
         """The result of the turn begun at `start`, if later turns followed it (else None)."""
-        end = next((i for i, m in enumerate(self.history) if i > start and m.role == "user"), None)
+        if start >= self.base:
+            turn = self.history[start - self.base :]
+        else:  # before the loaded tail: a retry of a turn the context has moved past
+            turn = await self.store.load_messages(self.session_id, start=start)
+        end = next((i for i, m in enumerate(turn) if i > 0 and m.role == "user"), None)
         if end is None:
             return None
-        reply = next((m.content for m in reversed(self.history[start:end]) if m.is_final_reply), "")
+        reply = next((m.content for m in reversed(turn[:end]) if m.is_final_reply), "")
         return self.result("complete", reply, 0, Usage())
 
     async def run(self, message: str | None, llm: LLM, request_key: str | None = None) -> RunResult:
@@ -450,8 +470,10 @@ class _Session:
                 # A step boundary: every write so far has landed, none is due.
                 if self.cancel is not None and self.cancel.cancelled:
                     raise _Stopped("cancelled", self.cancel.reason)
-                self.check_budget()
-                response = await self.call_llm(llm, [self.system, *self.history, *unstored])
+                await self.check_budget()
+                usage += await self.compact(llm, unstored)
+                sent = context.window(self.system, self.history, unstored)
+                response = await self.call_llm(llm, await self.processed(sent))
             except _Stopped as stop:
                 if unstored:  # keep the turn's message, so message=None can finish the turn
                     await self.append(unstored, release=True)
@@ -526,12 +548,68 @@ class _Session:
             raise _Stopped("cancelled", self.cancel.reason)
         return call.result()
 
-    def check_budget(self) -> None:
+    async def compact(self, llm: LLM, unstored: list[Message]) -> Usage:
+        """Fold older messages into a stored summary if the window is over the agent's
+        `max_context_tokens` (see `durable_agents.context`): one append, at a step
+        boundary, after which the loaded history begins at the cut. Returns the
+        summarizer's usage."""
+        budget = self.agent.max_context_tokens
+        if context.estimate_tokens(
+            context.window(self.system, self.history, unstored), self.specs
+        ) <= budget:  # fmt: skip
+            return Usage()
+        reserved = context.estimate_tokens([self.system, *unstored], self.specs)
+        cut = context.cut_position(self.base, self.history, budget // 2, reserved)
+        if cut is None:
+            return Usage()  # one step larger than the budget: it is sent as it is
+        summaries = [m for m in self.history if m.is_summary]
+        text = summaries[-1].content if summaries else None
+        usage = Usage()
+        for chunk in context.chunks(
+            [m for m in self.history[: cut - self.base] if not m.is_summary], budget // 2
+        ):
+            text, used = await self.summarize(llm, text, chunk)
+            usage += used or Usage()
+        assert text is not None  # (there was something to fold: the cut is past a step)
+        summary = Message(
+            "system", text, usage=usage.bounded() if usage.total_tokens else None, summary_of=cut
+        )
+        await self.append([summary])
+        self.history = self.history[cut - self.base :]
+        self.base = cut
+        return usage
+
+    async def summarize(
+        self, llm: LLM, previous: str | None, messages: Sequence[Message]
+    ) -> tuple[str, Usage | None]:
+        if self.agent.summarize is not None:
+            return await context.call_summarizer(self.agent.summarize, previous, messages)
+        return await context.summarize_with_llm(llm, previous, messages)
+
+    async def processed(self, messages: list[Message]) -> list[Message]:
+        """`messages` through the agent's `history_processor`, if it has one."""
+        process = self.agent.history_processor
+        if process is None:
+            return messages
+        value: Any = process(list(messages))
+        if inspect.isawaitable(value):
+            value = await value
+        if not isinstance(value, list) or not all(isinstance(m, Message) for m in value):
+            raise ConfigurationError(
+                f"history_processor of agent {self.agent.name!r} must return a list of Message, "
+                f"got {type(value).__name__}"
+            )
+        return value
+
+    async def check_budget(self) -> None:
         """Stop before an LLM call once the session's stored usage reaches its limit."""
         limit = self.agent.max_session_tokens
         if limit is None:
             return
-        used = sum(m.usage.total_tokens for m in self.history if m.usage)
+        if self.tokens_used is None:  # the session's totals, kept by its appends
+            info = await self.store.get_session(self.session_id)
+            self.tokens_used = 0 if info is None else info.input_tokens + info.output_tokens
+        used = self.tokens_used
         if used >= limit:
             raise _Stopped(
                 "budget_exceeded",
@@ -544,7 +622,7 @@ class _Session:
         declared `requires_approval` whose arguments are valid (a call that cannot
         run is answered at once, with nothing to approve)."""
         requests = {}
-        for call in calls:
+        for call in calls[: self.agent.max_tool_calls_per_step]:  # the rest never run
             tool = self.tools.get(call.name)
             if tool is None or not tool.requires_approval or isinstance(call, MalformedToolCall):
                 continue
@@ -609,7 +687,7 @@ class _Session:
         lease = None
         if self.lease is not None:
             lease = Lease(self.lease.owner, self.lease.ttl_ms + int(hold * 1000), release)
-        position = len(self.history)
+        position = self.position
         await self.store.append_messages_atomic(
             self.session_id,
             position,
@@ -620,6 +698,8 @@ class _Session:
             session_name=self.name,
         )
         self.history.extend(messages)
+        if self.tokens_used is not None:
+            self.tokens_used += sum(m.usage.total_tokens for m in messages if m.usage)
         if self.lease is not None and release:
             self.lease.released = True
         for offset, stored in enumerate(messages):
@@ -634,7 +714,9 @@ class _Session:
         for call in calls:
             if not call.id or call.id in self.call_ids:
                 call = replace(call, id=self.fresh_call_id(), provider_id=None)
-            elif CALL_ID.fullmatch(call.id) is None:
+            elif CALL_ID.fullmatch(call.id) is None or self.base > 0:
+                # Past a summary the ids before it are not loaded: a provider's could
+                # repeat one of them unseen, so it is kept beside an id of the kit's.
                 call = replace(call, id=self.fresh_call_id(), provider_id=call.id)
                 self.call_ids.add(call.id if call.provider_id is None else call.provider_id)
             self.call_ids.add(call.id)
@@ -663,21 +745,42 @@ class _Session:
         With `decided` (calls a person decided on): those in `run` (claimed just
         now) run as new calls, the others get their `tool-denied` result."""
         decided, run = decided or {}, run or set()
-        jobs = [
-            self.result_content(call, resuming and call.id not in run)
-            if call.id not in decided or call.id in run
-            else _denied(call, decided[call.id])
-            for call in calls
-        ]
+        over = self.beyond_cap()
+        slots = asyncio.Semaphore(self.agent.tool_concurrency)
+
+        async def answer(call: ToolCall) -> str:
+            if call.id in decided and call.id not in run:
+                return await _denied(call, decided[call.id])
+            async with slots:
+                return await self.result_content(
+                    call, resuming and call.id not in run, call.id in over
+                )
+
+        jobs = [answer(call) for call in calls]
         contents = [await jobs[0]] if len(jobs) == 1 else await _all_or_crash(jobs)
         return [Message.tool_result(c, text) for c, text in zip(calls, contents, strict=True)]
 
-    async def result_content(self, call: ToolCall, resuming: bool) -> str:
+    def beyond_cap(self) -> set[str]:
+        """The calls of the last step past `max_tool_calls_per_step`: answered, never run."""
+        last = next((m for m in reversed(self.history) if m.role == "assistant"), None)
+        if last is None:
+            return set()
+        return {c.id for c in last.tool_calls[self.agent.max_tool_calls_per_step :]}
+
+    async def result_content(self, call: ToolCall, resuming: bool, over_cap: bool = False) -> str:
         if isinstance(call, MalformedToolCall):  # never run, so never a durability question
             return tool_error_content(ToolErrorKind.INVALID_ARGUMENTS, call.arguments_error)
         tool = self.tools.get(call.name)
         if resuming and (tool is None or not tool.safe_to_retry):
+            # (Also past the cap: the cap may have been lower when the step began.)
             return ToolDurabilityError(call.name, call.id).to_content()
+        if over_cap:
+            cap = self.agent.max_tool_calls_per_step
+            return tool_error_content(
+                ToolErrorKind.TOO_MANY_CALLS,
+                f"Tool {call.name!r} was not run: one reply may ask for at most {cap} tool "
+                f"calls, and this was call {cap + 1} or later. Ask for the rest in another step.",
+            )
         if tool is None:
             return tool_error_content(
                 ToolErrorKind.UNKNOWN_TOOL,

@@ -288,6 +288,9 @@ class _Page:
 
     def _content(self, position: int, message: Message) -> tuple[str, str, str, str]:
         """(data-kind, who, inner html, tone)"""
+        if message.summary_of is not None:
+            who = f"Summary of messages 0 to {message.summary_of - 1}"
+            return "summary", who, _text(message.content), ""
         if message.role in ("user", "system"):
             return message.role, message.role.capitalize(), _text(message.content), ""
         if message.role == "assistant":

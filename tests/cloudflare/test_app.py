@@ -593,8 +593,11 @@ class FailingStore:
     def __init__(self, error: Exception) -> None:
         self.error = error
 
-    async def load_messages(self, session_id: str) -> list[Any]:
+    async def load_messages(self, session_id: str, **page: Any) -> list[Any]:
         return []
+
+    async def load_context(self, session_id: str) -> tuple[int, list[Any]]:
+        return 0, []
 
     async def get_session(self, session_id: str) -> None:
         return None

@@ -231,3 +231,17 @@ def test_a_bad_max_session_tokens_is_a_configuration_error(bad: str) -> None:
     with pytest.raises(ConfigurationError, match="MAX_SESSION_TOKENS"):
         with_budget(AGENT, {"MAX_SESSION_TOKENS": bad})
     assert with_budget(AGENT, {"MAX_SESSION_TOKENS": ""}) is AGENT
+
+
+@pytest.mark.parametrize("name", ["MAX_SESSION_TOKENS", "MAX_CONTEXT_TOKENS"])
+@pytest.mark.parametrize("bad", ["0", "-3", "lots", "1.5"])
+def test_a_bad_token_setting_is_a_configuration_error(name: str, bad: str) -> None:
+    with pytest.raises(ConfigurationError, match=name):
+        with_budget(AGENT, {name: bad})
+
+
+def test_max_context_tokens_sets_the_agents_window() -> None:
+    assert with_budget(AGENT, {"MAX_CONTEXT_TOKENS": "9000"}).max_context_tokens == 9000
+    both = with_budget(AGENT, {"MAX_CONTEXT_TOKENS": "9000", "MAX_SESSION_TOKENS": "5"})
+    assert (both.max_context_tokens, both.max_session_tokens) == (9000, 5)
+    assert with_budget(AGENT, {"MAX_CONTEXT_TOKENS": " "}) is AGENT

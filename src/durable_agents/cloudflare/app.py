@@ -1062,15 +1062,21 @@ async def _run_turn(
 
 
 def with_budget(agent: Agent, env: Any) -> Agent:
-    """`agent` with the Worker's `MAX_SESSION_TOKENS` setting as its `max_session_tokens`,
-    when set (it wins over the agent's own)."""
-    raw = setting(env, "MAX_SESSION_TOKENS")
-    if raw is None or str(raw).strip() == "":
-        return agent
-    text = str(raw).strip()
-    if not text.isascii() or not text.isdigit() or int(text) < 1:
-        raise ConfigurationError(f"MAX_SESSION_TOKENS must be a positive integer, got {raw!r}")
-    return dataclasses.replace(agent, max_session_tokens=int(text))
+    """`agent` with the Worker's `MAX_SESSION_TOKENS` and `MAX_CONTEXT_TOKENS` settings as
+    its `max_session_tokens` and `max_context_tokens`, when set (they win over the
+    agent's own)."""
+    changes: dict[str, Any] = {}
+    for name, field_name in (
+        ("MAX_SESSION_TOKENS", "max_session_tokens"), ("MAX_CONTEXT_TOKENS", "max_context_tokens"),
+    ):  # fmt: skip
+        raw = setting(env, name)
+        if raw is None or str(raw).strip() == "":
+            continue
+        text = str(raw).strip()
+        if not text.isascii() or not text.isdigit() or int(text) < 1:
+            raise ConfigurationError(f"{name} must be a positive integer, got {raw!r}")
+        changes[field_name] = int(text)
+    return dataclasses.replace(agent, **changes) if changes else agent
 
 
 # D1 counts every statement against a Worker invocation's query limit (50 on the free

@@ -105,23 +105,42 @@ class D1Store:
         migration's ALTERs run only where its columns are missing
         (`_sql.schema_plan`), so calling it again is harmless.
         """
-        try:
-            info = await self._db.prepare(_sql.SESSION_TABLE_INFO).raw()
-        except Exception as exc:
-            raise StoreError(f"D1 could not read the schema: {_d1_message(exc)}") from exc
-        columns = {str(row[1]) for row in info}
-        for statement in _sql.schema_plan({"agent_sessions": columns}):
+        columns: dict[str, set[str]] = {}
+        for table in _sql.ALTERED_TABLES:
+            try:
+                info = await self._db.prepare(_sql.table_info(table)).raw()
+            except Exception as exc:
+                raise StoreError(f"D1 could not read the schema: {_d1_message(exc)}") from exc
+            columns[table] = {str(row[1]) for row in info}
+        for statement in _sql.schema_plan(columns):
             try:
                 await self._db.prepare(statement).run()
             except Exception as exc:
                 first_line = statement.splitlines()[0]
                 raise StoreError(f"D1 could not create the schema ({first_line}): {exc}") from exc
 
-    async def load_messages(self, session_id: str) -> list[Message]:
+    async def load_messages(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[Message]:
+        params = _sql.page_params(session_id, start, limit)
         rows = await self._read(
-            _sql.SELECT_MESSAGES, (session_id,), f"load the messages of session {session_id!r}"
+            _sql.SELECT_MESSAGES_FROM, params, f"load the messages of session {session_id!r}"
         )
-        return _sql.row_messages(session_id, rows)
+        return _sql.row_messages(session_id, rows, start=params[1])
+
+    async def load_context(self, session_id: str) -> tuple[int, list[Message]]:
+        rows = await self._read(
+            _sql.SELECT_CONTEXT, (session_id, session_id),
+            f"load the recent messages of session {session_id!r}",
+        )  # fmt: skip
+        return _sql.context_rows(session_id, rows)
+
+    async def find_request(self, session_id: str, request_key: str) -> tuple[int, str] | None:
+        rows = await self._read(
+            _sql.FIND_REQUEST, (session_id, request_key),
+            f"find request key {request_key[:80]!r} in session {session_id!r}",
+        )  # fmt: skip
+        return (int(rows[0][0]), str(rows[0][1])) if rows else None
 
     async def append_messages_atomic(
         self,

@@ -196,15 +196,18 @@ class DurableObjectStore:
         """Bring the object's database to the kit's schema (idempotent; also done on first use)."""
         try:
             existing = {str(row[0]) for row in self._rows(_SCHEMA_OBJECTS)}
-            columns = {str(row[1]) for row in self._rows(_sql.SESSION_TABLE_INFO)}
+            columns = {
+                table: {str(row[1]) for row in self._rows(_sql.table_info(table))}
+                for table in _sql.ALTERED_TABLES
+            }
         except Exception as exc:
             raise StoreError(f"the Durable Object store could not read its schema: {exc}") from exc
         wanted = {m[1] for s in _sql.SCHEMA if (m := _CREATED.match(s))}
-        added = {m[2] for s in _sql.SCHEMA if (m := _ADDED.match(s)) and m[1] == "agent_sessions"}
-        if wanted <= existing and added <= columns:
+        added = {(m[1], m[2]) for s in _sql.SCHEMA if (m := _ADDED.match(s))}
+        if wanted <= existing and all(c in columns.get(t, ()) for t, c in added):
             self._ready = True
             return
-        plan = _sql.schema_plan({"agent_sessions": columns})
+        plan = _sql.schema_plan(columns)
 
         def apply() -> None:
             for statement in plan:
@@ -231,11 +234,28 @@ class DurableObjectStore:
 
     # --- the Store protocol ---
 
-    async def load_messages(self, session_id: str) -> list[Message]:
+    async def load_messages(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[Message]:
+        params = _sql.page_params(session_id, start, limit)
         rows = self._read(
-            _sql.SELECT_MESSAGES, (session_id,), f"load the messages of session {session_id!r}"
+            _sql.SELECT_MESSAGES_FROM, params, f"load the messages of session {session_id!r}"
         )
-        return _sql.row_messages(session_id, rows)
+        return _sql.row_messages(session_id, rows, start=params[1])
+
+    async def load_context(self, session_id: str) -> tuple[int, list[Message]]:
+        rows = self._read(
+            _sql.SELECT_CONTEXT, (session_id, session_id),
+            f"load the recent messages of session {session_id!r}",
+        )  # fmt: skip
+        return _sql.context_rows(session_id, rows)
+
+    async def find_request(self, session_id: str, request_key: str) -> tuple[int, str] | None:
+        rows = self._read(
+            _sql.FIND_REQUEST, (session_id, request_key),
+            f"find request key {request_key[:80]!r} in session {session_id!r}",
+        )  # fmt: skip
+        return (int(rows[0][0]), str(rows[0][1])) if rows else None
 
     async def append_messages_atomic(
         self,

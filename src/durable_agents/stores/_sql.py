@@ -6,7 +6,7 @@ migration's `ALTER TABLE ... ADD COLUMN` and its backfill is idempotent;
 `schema_plan()` leaves those out for a database that has the column already,
 which is what the SQLite store (and `D1Store.create_tables`) run on open.
 Every statement uses `?` placeholders, which both sqlite3 and D1 accept, and
-binds at most 11 parameters.
+binds at most 12 parameters.
 
 Why a big append packs its rows: D1 counts every statement of a batch as one
 of the queries a Worker invocation may make (50 on Workers Free, 1,000 on
@@ -251,12 +251,22 @@ _SESSION_NAMES: tuple[str, ...] = (
     ON agent_sessions (name, created_at, id)""",
 )
 
+# Summaries (issue 20): a stored system message whose summary_of is n stands for the
+# session's messages 0..n-1 in what the model is sent. The partial index finds the
+# latest one without reading the history, so a turn loads only what follows it.
+_SUMMARIES: tuple[str, ...] = (
+    "ALTER TABLE agent_messages ADD COLUMN summary_of INTEGER",
+    """CREATE INDEX IF NOT EXISTS agent_messages_summaries
+    ON agent_messages (session_id, seq) WHERE summary_of IS NOT NULL""",
+)
+
 # (file name in migrations/, statements). Append; never edit one that shipped.
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("0001_init.sql", _INIT),
     ("0002_session_leases.sql", _LEASES),
     ("0003_approvals.sql", _APPROVALS),
     ("0004_session_names.sql", _SESSION_NAMES),
+    ("0005_summaries.sql", _SUMMARIES),
 )
 SCHEMA: tuple[str, ...] = tuple(s for _, statements in MIGRATIONS for s in statements)
 
@@ -284,13 +294,19 @@ def schema_plan(columns: Mapping[str, Collection[str]]) -> list[str]:
     return plan
 
 
-# Rows (cid, name, type, notnull, dflt_value, pk); none for a missing table.
-SESSION_TABLE_INFO = "PRAGMA table_info(agent_sessions)"
+# The tables migrations add columns to, and the statement that lists a table's
+# columns: rows (cid, name, type, notnull, dflt_value, pk); none for a missing table.
+ALTERED_TABLES = ("agent_sessions", "agent_messages")
+
+
+def table_info(table: str) -> str:
+    return f"PRAGMA table_info({table})"
+
 
 INSERT_MESSAGE = (
     "INSERT INTO agent_messages (session_id, seq, role, content, tool_call_id, tool_name, "
-    "tool_calls, input_tokens, output_tokens, request_key, created_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "tool_calls, input_tokens, output_tokens, request_key, summary_of, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -310,14 +326,15 @@ def _packable(value: Any) -> Any:
 
 
 # Messages seq = ? + 0, 1, ...: the columns of INSERT_MESSAGE from role to
-# request_key, one JSON array per row (`packed_message_rows`), in order: each row's
+# summary_of, one JSON array per row (`packed_message_rows`), in order: each row's
 # insert is checked by the in-order trigger against the rows before it, as if
 # inserted one by one. Binds the session id, the first seq, the time and the JSON.
 INSERT_MESSAGES = (
     "INSERT INTO agent_messages (session_id, seq, role, content, tool_call_id, tool_name, "
-    "tool_calls, input_tokens, output_tokens, request_key, created_at) SELECT ?, ? + m.key, "
-    f"{', '.join(_text('m', i) for i in range(5))}, json_extract(m.value, '$[5]'), "
-    f"json_extract(m.value, '$[6]'), {_text('m', 7)}, ? FROM json_each(?) AS m ORDER BY m.key"
+    "tool_calls, input_tokens, output_tokens, request_key, summary_of, created_at) "
+    f"SELECT ?, ? + m.key, {', '.join(_text('m', i) for i in range(5))}, "
+    "json_extract(m.value, '$[5]'), json_extract(m.value, '$[6]'), "
+    f"{_text('m', 7)}, json_extract(m.value, '$[8]'), ? FROM json_each(?) AS m ORDER BY m.key"
 )
 
 # Created on first write (with its name, never changed after); later writes
@@ -335,9 +352,28 @@ UPSERT_SESSION = (
 )
 
 MESSAGE_COLUMNS = (
-    "role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens, request_key"
+    "role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens, "
+    "request_key, summary_of"
 )
 SELECT_MESSAGES = f"SELECT {MESSAGE_COLUMNS} FROM agent_messages WHERE session_id = ? ORDER BY seq"
+# Params (session_id, start, limit): `limit` messages from position `start` on.
+SELECT_MESSAGES_FROM = (
+    f"SELECT {MESSAGE_COLUMNS} FROM agent_messages WHERE session_id = ? AND seq >= ? "
+    "ORDER BY seq LIMIT ?"
+)
+# Params (session_id, session_id): the position the latest summary's tail begins
+# at (0 without one), then every message from there. Two index look-ups, however
+# long the history.
+_CONTEXT_START = (
+    "SELECT COALESCE((SELECT summary_of FROM agent_messages WHERE session_id = ? "
+    "AND summary_of IS NOT NULL ORDER BY seq DESC LIMIT 1), 0)"
+)
+SELECT_CONTEXT = (
+    f"SELECT seq, {MESSAGE_COLUMNS} FROM agent_messages WHERE session_id = ? "
+    f"AND seq >= ({_CONTEXT_START}) ORDER BY seq"
+)
+# Params (session_id, request_key): the user message stored with that key, if any.
+FIND_REQUEST = "SELECT seq, content FROM agent_messages WHERE session_id = ? AND request_key = ?"
 SELECT_TIMELINE = (
     f"SELECT {MESSAGE_COLUMNS}, created_at FROM agent_messages WHERE session_id = ? ORDER BY seq"
 )
@@ -478,6 +514,7 @@ def message_row(
         usage.input_tokens if usage else None,
         usage.output_tokens if usage else None,
         message.request_key,
+        message.summary_of,
         now_ms,
     )
 
@@ -602,7 +639,7 @@ def packed_message_rows(rows: Sequence[tuple[Any, ...]], now_ms: int) -> list[St
     if not rows:
         return []
     session_id, first_seq = rows[0][0], rows[0][1]
-    entries = [(row[2:10], (INSERT_MESSAGE, row), None) for row in rows]
+    entries = [(row[2:11], (INSERT_MESSAGE, row), None) for row in rows]
     return _packed(
         entries,
         lambda first, data: (INSERT_MESSAGES, (session_id, first_seq + first, now_ms, data)),
@@ -766,7 +803,17 @@ def row_timeline_entry(session_id: str, seq: int, row: Sequence[Any]) -> tuple[i
 
 def row_message(row: Sequence[Any]) -> Message:
     """A Message from a SELECT_MESSAGES row (tuple, list, or D1's positional row)."""
-    role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens, key = row
+    (
+        role,
+        content,
+        tool_call_id,
+        tool_name,
+        tool_calls,
+        input_tokens,
+        output_tokens,
+        key,
+        summary_of,
+    ) = row
     usage = None
     if input_tokens is not None or output_tokens is not None:
         usage = Usage(int(input_tokens or 0), int(output_tokens or 0))
@@ -778,7 +825,22 @@ def row_message(row: Sequence[Any]) -> Message:
         tool_name=tool_name,
         usage=usage,
         request_key=key,
+        summary_of=None if summary_of is None else int(summary_of),
     )
+
+
+def context_rows(session_id: str, rows: Sequence[Sequence[Any]]) -> tuple[int, list[Message]]:
+    """(the position of the first, the messages) of SELECT_CONTEXT rows (seq first)."""
+    if not rows:
+        return 0, []
+    start = int(rows[0][0])
+    return start, row_messages(session_id, [row[1:] for row in rows], start=start)
+
+
+def page_params(session_id: str, start: int, limit: int | None) -> tuple[Any, ...]:
+    """SELECT_MESSAGES_FROM's parameters: a negative start is 0, no limit is every row."""
+    bound = MAX_BOUND_INT if limit is None else clamp_int(max(limit, 0))
+    return (session_id, clamp_int(max(start, 0)), bound)
 
 
 def row_messages(

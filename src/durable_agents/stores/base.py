@@ -120,8 +120,21 @@ class Store(Protocol):
         """Whether a committed append survives the process dying."""
         ...
 
-    async def load_messages(self, session_id: str) -> list[Message]:
-        """The session's messages in order; `[]` for a session never written."""
+    async def load_messages(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[Message]:
+        """The session's messages in order, from position `start` on, at most `limit`
+        of them (None: all); `[]` for a session never written."""
+        ...
+
+    async def load_context(self, session_id: str) -> tuple[int, list[Message]]:
+        """What a turn needs, however long the history: the messages from where the
+        latest summary's tail begins (its `summary_of`; 0 without a summary) on, and
+        that position. One read; `(0, [])` for a session never written."""
+        ...
+
+    async def find_request(self, session_id: str, request_key: str) -> tuple[int, str] | None:
+        """(position, content) of the user message stored with `request_key`, or None."""
         ...
 
     async def append_messages_atomic(

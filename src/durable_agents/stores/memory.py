@@ -46,9 +46,29 @@ class MemoryStore:
         self._clock = clock
         self._max_row_bytes = max_row_bytes
 
-    async def load_messages(self, session_id: str) -> list[Message]:
+    async def load_messages(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[Message]:
         session = self._sessions.get(session_id)
-        return list(session.messages) if session else []
+        if session is None:
+            return []
+        start = max(start, 0)
+        end = None if limit is None else start + max(limit, 0)
+        return list(session.messages[start:end])
+
+    async def load_context(self, session_id: str) -> tuple[int, list[Message]]:
+        session = self._sessions.get(session_id)
+        messages = session.messages if session else []
+        summaries = (m.summary_of for m in reversed(messages) if m.summary_of is not None)
+        start = next(summaries, 0)
+        return start, list(messages[start:])
+
+    async def find_request(self, session_id: str, request_key: str) -> tuple[int, str] | None:
+        session = self._sessions.get(session_id)
+        for position, message in enumerate(session.messages if session else []):
+            if message.role == "user" and message.request_key == request_key:
+                return position, message.content
+        return None
 
     async def append_messages_atomic(
         self,

@@ -57,12 +57,32 @@ class SQLiteStore:
 
     # -- the Store protocol -------------------------------------------------
 
-    async def load_messages(self, session_id: str) -> list[Message]:
+    async def load_messages(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[Message]:
+        params = _sql.page_params(session_id, start, limit)
         # Decoded in the store's thread too: a long history should not stall the loop.
         return await self._call(
-            lambda c: _sql.row_messages(session_id, c.execute(_sql.SELECT_MESSAGES, (session_id,))),
+            lambda c: _sql.row_messages(
+                session_id, c.execute(_sql.SELECT_MESSAGES_FROM, params), start=params[1]
+            ),
             session_id,
         )
+
+    async def load_context(self, session_id: str) -> tuple[int, list[Message]]:
+        return await self._call(
+            lambda c: _sql.context_rows(
+                session_id, c.execute(_sql.SELECT_CONTEXT, (session_id, session_id)).fetchall()
+            ),
+            session_id,
+        )
+
+    async def find_request(self, session_id: str, request_key: str) -> tuple[int, str] | None:
+        def find(c: sqlite3.Connection) -> tuple[int, str] | None:
+            row = c.execute(_sql.FIND_REQUEST, (session_id, request_key)).fetchone()
+            return None if row is None else (int(row[0]), str(row[1]))
+
+        return await self._call(find, session_id)
 
     async def append_messages_atomic(
         self,
@@ -234,8 +254,11 @@ def _transaction(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
 def _migrate(conn: sqlite3.Connection) -> None:
     # In one BEGIN IMMEDIATE transaction: two processes opening an old file
     # queue here, and the second sees the columns the first added.
-    columns = {row[1] for row in conn.execute(_sql.SESSION_TABLE_INFO)}
-    for statement in _sql.schema_plan({"agent_sessions": columns}):
+    columns = {
+        table: {row[1] for row in conn.execute(_sql.table_info(table))}
+        for table in _sql.ALTERED_TABLES
+    }
+    for statement in _sql.schema_plan(columns):
         conn.execute(statement)
 
 

@@ -128,8 +128,16 @@ class CrashingStore:
     def durable(self) -> bool:
         return self.inner.durable
 
-    async def load_messages(self, session_id: str) -> list[Message]:
-        return await self.inner.load_messages(session_id)
+    async def load_messages(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[Message]:
+        return await self.inner.load_messages(session_id, start=start, limit=limit)
+
+    async def load_context(self, session_id: str) -> tuple[int, list[Message]]:
+        return await self.inner.load_context(session_id)
+
+    async def find_request(self, session_id: str, request_key: str) -> tuple[int, str] | None:
+        return await self.inner.find_request(session_id, request_key)
 
     async def append_messages_atomic(
         self,

@@ -178,6 +178,46 @@ async def large_rows_near_the_limit_round_trip(store: Store) -> None:
     assert await store.load_messages("s") == messages
 
 
+async def pages_of_messages_start_where_asked(store: Store) -> None:
+    messages = [Message.user("q"), *_step(1), Message.assistant("a")]
+    await store.append_messages_atomic("s", 0, messages)
+    assert await store.load_messages("s", start=2) == messages[2:]
+    assert await store.load_messages("s", start=1, limit=2) == messages[1:3]
+    assert await store.load_messages("s", start=0, limit=0) == []
+    assert await store.load_messages("s", start=-5, limit=1) == messages[:1]
+    assert await store.load_messages("s", start=99) == []
+    assert await store.load_messages("nobody", start=1, limit=1) == []
+
+
+async def context_begins_where_the_latest_summary_says(store: Store) -> None:
+    assert await store.load_context("nobody") == (0, [])
+    first = [Message.user("q1"), *_step(1), Message.assistant("a1")]
+    await store.append_messages_atomic("s", 0, first)
+    assert await store.load_context("s") == (0, first)
+    summary = Message.summary("q1 was answered", 4)
+    second = [summary, Message.user("q2"), Message.assistant("a2")]
+    await store.append_messages_atomic("s", 5, second)
+    stored = await store.load_messages("s")
+    assert stored[5] == summary
+    assert stored[5].summary_of == 4
+    assert await store.load_context("s") == (4, stored[4:])
+    later = Message.summary("both answered", 6)
+    await store.append_messages_atomic("s", 8, [later, Message.user("q3")])
+    base, tail = await store.load_context("s")
+    assert base == 6
+    assert tail == (await store.load_messages("s"))[6:]
+
+
+async def a_request_is_found_by_its_key(store: Store) -> None:
+    assert await store.find_request("s", "k1") is None
+    await store.append_messages_atomic("s", 0, [Message.user("no key"), Message.assistant("a")])
+    keyed = Message("user", "with key", request_key="k1")
+    await store.append_messages_atomic("s", 2, [keyed, Message.assistant("b")])
+    assert await store.find_request("s", "k1") == (2, "with key")
+    assert await store.find_request("s", "k2") is None
+    assert await store.find_request("other", "k1") is None
+
+
 async def sessions_are_isolated(store: Store) -> None:
     await store.append_messages_atomic("a", 0, [Message.user("for a")])
     await store.append_messages_atomic("b", 0, [Message.user("for b")])
@@ -580,6 +620,9 @@ CHECKS: tuple[Check, ...] = (
     oversized_row_writes_nothing,
     large_rows_near_the_limit_round_trip,
     sessions_are_isolated,
+    pages_of_messages_start_where_asked,
+    context_begins_where_the_latest_summary_says,
+    a_request_is_found_by_its_key,
     session_info_tracks_writes,
     list_sessions_newest_first,
     session_names_are_stored_once,

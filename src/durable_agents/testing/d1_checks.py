@@ -55,6 +55,7 @@ async def schema_applies_statement_by_statement(db: Any) -> None:
         ["index", "agent_approvals_one_decision"],
         ["index", "agent_messages_one_result_per_call"],
         ["index", "agent_messages_one_turn_per_request_key"],
+        ["index", "agent_messages_summaries"],
         ["index", "agent_sessions_by_creation"],
         ["index", "agent_sessions_by_name"],
         ["index", "agent_sessions_by_update"],

@@ -1,0 +1,234 @@
+"""A bounded context, durably (durable_agents.context): what the model is sent stays within
+`max_context_tokens` as a session grows; older messages are folded into a stored summary
+at a step boundary, never between a call and its result; the history keeps every
+message; a turn loads the latest summary's tail only; a crash at any write loses no
+message and repeats no side effect. On SQLite (a real file) and the memory store.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from durable_agents import (
+    Agent,
+    LLMResponse,
+    Message,
+    ToolCall,
+    ToolContext,
+    ToolSpec,
+    Usage,
+    run,
+    tool,
+)
+from durable_agents.context import estimate_tokens
+from durable_agents.stores import Store, sqlite_store
+from durable_agents.testing import FunctionLLM, SimulatedCrash, count_writes, crash_on_write
+
+SESSION = "s"
+BUDGET = 2_000  # estimated tokens: a few turns of the model below
+
+
+class Note(BaseModel):
+    text: str
+
+
+class World:
+    """An agent that posts one note per turn (a side effect) and replies; a model that
+    plays it and records what each call was sent; a summarizer that lists what it read."""
+
+    def __init__(self, store: Store, **agent: Any) -> None:
+        self.store = store
+        self.posted: Counter[str] = Counter()
+        self.sent: list[list[Message]] = []
+        self.summaries = 0
+
+        async def post(args: Note, ctx: ToolContext) -> str:
+            self.posted[args.text] += 1
+            return "posted " + "x" * 300
+
+        def summarize(previous: str | None, messages: Sequence[Message]) -> str:
+            self.summaries += 1
+            users = [m.content.split()[0] for m in messages if m.role == "user"]
+            return f"{previous or ''} | turns {' '.join(users)}".strip(" |")
+
+        agent.setdefault("summarize", summarize)
+        self.agent = Agent(
+            "noter", "Post a note per message.", [tool(post, input=Note)],
+            max_context_tokens=BUDGET, **agent,
+        )  # fmt: skip
+        self.llm = FunctionLLM(self.answer)
+
+    def answer(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        if not tools:  # the default summarizer's call
+            return LLMResponse("a summary by the model")
+        self.sent.append(messages)
+        last = messages[-1]
+        if last.role == "tool":
+            return LLMResponse("done " + "y" * 200, usage=Usage(100, 10))
+        note = last.content.split()[0]
+        call = ToolCall(f"c-{note}", "post", {"text": note})
+        return LLMResponse("posting " + "z" * 200, [call], Usage(100, 10))
+
+    async def turn(self, n: int, store: Store | None = None) -> Any:
+        return await run(
+            self.agent, llm=self.llm, message=f"t{n} " + "w" * 400, session_id=SESSION,
+            store=store or self.store,
+        )  # fmt: skip
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> World:
+    return World(sqlite_store(tmp_path / "s.db"))
+
+
+def paired(window: list[Message]) -> bool:
+    """Every tool result in `window` follows the assistant message that made its call."""
+    calls: set[str] = set()
+    for message in window:
+        if message.role == "assistant":
+            calls = {c.id for c in message.tool_calls}
+        elif message.role == "tool" and message.tool_call_id not in calls:
+            return False
+    return True
+
+
+async def test_the_window_stays_bounded_and_the_history_keeps_everything(world: World) -> None:
+    for n in range(30):
+        result = await world.turn(n)
+        assert result.status == "complete"
+    history = await world.store.load_messages(SESSION)
+    plain = [m for m in history if not m.is_summary]
+    assert len(plain) == 30 * 4  # user, assistant(call), tool, assistant: all kept
+    assert world.posted == Counter({f"t{n}": 1 for n in range(30)})
+    summaries = [m for m in history if m.is_summary]
+    assert summaries
+    assert all(m.role == "system" for m in summaries)
+    assert [m.summary_of for m in summaries] == sorted({m.summary_of for m in summaries})
+    for window in world.sent:
+        assert estimate_tokens(window) <= BUDGET
+        assert paired(window)
+        assert window[0].content == "Post a note per message."
+    last = world.sent[-1]
+    assert last[1].role == "system"
+    assert "turns t0" in last[1].content  # the summary folds every older turn in
+    assert "Summary of the conversation" in last[1].content
+
+
+async def test_a_summary_covers_a_prefix_that_ends_where_a_step_begins(world: World) -> None:
+    for n in range(20):
+        await world.turn(n)
+    history = await world.store.load_messages(SESSION)
+    for summary in (m for m in history if m.is_summary):
+        assert summary.summary_of is not None
+        assert history[summary.summary_of].role in ("user", "assistant")
+        assert history.index(summary) >= summary.summary_of
+
+
+async def test_a_turn_loads_only_the_latest_summarys_tail(world: World) -> None:
+    for n in range(30):
+        await world.turn(n)
+    base, tail = await world.store.load_context(SESSION)
+    history = await world.store.load_messages(SESSION)
+    assert base > 0
+    assert tail == history[base:]
+    assert len(tail) < len(history) // 3
+    assert sum(m.is_summary for m in tail) == 1
+
+
+async def test_the_default_summarizer_is_the_runs_own_model(tmp_path: Path) -> None:
+    world = World(sqlite_store(tmp_path / "s.db"), summarize=None)
+    for n in range(12):
+        await world.turn(n)
+    summary = next(m for m in await world.store.load_messages(SESSION) if m.is_summary)
+    assert summary.content == "a summary by the model"
+
+
+async def test_a_history_processor_changes_what_is_sent_never_what_is_stored(
+    tmp_path: Path,
+) -> None:
+    def redact(messages: list[Message]) -> list[Message]:
+        return [
+            Message(m.role, m.content.replace("w", "#"), m.tool_calls, m.tool_call_id, m.tool_name)
+            for m in messages
+        ]
+
+    world = World(sqlite_store(tmp_path / "s.db"), history_processor=redact)
+    await world.turn(0)
+    assert "w" not in world.sent[0][-1].content
+    assert (await world.store.load_messages(SESSION))[0].content.endswith("w" * 400)
+
+
+async def test_a_retried_request_key_of_a_turn_past_the_summary_returns_its_reply(
+    world: World,
+) -> None:
+    first = await run(
+        world.agent, llm=world.llm, message="t0 first", session_id=SESSION, store=world.store,
+        request_key="k0",
+    )  # fmt: skip
+    for n in range(1, 30):
+        await world.turn(n)
+    base, _ = await world.store.load_context(SESSION)
+    assert base > 0
+    again = await run(
+        world.agent, llm=world.llm, message="t0 first", session_id=SESSION, store=world.store,
+        request_key="k0",
+    )  # fmt: skip
+    assert (again.status, again.response) == ("complete", first.response)
+    assert world.posted["t0"] == 1
+
+
+async def test_the_session_budget_counts_the_whole_history_not_the_window(tmp_path: Path) -> None:
+    world = World(sqlite_store(tmp_path / "s.db"))
+    for n in range(20):
+        await world.turn(n)
+    info = await world.store.get_session(SESSION)
+    assert info is not None
+    used = info.input_tokens + info.output_tokens
+    assert used == 20 * 2 * 110
+    capped = World(world.store, max_session_tokens=used)
+    result = await capped.turn(99)
+    assert result.status == "budget_exceeded"
+
+
+async def test_every_crash_point_of_compacting_turns_loses_nothing_and_repeats_nothing(
+    tmp_path: Path,
+) -> None:
+    """Run 14 turns (compacting from the 7th or so) once to count the writes, then
+    once per write, crashing before and after it, and finishing every turn after."""
+    plain = World(sqlite_store(tmp_path / "plain.db"))
+    counter = count_writes(plain.store)
+    for n in range(14):
+        await plain.turn(n, store=counter)
+    writes = counter.appends
+    assert sum(m.is_summary for m in await plain.store.load_messages(SESSION)) >= 2
+    for n in range(1, writes + 1):
+        for when in ("before", "after"):
+            world = World(sqlite_store(tmp_path / f"{n}-{when}.db"))
+            crashing = crash_on_write(world.store, n, when=when)  # type: ignore[arg-type]
+            crashed = False
+            for turn in range(14):
+                try:
+                    result = await world.turn(turn, store=crashing)
+                except SimulatedCrash:
+                    crashed = True
+                    stored = await world.store.load_messages(SESSION)
+                    if any(m.content.startswith(f"t{turn} ") for m in stored):
+                        result = await run(  # the turn's message landed: finish the turn
+                            world.agent, llm=world.llm, session_id=SESSION, store=world.store
+                        )
+                    else:  # it did not: the client sends it again
+                        result = await world.turn(turn)
+                assert result.status == "complete", (n, when, turn)
+            assert crashed
+            history = await world.store.load_messages(SESSION)
+            users = [m.content.split()[0] for m in history if m.role == "user"]
+            assert users == [f"t{t}" for t in range(14)], (n, when)  # none lost, none twice
+            assert max(world.posted.values()) == 1, (n, when, world.posted)
+            results = [m.tool_call_id for m in history if m.role == "tool"]
+            assert len(results) == len(set(results))  # one result per call
