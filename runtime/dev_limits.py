@@ -98,8 +98,15 @@ def describe(plan: str, source: str, limits: Mapping[str, int]) -> str:
     )
 
 
+OFF_ENV = "DURABLE_AGENTS_DEV_LIMITS"
+"""`off` serves the Worker without the plan's limits: for a test harness whose one request
+runs a whole test (durable_agents.testing.pytest_plugin), not for a Worker of yours."""
+
+
 def unsupported(config: Mapping[str, Any], main: Path, is_kit: bool) -> str | None:
     """Why the limits cannot be enforced on this Worker, or None."""
+    if os.environ.get(OFF_ENV, "").strip().lower() == "off":
+        return f"{OFF_ENV}=off"
     if main.suffix != ".py":
         return "not a Python Worker"
     if not is_kit and not main.is_file():  # the kit's is made by its [build]

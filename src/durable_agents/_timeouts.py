@@ -1,4 +1,4 @@
-"""Timeouts that leave no timer behind: `async with timeout(seconds) as t: ...`.
+"""Timeouts whose timer is cleared when the block ends: `async with timeout(seconds) as t:`.
 
 Pyodide's event loop (the one a Python Worker runs) schedules every
 `call_later` as a JavaScript `setTimeout`, and cancelling the handle does not
@@ -6,110 +6,64 @@ clear it: the JS timer stays active until it fires, doing nothing. workerd
 allows 10,000 active timers per isolate (`QuotaExceededError: You have
 exceeded the number of active timeouts you may set`), and a Durable Object
 keeps its isolate across requests. So `asyncio.timeout(30)` around each of a
-thousand tool calls, or each read of a streamed body, leaves thousands of
-timers alive for 30 s, and the next turn's timers fail.
+thousand tool calls, or each read of a streamed body, left thousands of
+timers alive for 30 s, and the next turn's timers failed.
 
-Here every timeout of a loop shares one sleeper: deadlines go into a heap, and
-one task sleeps until the earliest (at most `TICK` seconds at a time, so a new
-deadline seldom needs it woken). A timeout that ends first just marks its
-entry; nothing is scheduled per timeout. Only a deadline earlier than the
-sleeper's next wake-up (a timeout shorter than `TICK`) restarts it, leaving one
-timer behind. On CPython the same code runs, so it is what the tests exercise.
-
-Time is what the sleeper has slept, when the loop's clock says less: a Worker's
-clock may stand still between I/O events (Cloudflare's Spectre mitigation), so
-a deadline measured by it alone might never come, while a timer that fired
-means its delay has passed.
-
-`timeout(seconds)` behaves as `asyncio.timeout(seconds)`: on expiry the block
-is cancelled and `TimeoutError` raised, `.expired()` says whether it was; None
-is no limit.
+Here the deadline is a timer of its own that the block's end clears: in a
+Worker `js.setTimeout` / `js.clearTimeout` (the timer belongs to the request
+that set it, as any timer of a Worker does), elsewhere `loop.call_later` and
+its handle's `cancel()`. When it fires, it hands the expiry to the loop, and
+the block is cancelled as `asyncio.timeout` would: `TimeoutError`, and
+`.expired()` says so. `seconds=None` is no limit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
-import weakref
+import sys
 from collections.abc import Callable
 from types import TracebackType
 
-__all__ = ["TICK", "Timeout", "timeout"]
+__all__ = ["Timeout", "timeout"]
 
-TICK = 1.0
-"""The longest the shared sleeper sleeps at once, in seconds."""
-
-
-class _Entry:
-    __slots__ = ("callback", "cancelled", "order", "when")
-
-    def __init__(self, when: float, order: int, callback: Callable[[], None]) -> None:
-        self.when, self.order, self.callback, self.cancelled = when, order, callback, False
-
-    def __lt__(self, other: _Entry) -> bool:
-        return (self.when, self.order) < (other.when, other.order)
+Fire = Callable[[], None]
+Cancel = Callable[[], None]
+Schedule = Callable[[asyncio.AbstractEventLoop, float, Fire], Cancel]
 
 
-class _Sleeper:
-    """The deadlines of one event loop and the one task that waits for them."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.heap: list[_Entry] = []
-        self.order = itertools.count()
-        self.task: asyncio.Task[None] | None = None
-        self.wake_at = float("inf")
-        self.slept_to = float("-inf")  # the time the last sleep that ran out ended at
-
-    def now(self) -> float:
-        return max(self.loop.time(), self.slept_to)
-
-    def add(self, seconds: float, callback: Callable[[], None]) -> _Entry:
-        when = self.now() + max(seconds, 0.0)
-        entry = _Entry(when, next(self.order), callback)
-        heapq.heappush(self.heap, entry)
-        if self.task is None or self.task.done():
-            self.task = self.loop.create_task(self.run())
-        elif when < self.wake_at:  # sooner than it wakes: start it again (one timer left)
-            self.task.cancel()
-            self.task = self.loop.create_task(self.run())
-        return entry
-
-    async def run(self) -> None:
-        try:
-            while self.heap:
-                entry = self.heap[0]
-                if entry.cancelled:
-                    heapq.heappop(self.heap)
-                    continue
-                now = self.now()
-                wait = entry.when - now
-                if wait > 0:
-                    nap = min(wait, TICK)
-                    self.wake_at = now + nap
-                    await asyncio.sleep(nap)
-                    self.slept_to = max(self.slept_to, now + nap)
-                    continue
-                heapq.heappop(self.heap)
-                entry.callback()
-        finally:
-            if asyncio.current_task() is self.task:  # (not a sleeper started again)
-                self.wake_at = float("inf")
+def _loop_timer(loop: asyncio.AbstractEventLoop, seconds: float, fire: Fire) -> Cancel:
+    return loop.call_later(seconds, fire).cancel
 
 
-_SLEEPERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sleeper] = (
-    weakref.WeakKeyDictionary()
-)
+def _js_timer(loop: asyncio.AbstractEventLoop, seconds: float, fire: Fire) -> Cancel:
+    from js import clearTimeout, setTimeout  # type: ignore[import-not-found, unused-ignore]
+    from pyodide.ffi import create_proxy  # type: ignore[import-not-found, unused-ignore]
+
+    # A JS callback runs outside the loop's handles: hand the expiry to the loop.
+    callback = create_proxy(lambda *_: loop.call_soon(fire))
+    timer_id = setTimeout(callback, max(seconds, 0.0) * 1000)
+
+    def cancel() -> None:
+        clearTimeout(timer_id)
+        callback.destroy()
+
+    return cancel
+
+
+def default_schedule() -> Schedule:
+    return _js_timer if sys.platform == "emscripten" else _loop_timer
 
 
 class Timeout:
-    """`asyncio.timeout(seconds)`, its timer shared with every other (see the module)."""
+    """`asyncio.timeout(seconds)` whose timer is cleared when the block ends (see the module).
 
-    def __init__(self, seconds: float | None) -> None:
+    `schedule(loop, seconds, fire) -> cancel` sets the timer (default: per platform)."""
+
+    def __init__(self, seconds: float | None, schedule: Schedule | None = None) -> None:
         self.seconds = seconds
+        self._schedule = schedule or default_schedule()
         self._inner = asyncio.timeout(None)
-        self._entry: _Entry | None = None
+        self._cancel: Cancel | None = None
 
     def expired(self) -> bool:
         return self._inner.expired()
@@ -117,12 +71,13 @@ class Timeout:
     async def __aenter__(self) -> Timeout:
         await self._inner.__aenter__()
         if self.seconds is not None:
-            loop = asyncio.get_running_loop()
-            sleeper = _SLEEPERS.get(loop)
-            if sleeper is None:
-                sleeper = _SLEEPERS[loop] = _Sleeper(loop)
-            inner = self._inner
-            self._entry = sleeper.add(self.seconds, lambda: inner.reschedule(loop.time()))
+            loop, inner = asyncio.get_running_loop(), self._inner
+
+            def fire() -> None:
+                if self._cancel is not None:  # (the block has not ended yet)
+                    inner.reschedule(loop.time())
+
+            self._cancel = self._schedule(loop, max(self.seconds, 0.0), fire)
         return self
 
     async def __aexit__(
@@ -131,11 +86,12 @@ class Timeout:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self._entry is not None:
-            self._entry.cancelled = True
+        cancel, self._cancel = self._cancel, None
+        if cancel is not None:
+            cancel()
         await self._inner.__aexit__(kind, error, traceback)
 
 
-def timeout(seconds: float | None) -> Timeout:
+def timeout(seconds: float | None, schedule: Schedule | None = None) -> Timeout:
     """A block that may take at most `seconds` (None: no limit); see the module."""
-    return Timeout(seconds)
+    return Timeout(seconds, schedule)

@@ -10,8 +10,8 @@ first `summary_of` messages), then the messages after what it covers:
 
 When that is over `Agent.max_context_tokens`, the run loop compacts before its
 next LLM call (a step boundary: every call is answered): it picks a cut `p`
-where a step begins (a user or assistant message, so a call and its results are
-never split), has the older part folded into the summary (an LLM call, or the
+where a turn begins (a user message, so a call and its results are never split
+and the running turn is sent whole), has the older part folded into the summary (an LLM call, or the
 agent's own `summarize`), and stores the new summary in one append, like any
 other write. A crash before that write loses nothing (the next turn compacts
 again); after it, the next turn loads from `p` on (`Store.load_context`). No
@@ -110,14 +110,14 @@ def cut_position(
 ) -> int | None:
     """Where the kept tail begins (an absolute position), or None if nothing can go.
 
-    The tail starts where a step begins (a user or an assistant message) after the
-    latest stored summary, as early as a tail of at most `keep_tokens` allows
-    (`reserved`: tokens of what follows the history, the turn's unstored message);
-    if even the last step is larger, at the last such place: the latest step stays."""
+    The tail starts where a turn begins (a user message: so a call and its results
+    are never split, and what the model reads after the summary starts with the
+    user, as every provider accepts), after the latest stored summary, as early as
+    a tail of at most `keep_tokens` allows (`reserved`: tokens of what follows the
+    history, the turn's unstored message); if even the last turn is larger, at its
+    start: the running turn is always sent whole."""
     last_summary = max((i for i, m in enumerate(history) if m.is_summary), default=0)
-    starts = [
-        i for i in range(last_summary + 1, len(history)) if history[i].role in ("user", "assistant")
-    ]
+    starts = [i for i in range(last_summary + 1, len(history)) if history[i].role == "user"]
     if not starts:
         return None
     fits, tail = len(history), reserved  # fits: the first index whose tail is small enough

@@ -65,7 +65,10 @@ async def post_slack(args: SlackPost) -> str:
     return f"posted to {{args.channel}}: {{args.text}}"
 
 
-AGENT = Agent("big-steps", "Use the tools as asked.", [get_issue, post_slack], max_steps=4)
+AGENT = Agent(
+    "big-steps", "Use the tools as asked.", [get_issue, post_slack], max_steps=4,
+    max_tool_calls_per_step=1000,
+)  # fmt: skip
 
 
 def make_deps(env, http):
@@ -92,7 +95,9 @@ class ThousandCalls(FakeServices):
         ask, turn = messages[start]["content"], messages[start:]
         results = [m for m in turn if m["role"] == "tool"]
         message: dict[str, Any] = {"role": "assistant", "content": f"Done: {len(results)}."}
-        if not results and ask.startswith("calls "):
+        if not body.get("tools"):  # the kit folding older turns into a summary
+            message["content"] = "Earlier turns asked for their calls and got them."
+        elif not results and ask.startswith("calls "):
             count, label = int(ask.split()[1]), ask.split()[2]
             message = {"role": "assistant", "content": "On it.", "tool_calls": [
                 {"id": f"{label}_{n}", "type": "function", "function": _call(label, n)}
@@ -178,13 +183,17 @@ def test_two_thousand_call_turns_are_stored_whole_and_the_session_goes_on(
     ) as events:
         assert events.status == 200
         streamed = list(events)
-    stored = [e for e in streamed if e.event == "message"]
+    # Near the default max_context_tokens: the first turn may be folded into a summary
+    # (a system message) before the second's answer is asked for; never the second turn.
+    stored = [e.data for e in streamed if e.event == "message" and "summary_of" not in e.data]
+    summaries = [e.data for e in streamed if e.event == "message" and "summary_of" in e.data]
     assert len(stored) == CALLS + 3  # the user message, the step, the results, the answer
+    assert [s["summary_of"] for s in summaries] in ([], [[0, CALLS + 3]])
     done = streamed[-1]
     assert done.event == "done", streamed[-3:]
     assert (done.data["status"], done.data["response"]) == ("complete", f"Done: {CALLS}.")
 
-    messages = history(server, "big")
+    messages = [m for m in history(server, "big") if "summary_of" not in m]
     assert len(messages) == 2 * (CALLS + 3)
     check_turn(messages[: CALLS + 3], "calls 1000 one")
     check_turn(messages[CALLS + 3 :], "calls 1000 two")
@@ -192,5 +201,5 @@ def test_two_thousand_call_turns_are_stored_whole_and_the_session_goes_on(
     after = worker.post("/sessions/big/messages", {"message": "thanks"}, timeout=60)
     assert after.status == 200, after.text[:2000]
     assert after.body["response"] == "You are welcome."
-    assert len(history(server, "big")) == 2 * (CALLS + 3) + 2
+    assert len(history(server, "big")) == 2 * (CALLS + 3) + len(summaries) + 2
     print(f"two {CALLS}-call turns and a next message: {time.monotonic() - started:.1f} s")

@@ -136,8 +136,9 @@ async def test_a_failed_transaction_rolls_back_and_surfaces_as_its_error(env):
 
 async def test_schema_once_and_one_transaction_per_append(env):
     result = await _probe(env, "schema").schema_once()
-    # sqlite_master + table_info + the read; then 5 inserts and the upsert in ONE transaction.
-    assert result == {"statements": 3 + 6, "transactions": 1, "ddl": []}
+    # sqlite_master + two table_info + the read; then 5 inserts and the upsert in ONE
+    # transaction.
+    assert result == {"statements": 4 + 6, "transactions": 1, "ddl": []}
 
 
 async def test_a_python_exception_inside_the_transaction_rolls_back_and_surfaces(env):

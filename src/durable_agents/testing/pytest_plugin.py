@@ -243,6 +243,9 @@ class WorkersRuntime:
                 str(state),
             ],
             cwd=self.project_dir,
+            # One request runs a whole test (a crash sweep makes hundreds of D1 queries):
+            # not an invocation WORKERS_PLAN's limits are about.
+            env={**os.environ, "DURABLE_AGENTS_DEV_LIMITS": "off"},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
