@@ -299,3 +299,25 @@ def test_a_message_repairs_its_content() -> None:
     assert Message.user("\ud83d\ude00").content == "\U0001f600"
     text = "plain"
     assert Message.user(text).content is text
+
+
+async def test_a_surrogate_pair_split_between_streamed_chunks_is_kept_whole() -> None:
+    from durable_agents.llm._sse import SSEEvent
+    from durable_agents.llm.openai import parse_stream
+    from durable_agents.messages import TextDelta
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> SSEEvent:
+        data = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return SSEEvent("message", json.dumps(data).replace("\\\\u", "\\u"))
+
+    async def events() -> Any:
+        yield chunk({"content": "smile \\ud83d"})
+        yield chunk({"content": "\\ude00 and a lone \\udc00"}, "stop")
+        yield SSEEvent("message", "[DONE]")
+
+    parts = [part async for part in parse_stream(events())]
+    deltas = [p.text for p in parts if isinstance(p, TextDelta)]
+    assert deltas == ["smile \ufffd", "\ufffd and a lone \ufffd"]  # previews, each valid
+    reply = parts[-1]
+    assert isinstance(reply, LLMResponse)
+    assert reply.text == "smile \U0001f600 and a lone \ufffd"

@@ -228,20 +228,22 @@ def check_text_depth(text: str | bytes, max_depth: int = MAX_DEPTH) -> None:
     DepthScanner(max_depth).feed(text)
 
 
-def loads(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
+def loads(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH, repair: bool = True) -> Any:
     """`json.loads(text)` for strict JSON, refusing text nested deeper than `max_depth` first.
 
     Raises `JSONTooDeepError` (a `json.JSONDecodeError`) for too-deep text,
     `NonFiniteNumberError` for `NaN`, `Infinity` or a number past the float
     range, and whatever `json.loads` raises for text that is not JSON (all
-    `ValueError`s). Lone surrogates (escaped or not) come back as U+FFFD.
+    `ValueError`s). Lone surrogates (escaped or not) come back as U+FFFD, unless
+    `repair=False` (a piece of a stream: half of a pair may end one piece and the
+    other half begin the next; the joined text is repaired, see `LLMResponse`).
     Bytes are decoded as `json.loads` would (UTF-8/16/32).
     """
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")
     check_text_depth(text, max_depth)
     value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
-    if _SURROGATE_ESCAPE.search(text) is not None or _SURROGATE.search(text) is not None:
+    if repair and (_SURROGATE_ESCAPE.search(text) is not None or _SURROGATE.search(text)):
         value = _repaired(value)
     return value
 

@@ -105,7 +105,9 @@ async def sse_events(lines: AsyncIterable[str]) -> AsyncIterator[SSEEvent]:
 def json_data(event: SSEEvent, provider: str) -> Any:
     """An event's data decoded as JSON; `LLMResponseError` when it is not JSON or too deep."""
     try:
-        return _json.loads(event.data)
+        # Unrepaired: a surrogate pair may be split between two events; the response
+        # built from the pieces is repaired whole (LLMResponse, TextDelta).
+        return _json.loads(event.data, repair=False)
     except _json.JSONTooDeepError as exc:
         raise LLMResponseError(
             f"{provider} streamed an event with {exc}; refused before parsing",
