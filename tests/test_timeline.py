@@ -5,7 +5,9 @@ stored text escaped, kinds, pending approvals, usage sums, no script at all.
 Then a triage-like session built on CPython with a crash that loses a
 `post_slack` result (resumed with `run(message=None)`, so the call is repaired
 with a `tool-durability-error`), rendered to a file and opened in headless
-Debian chromium with JavaScript disabled: DOM assertions and a screenshot.
+Debian chromium with JavaScript disabled: DOM assertions and a screenshot. A page
+of a longer session (`TimelinePage`): its positions, the links to the pages around
+it, a step split by the page's end, in HTML and in chromium.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from durable_agents import Agent, LLMResponse, Message, ToolCall, Usage, run, to
 from durable_agents.errors import ToolDurabilityError
 from durable_agents.messages import ToolErrorKind, tool_error_content
 from durable_agents.stores import Store, sqlite_store
-from durable_agents.stores.base import ApprovalEvent
+from durable_agents.stores.base import ApprovalEvent, SessionInfo
 from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
 from durable_agents.testing.conformance import ticking_clock
-from durable_agents.timeline import render_timeline
+from durable_agents.timeline import TimelinePage, render_timeline
 from headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
 
 HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
@@ -304,6 +306,121 @@ def test_long_texts_fold_open() -> None:
     (details,) = article(root, 0).find_all("details")
     assert "open" in details.attrs
     assert "5,000 characters" in details.text()
+
+
+# -- a page of a longer session ----------------------------------------------------------------
+
+LINKS = {
+    "first": "?before=4&limit=4",
+    "older": "?before=40&limit=4",
+    "newer": "?after=43&limit=4",
+    "latest": "?limit=4",
+}
+
+
+def paged(**kw: Any) -> str:
+    """Positions 40 to 43 of a session of 60: a result, a reply, a question, a step whose
+    results (44, 45) are on the next page."""
+    calls = [ToolCall("c8a", "get_issue", {"id": "8"}), ToolCall("c8b", "post_slack", {})]
+    messages = [
+        Message("tool", '{"id": "7"}', tool_call_id="c7", tool_name="get_issue"),
+        Message.assistant("Issue 7 is triaged.", usage=Usage(5, 1)),
+        Message.user("triage 8"),
+        Message.assistant("", calls, usage=Usage(7, 2)),
+    ]
+    following = [
+        (44, Message.tool_result(calls[0], '{"id": "8"}')),
+        (45, Message.tool_result(calls[1], tool_error_content(ToolErrorKind.TOOL_FAILED, "no"))),
+    ]
+    session = SessionInfo("a" * 64, "triage", "complete", 60, T0 - 5000, T0 + 99_000,
+                          "s1", 1234, 56)  # fmt: skip
+    page = TimelinePage(40, LINKS, following)
+    return render(messages, page=page, session=session, **kw)
+
+
+def test_a_page_of_a_longer_session_links_the_pages_around_it() -> None:
+    text = paged()
+    root = parse(text)
+    assert [a.attrs["id"] for a in root.find_all("article")] == ["m40", "m41", "m42", "m43"]
+    navs = root.find_all("nav", **{"class": "pages pages-top"}) + root.find_all(
+        "nav", **{"class": "pages pages-bottom"}
+    )
+    assert len(navs) == 2
+    for nav in navs:
+        assert (nav.attrs["data-first"], nav.attrs["data-last"], nav.attrs["data-total"]) == (
+            "40", "43", "60",
+        )  # fmt: skip
+        hrefs = {a.attrs["class"]: a.attrs["href"] for a in nav.find_all("a")}
+        assert hrefs == LINKS
+        assert nav.find_all("a", rel="prev")[0].attrs["class"] == "older"
+        assert nav.find_all("a", rel="next")[0].attrs["class"] == "newer"
+        assert "Messages #40 to #43 of 60" in nav.text()
+    facts = root.find_all("dl")[0].text()
+    assert "Messages60" in facts  # the session's count, times and usage, not the page's
+    assert "Turns" not in facts  # not known from a page
+    assert "1,234 in · 56 out tokens" in facts
+    assert "#40 to #43" in root.find_all("title")[0].text()
+    # The result whose call is on the page before; the call whose results come after.
+    assert 'answers a call on <a href="?before=40&amp;limit=4">an earlier page</a>' in text
+    assert article(root, 40).find_all("a")[-1].attrs["href"] == LINKS["older"]
+    turns = root.find_all("section", **{"class": "turn"})
+    assert [t.attrs.get("data-turn") for t in turns] == [None, None]
+    assert [t.attrs["data-start"] for t in turns] == ["40", "42"]
+    assert "Continued from the page before" in turns[0].text()
+    results = [a.attrs["href"] for a in article(root, 43).find_all("a", **{"class": "result-link"})]
+    assert results == [LINKS["newer"] + "#m44", LINKS["newer"] + "#m45"]
+    assert "Tool failed" in article(root, 43).text()  # the next page's result, summed up
+    assert root.find_all(data_kind="no-result") == []  # answered on the next page
+    assert "Nothing on this page needs attention" in root.text()
+
+
+def test_the_first_and_the_last_page_link_one_way() -> None:
+    session = SessionInfo("a" * 64, "triage", "complete", 3, T0, T0, "s1")
+    messages = [Message.user("q"), Message.assistant("", [ToolCall("c1", "t", {})]),
+                Message("tool", "{}", tool_call_id="c1", tool_name="t")]  # fmt: skip
+    first = parse(
+        render(messages[:2], page=TimelinePage(0, {"newer": "?after=1"}), session=session)
+    )
+    (nav,) = first.find_all("nav", **{"class": "pages pages-top"})
+    assert [a.attrs["class"] for a in nav.find_all("a")] == ["newer"]
+    assert [s.attrs["class"] for s in nav.find_all("span")] == [
+        "first off", "older off", "range", "latest off",
+    ]  # fmt: skip
+    assert [t.attrs["data-turn"] for t in first.find_all("section", **{"class": "turn"})] == ["1"]
+    # A call whose result is on no page shown and not in `following`: a link, not a flag.
+    (link,) = article(first, 1).find_all("a", **{"class": "result-link"})
+    assert (link.attrs["href"], link.text()) == ("?after=1", "result: on a later page")
+    assert first.find_all(data_kind="no-result") == []
+    last = parse(
+        render(messages[2:], page=TimelinePage(2, {"older": "?before=2"}), session=session)
+    )
+    assert [a.attrs["id"] for a in last.find_all("article")] == ["m2"]
+    empty = parse(render([], page=TimelinePage(3, {"latest": "?limit=100"}), session=session))
+    assert "No messages here: the session holds #0 to #2." in empty.text()
+    assert "No messages on this page" in empty.text()
+
+
+def test_a_page_in_chromium_without_javascript(browser: Browser, tmp_path: Path) -> None:
+    path = tmp_path / "page.html"
+    path.write_text(paged(), encoding="utf-8")
+    context = browser.new_context(
+        java_script_enabled=False, viewport={"width": 1000, "height": 700}
+    )
+    try:
+        page = context.new_page()
+        page.goto(path.as_uri())
+        top = page.locator("nav.pages-top")
+        assert top.is_visible()
+        assert top.locator("a.older").get_attribute("href") == LINKS["older"]
+        assert top.locator("a.newer").get_attribute("href") == LINKS["newer"]
+        assert top.locator(".range").inner_text() == "Messages #40 to #43 of 60"
+        box = top.locator("a.older").bounding_box()
+        assert box is not None
+        assert box["height"] > 10  # a button-like link, not hidden
+        page.screenshot(path=str(tmp_path / "timeline-page.png"), full_page=True)
+        print(f"screenshot: {tmp_path / 'timeline-page.png'}")
+    finally:
+        context.close()
 
 
 # -- a crashed and resumed triage session, in chromium with JavaScript off -------------------

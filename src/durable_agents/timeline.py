@@ -17,26 +17,48 @@ person must not miss stands out with a colour, a label and a one-line why:
 Usage per turn and in total, UTC times. Pure Python, standard library only: the
 Worker serves it (`GET /sessions/{name}/view`) and the CLI writes it
 (`durable-agents sessions show NAME --html out.html`).
+
+A long session is shown a page at a time (`TimelinePage`): the page's entries
+keep their positions (`#m<position>`), a `<nav class="pages">` above and below
+links the first, older, newer and latest pages and says which messages these
+are, and the box of what needs attention covers the page. A call whose result
+is stored after the page links to it on the next page; a result whose call is
+on an earlier page says so.
 """
 
 from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from .approvals import ApprovalState, approval_states
 from .messages import MalformedToolCall, Message, ToolCall, ToolErrorKind, Usage, tool_error
-from .stores.base import ApprovalEvent
+from .stores.base import ApprovalEvent, SessionInfo
 
-__all__ = ["render_timeline"]
+__all__ = ["TimelinePage", "render_timeline"]
 
 DIGEST_PREFIX = 12  # hex digits of an approval digest shown
 FOLD_CHARS = 1500  # longer texts are folded in a <details> (open, so they print)
 _SHOWN_ERROR_KEYS = frozenset({"error", "kind", "toolName", "toolCallId", "reason"})
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePage:
+    """Where one page of a longer session sits (`GET .../view` shows one at a time).
+
+    `first` is the position of the page's first entry. `links` are the hrefs of
+    the pages around it by name, `"first"`, `"older"`, `"newer"`, `"latest"` (one
+    left out is not linked). `following` holds the (position, message) pairs
+    stored right after the page, not shown: where the results of its last calls are.
+    """
+
+    first: int
+    links: Mapping[str, str] = field(default_factory=dict)
+    following: Sequence[tuple[int, Message]] = ()
 
 
 def render_timeline(
@@ -46,11 +68,18 @@ def render_timeline(
     agent: str | None,
     entries: Sequence[tuple[int, Message]],
     approvals: Sequence[ApprovalEvent] = (),
+    page: TimelinePage | None = None,
+    session: SessionInfo | None = None,
 ) -> str:
     """The session's page: `entries` are its stored messages with their
     `created_at` (Unix ms), in order (`store.load_timeline`); `approvals` its
-    approval events (`store.load_approvals`)."""
-    return _Page(name, session_id, agent, list(entries), approval_states(approvals)).render()
+    approval events (`store.load_approvals`; those of calls elsewhere are
+    ignored). Without `page`, `entries` are the whole session from position 0;
+    with it, one page of it. `session` (`store.get_session`) gives the header
+    the session's own times, message count and usage (else: the entries')."""
+    return _Page(
+        name, session_id, agent, list(entries), approval_states(approvals), page, session
+    ).render()
 
 
 # -- what each stored thing means -----------------------------------------------------------
@@ -126,8 +155,22 @@ def _result_flag(message: Message, error: dict[str, Any]) -> _Flag:
 
 @dataclass(slots=True)
 class _Turn:
-    number: int
+    number: int | None  # None: not known (the page starts after position 0)
+    start: int  # the position of its first message on the page
+    continued: bool = False  # it began on an earlier page
     entries: list[tuple[int, int, Message]] = field(default_factory=list)  # (pos, ms, msg)
+
+    @property
+    def anchor(self) -> str:
+        return f"turn-{self.number}" if self.number is not None else f"turn-at-{self.start}"
+
+    @property
+    def heading(self) -> str:
+        if self.continued:
+            return "Continued from the page before"
+        if self.number is None:
+            return f"Turn from #{self.start:,}"
+        return f"Turn {self.number}" if self.number else "Before the first user message"
 
     @property
     def usage(self) -> Usage:
@@ -142,27 +185,44 @@ class _Page:
         agent: str | None,
         entries: list[tuple[int, Message]],
         states: dict[str, ApprovalState],
+        page: TimelinePage | None = None,
+        session: SessionInfo | None = None,
     ) -> None:
         self.name, self.session_id, self.agent = name, session_id, agent
-        self.entries = entries
-        self.states = states
+        self.first = page.first if page is not None else 0
+        self.links: Mapping[str, str] = page.links if page is not None else {}
+        self.paged = page is not None
+        self.session = session
+        # (position, created_at, message) of each message shown
+        self.entries = [(self.first + i, ms, m) for i, (ms, m) in enumerate(entries)]
+        end = self.first + len(self.entries)
+        self.total = max(session.message_count, end) if session is not None else end
+        following = list(page.following) if page is not None else []
+        self.later = bool(following) or end < self.total  # messages after this page
+        self.whole = self.first == 0 and not self.later  # the page is the whole session
+        self.messages = {p: m for p, _, m in self.entries} | dict(following)
         self.results: dict[str, int] = {}  # call id -> position of its (first) result
         self.calls: dict[str, int] = {}  # call id -> position of the message asking it
-        for position, (_, message) in enumerate(entries):
+        for position, message in sorted(self.messages.items(), key=lambda pm: pm[0]):
             if message.role == "tool" and message.tool_call_id is not None:
                 self.results.setdefault(message.tool_call_id, position)
+        for position, _, message in self.entries:
             for call in message.tool_calls:
                 self.calls.setdefault(call.id, position)
+        self.states = {k: s for k, s in states.items() if k in self.calls}  # the page's calls
         self.turns: list[_Turn] = []
-        for position, (ms, message) in enumerate(entries):
+        for position, ms, message in self.entries:
             if message.role == "user":
-                self.turns.append(_Turn(sum(1 for t in self.turns if t.number) + 1))
-            elif not self.turns:
-                self.turns.append(_Turn(0))  # what came before the first user message
+                known = self.first == 0
+                number = sum(1 for t in self.turns if t.number) + 1 if known else None
+                self.turns.append(_Turn(number, position))
+            elif not self.turns:  # what came before the page's first user message
+                continued = self.first > 0
+                self.turns.append(_Turn(None if continued else 0, position, continued))
             self.turns[-1].entries.append((position, ms, message))
         # What stands out, in page order: (position, flag, tool name)
         self.attention: list[tuple[int, _Flag, str]] = []
-        for position, (_, message) in enumerate(entries):
+        for position, _, message in self.entries:
             if message.role == "tool":
                 error = tool_error(message.content)
                 if error is not None:
@@ -177,8 +237,9 @@ class _Page:
     # -- pieces ---------------------------------------------------------------------------
 
     def _unanswered(self, call: ToolCall) -> _Flag | None:
-        """The flag of a call without a stored result (None if it has one)."""
-        if call.id in self.results:
+        """The flag of a call without a stored result (None if it has one, or may
+        have one after this page)."""
+        if call.id in self.results or self.later:
             return None
         state = self.states.get(call.id)
         if state is not None and state.decision is None:
@@ -205,22 +266,34 @@ class _Page:
         )
 
     def render(self) -> str:
-        total = sum((m.usage for _, m in self.entries if m.usage), Usage())
-        times = [ms for ms, _ in self.entries]
+        session = self.session
+        if session is not None:
+            total = Usage(session.input_tokens, session.output_tokens)
+            created: int | None = session.created_at
+            updated: int | None = session.updated_at
+        else:
+            total = sum((m.usage for _, _, m in self.entries if m.usage), Usage())
+            times = [ms for _, ms, _ in self.entries]
+            created, updated = (times[0], times[-1]) if times else (None, None)
         title = f"{self.name} · durable-agents session"
+        if not self.whole and self.entries:
+            title += f" · #{self.entries[0][0]:,} to #{self.entries[-1][0]:,}"
         facts = [
             ("Session id", f"<code>{_e(self.session_id)}</code>"),
             ("Agent", _e(self.agent or "—")),
-            ("Created", _time(times[0]) if times else "—"),
-            ("Updated", _time(times[-1]) if times else "—"),
-            ("Messages", f"{len(self.entries):,}"),
-            ("Turns", f"{sum(1 for t in self.turns if t.number):,}"),
-            ("Usage", _usage(total)),
+            ("Created", _time(created) if created is not None else "—"),
+            ("Updated", _time(updated) if updated is not None else "—"),
+            ("Messages", f"{self.total:,}"),
         ]
+        if self.whole:
+            facts.append(("Turns", f"{sum(1 for t in self.turns if t.number):,}"))
+        facts.append(("Usage", _usage(total)))
         head = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in facts)
-        body = "".join(self._turn(t) for t in self.turns) or (
-            '<p class="empty">This session has no stored messages.</p>'
-        )
+        empty = "This session has no stored messages."
+        if self.total:
+            empty = f"No messages here: the session holds #0 to #{self.total - 1:,}."
+        body = "".join(self._turn(t) for t in self.turns) or f'<p class="empty">{_e(empty)}</p>'
+
         return (
             "<!doctype html>\n"
             '<html lang="en"><head><meta charset="utf-8">'
@@ -233,16 +306,43 @@ class _Page:
             f"<body><main>\n<header>"
             f'<p class="kicker">durable-agents · session timeline</p>'
             f'<h1>{_e(self.name)}</h1><dl class="facts">{head}</dl>'
-            f"{self._attention()}</header>\n{body}\n"
+            f"{self._nav('top')}{self._attention()}</header>\n{body}\n{self._nav('bottom')}"
             "<footer><p>Times are UTC. A turn starts at a user message. "
             "This page needs no JavaScript.</p></footer>\n"
             "</main></body></html>\n"
         )
 
+    def _nav(self, where: str) -> str:
+        """The links to the pages around this one, and which messages it shows."""
+        if not self.paged:
+            return ""
+        if self.entries:
+            first, last = self.entries[0][0], self.entries[-1][0]
+            what = f"Messages #{first:,} to #{last:,} of {self.total:,}"
+            span = f' data-first="{first}" data-last="{last}"'
+        else:
+            what, span = "No messages on this page", ""
+        parts = []
+        for key, label in (("first", "« First"), ("older", "← Older"), ("range", what),
+                           ("newer", "Newer →"), ("latest", "Latest »")):  # fmt: skip
+            href = self.links.get(key)
+            rel = {"older": ' rel="prev"', "newer": ' rel="next"'}.get(key, "")
+            if key == "range":
+                parts.append(f'<span class="range">{_e(label)}</span>')
+            elif href is None:
+                parts.append(f'<span class="{key} off">{_e(label)}</span>')
+            else:
+                parts.append(f'<a class="{key}"{rel} href="{_e(href)}">{_e(label)}</a>')
+        return (
+            f'<nav class="pages pages-{where}" aria-label="Pages of the session" '
+            f'data-total="{self.total}"{span}>{"".join(parts)}</nav>'
+        )
+
     def _attention(self) -> str:
+        where = "" if self.whole else " on this page"
         if not self.attention:
             return (
-                '<p class="allclear" data-kind="all-clear">Nothing needs attention: '
+                f'<p class="allclear" data-kind="all-clear">Nothing{where} needs attention: '
                 "no repaired, denied, waiting or unanswered call.</p>"
             )
         items = "".join(
@@ -253,13 +353,12 @@ class _Page:
         )
         return (
             '<section class="attention" aria-labelledby="attention-title">'
-            f'<h2 id="attention-title">Needs attention ({len(self.attention)})</h2>'
+            f'<h2 id="attention-title">Needs attention{where} ({len(self.attention)})</h2>'
             f"<ul>{items}</ul></section>"
         )
 
     def _turn(self, turn: _Turn) -> str:
         first, last = turn.entries[0][1], turn.entries[-1][1]
-        heading = f"Turn {turn.number}" if turn.number else "Before the first user message"
         first_pos, last_pos = turn.entries[0][0], turn.entries[-1][0]
         tones = [f.tone for p, f, _ in self.attention if first_pos <= p <= last_pos]
         tone = "crash" if "crash" in tones else tones[0] if tones else ""
@@ -269,9 +368,10 @@ class _Page:
             f"{_usage(turn.usage)}"
         )
         articles = "".join(self._message(p, ms, m) for p, ms, m in turn.entries)
+        number = f' data-turn="{turn.number}"' if turn.number is not None else ""
         return (
-            f'<section class="turn" id="turn-{turn.number}" data-turn="{turn.number}">'
-            f'<h2><a href="#turn-{turn.number}">{heading}</a>{marks}</h2>'
+            f'<section class="turn" id="{turn.anchor}"{number} data-start="{turn.start}">'
+            f'<h2><a href="#{turn.anchor}">{_e(turn.heading)}</a>{marks}</h2>'
             f'<p class="meta">{meta}</p>{articles}</section>\n'
         )
 
@@ -315,6 +415,10 @@ class _Page:
         tool = _e(message.tool_name or "?")
         asked = self.calls.get(message.tool_call_id or "")
         link = f' · answers <a href="#m{asked}">#{asked}</a>' if asked is not None else ""
+        if asked is None and self.first > 0:  # its call may be on an earlier page
+            older = self.links.get("older")
+            earlier = f'<a href="{_e(older)}">an earlier page</a>' if older else "an earlier page"
+            link = f" · answers a call on {earlier}"
         who = f"Result of <code>{tool}</code>{link}"
         error = tool_error(message.content)
         if error is None:
@@ -338,9 +442,15 @@ class _Page:
             args = _code(json.dumps(call.arguments, ensure_ascii=False, indent=2))
         result = self.results.get(call.id)
         flag = self._unanswered(call)
+        newer = self.links.get("newer")
         if result is not None:
-            outcome = f'<a class="result-link" href="#m{result}">result: #{result}</a>'
+            here = result <= self.entries[-1][0]
+            href = f"#m{result}" if here else f"{newer or ''}#m{result}"
+            where = "" if here else " (next page)"
+            outcome = f'<a class="result-link" href="{_e(href)}">result: #{result}{where}</a>'
             outcome += self._result_summary(result)
+        elif flag is None and newer is not None:  # stored after the page
+            outcome = f'<a class="result-link" href="{_e(newer)}">result: on a later page</a>'
         else:
             outcome = ""
         state = self.states.get(call.id)
@@ -361,7 +471,7 @@ class _Page:
         )
 
     def _result_summary(self, position: int) -> str:
-        message = self.entries[position][1]
+        message = self.messages[position]
         error = tool_error(message.content)
         if error is None:
             return ' <span class="badge tone-ok">ok</span>'
@@ -515,7 +625,14 @@ font-weight:700;border:1px solid currentColor}
 .attention .tone-orphan{font-weight:600}
 .usage,.tokens{font-variant-numeric:tabular-nums}
 footer{color:var(--muted);font-size:.8rem;margin-top:2rem}
+.pages{display:flex;flex-wrap:wrap;align-items:center;gap:.4rem .6rem;margin:.8rem 0;
+font-size:.9rem}
+.pages a,.pages .off{border:1px solid var(--line);border-radius:6px;padding:.15rem .6rem;
+background:var(--card);text-decoration:none}
+.pages a:hover{border-color:var(--pending);color:var(--pending)}
+.pages .off{color:var(--muted);opacity:.6}
+.pages .range{font-weight:600;font-variant-numeric:tabular-nums;margin:0 .4rem}
 details>summary{color:var(--muted);font-size:.8rem;cursor:pointer}
 @media print{body{background:#fff;color:#000;font-size:11pt}main{max-width:none;padding:0}
-.msg{border-color:#999}.attention{border-color:#000}a{text-decoration:none}}
+.msg{border-color:#999}.attention{border-color:#000}a{text-decoration:none}.pages{display:none}}
 """

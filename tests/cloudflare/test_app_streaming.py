@@ -331,12 +331,22 @@ def test_commands_carry_stream_and_after_and_refuse_odd_ones() -> None:
         Command("events"),
         Command("cancel"),
         Command("resume", stream=True),
+        Command("history", after=3, limit=1000),
+        Command("view", before=0, limit=500),
+        Command("view", after=7),
     ):
         assert Command.from_json(command.to_json()) == command
     for text in (
         '{"action": "events", "after": -1}',
         '{"action": "events", "after": true}',
-        '{"action": "history", "after": 3}',
+        '{"action": "approvals", "after": 3}',
+        '{"action": "events", "limit": 3}',
+        '{"action": "history", "before": 3}',
+        '{"action": "history", "limit": 1001}',
+        '{"action": "history", "limit": 0}',
+        '{"action": "view", "limit": 501}',
+        '{"action": "view", "limit": true}',
+        '{"action": "view", "after": 0, "before": 3}',
         '{"action": "history", "stream": true}',
         '{"action": "message", "message": "hi", "stream": "yes"}',
     ):

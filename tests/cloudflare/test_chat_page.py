@@ -13,7 +13,9 @@ worker_fakes streaming its answers in chunks 200 ms apart:
   result) renders as text: no script runs, no such element is made;
 - Cancel mid-turn gives `cancelled`, Resume finishes the turn;
 - the refunds example waits for approval: the page's Approve button refunds once,
-  Deny (with a reason) refunds nothing and its `tool-denied` result stands out.
+  Deny (with a reason) refunds nothing and its `tool-denied` result stands out;
+- a long session opens at its latest 200 messages, saying how many older ones it
+  does not show, and a reload goes on from there.
 
 A screenshot of each page is saved in the test's tmp dir.
 
@@ -36,6 +38,8 @@ from worker_fakes import (
     TRIAGE_AGENT,
     FakeServices,
     PaymentsAPI,
+    append_turns,
+    read_history,
 )
 
 from durable_agents.testing.worker import DevWorker
@@ -126,10 +130,13 @@ class Tab:
 
     def stored(self) -> list[dict[str, Any]]:
         """The session's messages as the API has them."""
-        answer = self.worker.get(f"/sessions/{self.session}")
-        assert answer.status == 200, answer.text
-        messages: list[dict[str, Any]] = answer.body["messages"]
-        return messages
+
+        def get(path: str) -> Any:
+            answer = self.worker.get(path)
+            assert answer.status == 200, answer.text
+            return answer.body
+
+        return read_history(get, self.session)
 
     def assert_shows_exactly(self, stored: list[dict[str, Any]]) -> None:
         """One message element per stored message, in order, of the stored role."""
@@ -237,6 +244,38 @@ def test_a_reload_mid_turn_resumes_from_the_last_event_id(tab: Tab, tmp_path: Pa
         "Triaged issue 7 and posted to #triage."
     )
     tab.screenshot(tmp_path / "chat-page-after-reload.png")
+
+
+def test_a_long_session_opens_at_its_latest_messages(tab: Tab, tmp_path: Path) -> None:
+    made = tab.worker.post("/sessions/long-chat/messages", {"message": "triage issue 5"})
+    assert made.status == 200, made.body
+    count = append_turns(tab.worker, made.body["session_id"], 60)
+    assert count == 306
+    tab.open()
+    asked_at = len(tab.requests)
+    tab.page.fill("#session", "long-chat")
+    tab.page.dispatch_event("#session", "change")
+    tab.page.wait_for_selector('#transcript .msg[data-position="305"]', timeout=TURN_TIMEOUT_MS)
+    tab.wait_idle()
+    assert tab.positions() == list(range(106, 306))
+    assert tab.page.get_attribute("#older", "data-count") == "106"
+    assert "106 older messages are not shown" in (tab.page.text_content("#older") or "")
+    asked = [(r.method, r.url.split("/sessions/")[-1]) for r in tab.requests[asked_at:]]
+    assert asked == [("GET", "long-chat?limit=1"), ("GET", "long-chat/events")], asked
+    events = tab.requests[asked_at + 1]
+    assert events.header_value("last-event-id") == "105"
+    assert tab.page.get_attribute("#status", "data-status") == "complete"
+    tab.page.evaluate("window.scrollTo(0, 0)")
+    tab.page.screenshot(path=str(tmp_path / "chat-page-long-top.png"))  # the note, on top
+
+    reloaded_at = len(tab.requests)
+    tab.page.reload()  # what it kept is drawn, the replay goes on from its last id
+    tab.wait_idle()
+    assert tab.positions() == list(range(106, 306))
+    assert tab.page.locator("#older").count() == 1
+    again = [r for r in tab.requests[reloaded_at:] if "/sessions/" in r.url]
+    assert [r.url.split("/sessions/")[-1] for r in again] == ["long-chat/events"]
+    assert again[0].header_value("last-event-id") == "305"
 
 
 HOSTILE = '<script>window.__pwned = "script"</script><img src=x onerror="window.__pwned = \'img\'">'

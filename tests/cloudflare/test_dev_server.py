@@ -219,7 +219,9 @@ def test_a_retry_with_its_idempotency_key_runs_no_second_turn(quickstart: DevSer
     assert (first["steps"], second["steps"]) == (3, 0)
     _, _, history = quickstart.request("GET", "/sessions/retried", token="dev-token")
     users = [m for m in history["messages"] if m["role"] == "user"]
-    assert users == [{"role": "user", "content": "triage issue 7", "request_key": "retry-test-1"}]
+    assert users == [
+        {"position": 0, "role": "user", "content": "triage issue 7", "request_key": "retry-test-1"}
+    ]
     status, _, reused = quickstart.request(
         "POST", "/sessions/retried/messages", message("triage issue 8"), token="dev-token",
         headers=key,

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_fakes import DevServer, FakeServices
+from worker_fakes import DevServer, FakeServices, read_history
 
 pytestmark = pytest.mark.slow
 CALLS = 1000
@@ -146,12 +146,14 @@ def strict_json(raw: bytes) -> Any:
 
 
 def history(dev: DevServer, name: str) -> list[dict[str, Any]]:
-    request = urllib.request.Request(
-        f"{dev.url}/sessions/{name}", headers={"authorization": "Bearer test-token"}
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        messages: list[dict[str, Any]] = strict_json(response.read())["messages"]
-    return messages
+    def get(path: str) -> Any:
+        request = urllib.request.Request(
+            f"{dev.url}{path}", headers={"authorization": "Bearer test-token"}
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return strict_json(response.read())
+
+    return read_history(get, name, limit=1000)
 
 
 def check_turn(messages: list[dict[str, Any]], ask: str) -> None:

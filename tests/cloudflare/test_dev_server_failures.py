@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_fakes import DevServer, FakeServices, d1_query, serving
+from worker_fakes import DevServer, FakeServices, d1_query, read_history, serving
 
 pytestmark = pytest.mark.slow
 
@@ -63,10 +63,12 @@ def send(server: DevServer, name: str, text: str) -> tuple[int, dict[str, Any]]:
 
 
 def history(server: DevServer, name: str) -> list[dict[str, Any]]:
-    status, _, body = server.request("GET", f"/sessions/{name}")
-    assert status == 200, body
-    messages: list[dict[str, Any]] = body["messages"]
-    return messages
+    def get(path: str) -> Any:
+        status, _, body = server.request("GET", path)
+        assert status == 200, body
+        return body
+
+    return read_history(get, name)
 
 
 @pytest.mark.parametrize("earlier_turn", [False, True], ids=["new-session", "second-turn"])

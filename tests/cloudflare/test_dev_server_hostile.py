@@ -131,7 +131,7 @@ def assert_still_serving_and_nothing_written(hostile: Hostile, name: str) -> Non
     assert hostile.server.process.poll() is None, "the dev server died"
     status, _, history = hostile.server.request("GET", "/sessions/ok", timeout=30)
     assert status == 200, history
-    assert history["messages"][0] == {"role": "user", "content": "triage issue 9"}
+    assert history["messages"][0] == {"position": 0, "role": "user", "content": "triage issue 9"}
     status, _, reply = hostile.server.request("GET", f"/sessions/{name}", timeout=30)
     assert (status, reply["error"]["code"]) == (404, "session-not-found")
     session_id = durable_object_id(name)

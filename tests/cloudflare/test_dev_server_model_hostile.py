@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from worker_fakes import FakeServices, PaymentsAPI
+from worker_fakes import FakeServices, PaymentsAPI, read_history
 
 from durable_agents.messages import CALL_ID
 from durable_agents.testing.worker import DevWorker, EventStream, find_project
@@ -200,10 +200,12 @@ def strict_events(stream: EventStream) -> list[tuple[str, Any]]:
 
 
 def history(worker: DevWorker, name: str) -> list[dict[str, Any]]:
-    status, body = call_api(worker, "GET", f"/sessions/{name}")
-    assert status == 200, body
-    messages: list[dict[str, Any]] = body["messages"]
-    return messages
+    def get(path: str) -> Any:
+        status, body = call_api(worker, "GET", path)
+        assert status == 200, body
+        return body
+
+    return read_history(get, name)
 
 
 def turn(worker: DevWorker, name: str, scenario: str, status: int = 200) -> dict[str, Any]:

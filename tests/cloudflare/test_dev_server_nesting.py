@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_fakes import DevServer, FakeServices, _completion, serving
+from worker_fakes import DevServer, FakeServices, _completion, read_history, serving
 
 pytestmark = pytest.mark.slow
 
@@ -76,10 +76,12 @@ def server(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def history(server: DevServer, name: str) -> list[dict[str, Any]]:
-    status, _, reply = server.request("GET", f"/sessions/{name}")
-    assert status == 200, reply
-    messages: list[dict[str, Any]] = reply["messages"]
-    return messages
+    def get(path: str) -> Any:
+        status, _, reply = server.request("GET", path)
+        assert status == 200, reply
+        return reply
+
+    return read_history(get, name)
 
 
 def tool_kinds(messages: list[dict[str, Any]]) -> list[str]:

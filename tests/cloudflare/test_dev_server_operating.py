@@ -2,7 +2,8 @@
 D1 on workerd, as `wrangler dev` runs them): a listing of 10,000 sessions paged while
 sessions are written, the timeline page of a crashed-and-resumed session (looked at in
 Chromium), delete, session tokens, retention fired as `wrangler dev --test-scheduled`
-fires it (GET /cdn-cgi/handler/scheduled), and the spend limit."""
+fires it (GET /cdn-cgi/handler/scheduled), the spend limit, and a long session read in
+pages (its history, its timeline followed link by link in Chromium, its events)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import Browser
-from worker_fakes import DURABILITY_REPLY, DevServer, FakeServices
+from worker_fakes import DURABILITY_REPLY, DevServer, FakeServices, append_turns, read_history
 
 from durable_agents.testing.worker import DevWorker
 from headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
@@ -239,3 +240,86 @@ def test_listing_refuses_bad_parameters(worker: DevWorker) -> None:
     assert worker.get("/sessions?limit=0").status == 400
     bad = worker.get("/sessions?cursor=%22%3E%3Cscript%3E")
     assert (bad.status, bad.body["error"]["code"]) == (400, "invalid-cursor")
+
+
+def test_a_long_session_reads_in_pages(worker: DevWorker, browser: Browser, tmp_path: Path) -> None:
+    session_id = triage(worker, "paged")["session_id"]
+    count = append_turns(worker, session_id, 90)
+    assert count == 456
+
+    # GET: pages of 200 chained by `next`, every position once; the most a page holds.
+    timings: list[tuple[float, int]] = []
+
+    def get(path: str) -> Any:
+        started = time.perf_counter()
+        answer = worker.get(path)
+        timings.append((time.perf_counter() - started, len(answer.text)))
+        assert answer.status == 200, answer.body
+        return answer.body
+
+    history = read_history(get, "paged")
+    assert len(history) == 456
+    assert [m["role"] for m in history[6:11]] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert len(timings) == 3  # 200, 200, 56
+    assert all(seconds < 3 and size < 3_000_000 for seconds, size in timings), timings
+    whole = worker.get("/sessions/paged?limit=1000")
+    assert (len(whole.body["messages"]), whole.body["next"]) == (456, None)
+    assert worker.get("/sessions/paged?after=455").body["messages"] == []
+    for bad in ("limit=1001", "limit=0", "after=-1", "limit=x"):
+        answer = worker.get(f"/sessions/paged?{bad}")
+        assert (answer.status, answer.body["error"]["code"]) == (400, "invalid-request"), bad
+
+    # /events: the whole history replayed in chunks, each position once, then `done`.
+    with worker.stream("GET", "/sessions/paged/events", headers={"last-event-id": "5"}) as events:
+        got = list(events)
+    assert [int(e.id or -1) for e in got if e.event == "message"] == list(range(6, 456))
+    assert [e.data for e in got if e.event == "message"] == history[6:]
+    assert (got[-1].event, got[-1].data["status"]) == ("done", "complete")
+
+    # /view: the latest page, then older and newer by its links, in Chromium (no JavaScript,
+    # the token sent with every request as a client would).
+    context = browser.new_context(
+        java_script_enabled=False, viewport={"width": 1000, "height": 900},
+        extra_http_headers={"Authorization": "Bearer test-token"},
+    )  # fmt: skip
+    try:
+        page = context.new_page()
+
+        def shown() -> list[int]:
+            positions = page.locator("article").evaluate_all(
+                "(es) => es.map((e) => Number(e.dataset.position))"
+            )
+            return [int(p) for p in positions]
+
+        started = time.perf_counter()
+        answer = page.goto(f"{worker.url}/sessions/paged/view")
+        seconds = time.perf_counter() - started
+        assert answer is not None
+        assert answer.status == 200
+        assert seconds < 3
+        assert len(answer.body()) < 3_000_000
+        assert shown() == list(range(356, 456))
+        top = page.locator("nav.pages-top")
+        assert top.locator(".range").inner_text() == "Messages #356 to #455 of 456"
+        assert top.locator("a.older").get_attribute("href") == "?before=356&limit=100"
+        assert top.locator("a.newer").count() == 0  # the latest page
+        page.screenshot(path=str(tmp_path / "timeline-latest.png"))  # its top
+
+        top.locator("a.older").click()
+        page.wait_for_load_state()
+        assert page.url.endswith("/sessions/paged/view?before=356&limit=100")
+        assert shown() == list(range(256, 356))
+        assert top.locator("a.newer").get_attribute("href") == "?after=355&limit=100"
+        page.screenshot(path=str(tmp_path / "timeline-older.png"))
+        page.screenshot(path=str(tmp_path / "timeline-older-whole.png"), full_page=True)
+        page.locator("nav.pages-bottom a.newer").click()
+        page.wait_for_load_state()
+        assert shown() == list(range(356, 456))
+        top.locator("a.first").click()
+        page.wait_for_load_state()
+        assert shown() == list(range(100))
+        assert page.locator("section.turn").first.get_attribute("data-turn") == "1"
+        assert top.locator("a.older").count() == 0
+        print(f"\nscreenshots: {tmp_path}; GET pages (s, bytes): {timings}")
+    finally:
+        context.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import DURABILITY_REPLY, FakeServices, serving
+from worker_fakes import DURABILITY_REPLY, FakeServices, read_history, serving
 
 from durable_agents.testing.worker import DevWorker, SSEEvent
 
@@ -47,10 +47,12 @@ def messages_of(events: list[SSEEvent]) -> list[tuple[int, Any]]:
 
 
 def stored(worker: DevWorker, name: str) -> list[dict[str, Any]]:
-    answer = worker.get(f"/sessions/{name}")
-    assert answer.status == 200, answer.body
-    messages: list[dict[str, Any]] = answer.body["messages"]
-    return messages
+    def get(path: str) -> Any:
+        answer = worker.get(path)
+        assert answer.status == 200, answer.body
+        return answer.body
+
+    return read_history(get, name)
 
 
 def test_the_first_delta_arrives_while_the_model_is_still_writing(

@@ -21,22 +21,29 @@
 - `wrangler()` and `d1_query()`: the project's wrangler as the dev server runs it
   (scripts/wrangler: the pinned Node 22 of runtime/node, runtime/workerd), reading
   the D1 state a dev server keeps (`<state>/v3/d1/`).
+- `read_history()`: a session's whole history through the pages of `GET /sessions/{name}`;
+  `append_turns()` makes a session long, writing into the running server's local D1.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import glob
 import hashlib
 import hmac
 import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from durable_agents import Message, ToolCall, Usage
+from durable_agents.stores import sqlite_store
 from durable_agents.testing.worker import DevWorker
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -54,6 +61,63 @@ def durable_object_id(name: str, namespace: str = "durable-agents-AgentSession")
     key = hashlib.sha256(namespace.encode()).digest()
     first = hmac.new(key, name.encode(), "sha256").digest()[:16]
     return (first + hmac.new(key, first, "sha256").digest()[:16]).hex()
+
+
+def read_history(get: Callable[[str], Any], name: str, limit: int | None = None) -> list[Any]:
+    """Every stored message of session `name`, in order, through the pages of
+    `GET /sessions/{name}` (`get(path)` answers a page's JSON body, a 200's): each page
+    starts where the page before said (`next`), each message's `position` is the next
+    one, and is dropped, so a message reads as stored (an SSE `message` event's data)."""
+    messages: list[Any] = []
+    after = None
+    while True:
+        query = [f"after={after}"] if after is not None else []
+        query += [f"limit={limit}"] if limit is not None else []
+        page = get(f"/sessions/{name}" + ("?" + "&".join(query) if query else ""))
+        assert page["messages"], page  # a page that says there is a next is never empty
+        for message in page["messages"]:
+            assert message.pop("position") == len(messages), (len(messages), message)
+            messages.append(message)
+        assert page["message_count"] >= len(messages)
+        after = page["next"]
+        if after is None:
+            return messages
+        assert after == len(messages) - 1
+
+
+def append_turns(worker: DevWorker, session_id: str, turns: int) -> int:
+    """Append `turns` triage turns of five messages each to the session (D1-stored, in the
+    running server's local D1, as the kit appends them); its message count after."""
+    (database,) = [
+        f for f in glob.glob(str(worker.state_dir / "v3/d1/miniflare-D1DatabaseObject/*.sqlite"))
+        if not f.endswith("metadata.sqlite")
+    ]  # fmt: skip
+
+    async def append() -> int:
+        store = sqlite_store(database)
+        try:
+            info = await store.get_session(session_id)
+            assert info is not None
+            at = info.message_count
+            for n in range(turns):
+                calls = [
+                    ToolCall(f"g{n}", "get_issue", {"id": str(n)}),
+                    ToolCall(f"p{n}", "post_slack", {"channel": "#t", "text": f"<b>{n}"}),
+                ]
+                at = await store.append_messages_atomic(session_id, at, [
+                    Message.user(f"triage issue {n}"),
+                    Message.assistant("Looking.", calls, usage=Usage(30, 4)),
+                    Message.tool_result(calls[0], json.dumps({"id": str(n), "title": "x" * 200})),
+                    Message.tool_result(calls[1], '{"ok": true}'),
+                    Message.assistant(f"Triaged issue {n}.", usage=Usage(40, 5)),
+                ])  # fmt: skip
+            return at
+        finally:
+            await store.close()
+
+    # In a thread of its own: Playwright's sync API may already run a loop in this one.
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, append()).result()
 
 
 class FakeServices:

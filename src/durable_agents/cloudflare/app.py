@@ -13,7 +13,8 @@ Endpoints (JSON in and out; `Authorization: Bearer <API_TOKEN>` on every one):
     POST /sessions/{name}/messages  {"message": "..."}  -> {"session_id", "status", "response", ...}
                                     (Idempotency-Key: K makes a retry return or finish K's turn)
     POST /sessions/{name}/resume    (no body, or {})    -> the same, finishing an interrupted turn
-    GET  /sessions/{name}                               -> {"session_id", "messages": [...]}
+    GET  /sessions/{name}  (?after=N&limit=L)           -> {"session_id", "messages": [...],
+                                    "next", "message_count"}: one page of the stored messages
     GET  /sessions/{name}/approvals                     -> {"session_id", "pending": [...]}
     POST /sessions/{name}/approvals/{tool_call_id}
                     {"approved": bool, "digest": "...", "reason": "..."}
@@ -23,6 +24,14 @@ Endpoints (JSON in and out; `Authorization: Bearer <API_TOKEN>` on every one):
                                     after position N, then the running turn live, then `done`
     POST /sessions/{name}/cancel                        -> the running turn's result, once it
                                     stopped at a step boundary (status "cancelled"); 409 if none
+    GET  /sessions/{name}/view  (?after=N | ?before=N, &limit=L) -> one page of the timeline
+                                    (HTML; by default the latest messages)
+
+Reads come in pages, each read a chunk at a time, so no read holds a long session
+in memory or keeps its object busy for long: GET answers at most `limit` messages
+(HISTORY_LIMIT by default, at most MAX_HISTORY_LIMIT) and about PAGE_BYTES of them;
+`/view` likewise (VIEW_LIMIT, MAX_VIEW_LIMIT, VIEW_PAGE_BYTES); `/events` streams
+its replay in chunks of EVENTS_CHUNK messages or more.
 
 The three that run a turn (messages, resume, an approval) answer a stream of
 server-sent events instead of JSON when asked with `Accept: text/event-stream`:
@@ -61,7 +70,7 @@ import traceback
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
 
@@ -69,7 +78,7 @@ from .. import _json
 from .._http_json import refuse_deep_json
 from .._timeouts import timeout
 from ..agent import Agent
-from ..approvals import approve, pending_approvals
+from ..approvals import approval_states, approve, pending_approvals, waiting_calls
 from ..errors import (
     ApprovalAlreadyDecidedError,
     ApprovalDigestMismatchError,
@@ -88,7 +97,7 @@ from ..errors import (
 from ..events import CancelToken, OnEvent
 from ..llm.base import LLM
 from ..llm.settings import llm_from_env, setting
-from ..messages import CALL_ID
+from ..messages import CALL_ID, Message
 from ..run import run
 from ..stores._sql import MAX_BOUND_INT
 from ..stores.base import SessionInfo, Store
@@ -147,6 +156,22 @@ _SCOPED = {
 DEFAULT_TOKEN_TTL_S = 3600
 MAX_TOKEN_TTL_S = 7 * 24 * 3600
 MAX_PAGE = 200
+# Pages of one session's messages: GET /sessions/{name} and GET .../view answer at most
+# `limit` messages (these defaults and maxima), and stop before the message that would
+# take the page's JSON past its bytes (a page holds one message at least).
+HISTORY_LIMIT, MAX_HISTORY_LIMIT, PAGE_BYTES = 200, 1000, 2_000_000
+VIEW_LIMIT, MAX_VIEW_LIMIT, VIEW_PAGE_BYTES = 100, 500, 1_000_000
+# /events replays the stored messages EVENTS_CHUNK a read, or more for a long history:
+# in at most EVENTS_READS reads (D1 counts each query: 50 per request on the free plan).
+EVENTS_CHUNK, EVENTS_READS = 200, 40
+FIRST_CHUNK, MAX_CHUNK = 50, 200  # rows a page reads at once: the first read, the most
+SSE_PIECE_BYTES = 256 * 1024  # replayed events are sent in pieces of about this size
+# A replay shares its isolate's one loop (with every session in `wrangler dev`): it
+# lets other requests in every REPLAY_SLICE messages, and pauses before each read
+# after its first, so a long one slows others less (3 replays of 20,000 messages at
+# once under scripts/dev: another session's turn took 2 s without the pause, 0.6-1 s
+# with it; 0.2 s alone).
+REPLAY_SLICE, REPLAY_PAUSE_S = 50, 0.02
 _JSON = {"content-type": "application/json"}
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 _HTML = {"content-type": "text/html; charset=utf-8", "cache-control": "no-cache"}
@@ -230,8 +255,10 @@ class Command:
     request_key: str | None = None  # the client's Idempotency-Key, with a message
     decision: Mapping[str, Any] | None = None  # tool_call_id, approved, digest, reason
     stream: bool = False  # answer a turn as server-sent events
-    after: int | None = None  # events: replay the messages after this position
+    after: int | None = None  # events, history, view: the messages after this position
     name: str | None = None  # the session's name, as the client gave it (set by the Worker)
+    before: int | None = None  # view: the messages before this position
+    limit: int | None = None  # history, view: at most this many messages
 
     @property
     def runs_turn(self) -> bool:
@@ -247,6 +274,10 @@ class Command:
             data["stream"] = True
         if self.after is not None:
             data["after"] = self.after
+        if self.before is not None:
+            data["before"] = self.before
+        if self.limit is not None:
+            data["limit"] = self.limit
         if self.name is not None:
             data["name"] = self.name
         return json.dumps(data, ensure_ascii=False)
@@ -259,20 +290,28 @@ class Command:
             raise ValueError("a command is a JSON object")
         action, message, key = data.get("action"), data.get("message"), data.get("request_key")
         stream, after, name = data.get("stream", False), data.get("after"), data.get("name")
+        before, limit = data.get("before"), data.get("limit")
         if name is not None and (not isinstance(name, str) or not SESSION_NAME.fullmatch(name)):
             raise ValueError(f"not a command: {text[:200]!r}")
         key_ok = key is None or (isinstance(key, str) and REQUEST_KEY.fullmatch(key) is not None)
         turn = action in ("message", "resume", "approve")
         if not isinstance(stream, bool) or (stream and not turn):
             raise ValueError(f"not a command: {text[:200]!r}")
-        if after is not None and (action != "events" or not _is_position(after)):
+        if after is not None and (action not in _PAGED or not _is_position(after)):
+            raise ValueError(f"not a command: {text[:200]!r}")
+        if before is not None and (
+            action != "view" or not _is_position(before) or after is not None
+        ):
+            raise ValueError(f"not a command: {text[:200]!r}")
+        most = _LIMITS.get(str(action), (0, 0))[1]
+        if limit is not None and not (type(limit) is int and 1 <= limit <= most):
             raise ValueError(f"not a command: {text[:200]!r}")
         if action == "message" and isinstance(message, str) and message.strip() and key_ok:
             return cls("message", message, key, stream=stream, name=name)
         plain = message is None and key is None
         simple = ("resume", "history", "approvals", "events", "cancel", "view", "delete")
         if action in simple and plain:
-            return cls(action, stream=stream, after=after, name=name)
+            return cls(action, stream=stream, after=after, name=name, before=before, limit=limit)
         decision = data.get("decision")
         if action == "approve" and isinstance(decision, dict) and _valid_decision(decision):
             return cls("approve", decision=decision, stream=stream, name=name)
@@ -280,7 +319,11 @@ class Command:
 
 
 def _is_position(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_BOUND_INT
+
+
+_PAGED = ("events", "history", "view")  # the commands that take `after`
+_LIMITS = {"history": (HISTORY_LIMIT, MAX_HISTORY_LIMIT), "view": (VIEW_LIMIT, MAX_VIEW_LIMIT)}
 
 
 def _valid_decision(decision: Mapping[str, Any]) -> bool:
@@ -410,10 +453,13 @@ async def handle_request(
         return await _mint_token(headers, body, settings, name, clock())
     if endpoint is None and method == "DELETE":
         return await _forward(dispatch, name, Command("delete"))
-    if endpoint is None:
-        return await _forward(dispatch, name, Command("history"))
-    if endpoint == "view":
-        return await _forward(dispatch, name, Command("view"))
+    if endpoint is None or endpoint == "view":
+        action: Literal["history", "view"] = "history" if endpoint is None else "view"
+        page = _page_query(query, action)
+        if isinstance(page, Reply):
+            return page
+        command = Command(action, after=page[0], before=page[1], limit=page[2])
+        return await _forward(dispatch, name, command)
     if endpoint == "approvals" and call_id is None:
         return await _forward(dispatch, name, Command("approvals"))
     if endpoint == "events":
@@ -503,6 +549,33 @@ async def _mint_token(
     expires_at = int(now) + ttl
     token = mint_session_token(settings.session_token_secret, name, expires_at=expires_at)
     return Reply(200, {"token": token, "expires_at": expires_at, "session": name})
+
+
+def _page_query(
+    query: str, action: Literal["history", "view"]
+) -> tuple[int | None, int | None, int | None] | Reply:
+    """(after, before, limit) of a paged read, each None if not given: `?after=N`, `?limit=L`
+    and, for the view, `?before=N` (other parameters are ignored, as the listing does)."""
+    params = urllib.parse.parse_qs(query)
+    names = ("after", "before", "limit") if action == "view" else ("after", "limit")
+    values: dict[str, int | None] = {"after": None, "before": None, "limit": None}
+    for key in names:
+        raw = (params.get(key) or [""])[-1]
+        if raw == "":
+            continue
+        if not raw.isascii() or not raw.isdigit() or len(raw) > 15:
+            what = "a whole number" if key == "limit" else "a message position: a whole number >= 0"
+            return error_reply(400, "invalid-request", f"{key} must be {what}")
+        values[key] = int(raw)
+    most = _LIMITS[action][1]
+    if values["limit"] is not None and not 1 <= values["limit"] <= most:
+        return error_reply(
+            400, "invalid-request",
+            f"limit must be a whole number 1 to {most} (default {_LIMITS[action][0]})",
+        )  # fmt: skip
+    if values["after"] is not None and values["before"] is not None:
+        return error_reply(400, "invalid-request", "give after or before, not both")
+    return values["after"], values["before"], values["limit"]
 
 
 def _after_position(last_event_id: str | None, query: str) -> int | Reply | None:
@@ -758,18 +831,14 @@ async def serve_session(
             return Reply(200, {"session_id": session_id, "deleted": True})
         if command.action == "view":
             return await _view(command, session_id, store)
-        if not command.runs_turn:
-            history = await store.load_messages(session_id)
-            if not history:
+        if command.action == "history":
+            return await _history(command, session_id, store)
+        if command.action == "approvals":
+            info = await store.get_session(session_id)
+            if info is None or info.message_count == 0:
                 return _no_session(session_id)
-            if command.action == "approvals":
-                pending = await pending_approvals(store, session_id)
-                return Reply(
-                    200, {"session_id": session_id, "pending": [p.to_dict() for p in pending]}
-                )
-            return Reply(
-                200, {"session_id": session_id, "messages": [m.to_dict() for m in history]}
-            )
+            _, pending = await _last_step(store, session_id, info.message_count)
+            return Reply(200, {"session_id": session_id, "pending": [p.to_dict() for p in pending]})
     except SessionNotFoundError:
         return _no_session(session_id)
     except DurableAgentsError as exc:
@@ -926,14 +995,16 @@ async def _prepend(
 
 async def _events(command: Command, session_id: str, store: Store, live: LiveSession) -> Reply:
     """GET .../events: the stored messages after `command.after`, then the running turn live
-    (also a new session's first turn, before anything of it is stored)."""
+    (also a new session's first turn, before anything of it is stored). The replay reads
+    the history a chunk at a time as the client takes it: never all of it at once."""
     turn = live.current
     queue = turn.follow() if turn is not None else None  # first: nothing stored later is missed
     try:
-        history = await store.load_messages(session_id)
-        if not history and queue is None:
+        info = await store.get_session(session_id)
+        count = 0 if info is None else info.message_count
+        if count == 0 and queue is None:
             return _no_session(session_id)
-        idle = None if queue is not None else await _idle_state(session_id, store, history)
+        idle = None if queue is not None else await _idle_state(session_id, store, count)
     except BaseException:
         if turn is not None and queue is not None:
             turn.unfollow(queue)
@@ -943,9 +1014,24 @@ async def _events(command: Command, session_id: str, store: Store, live: LiveSes
     async def replay() -> AsyncIterator[bytes]:
         last = after
         try:
-            for position in range(after + 1, len(history)):
-                yield message_event(position, history[position].to_dict())
+            # No turn running: the messages stored when asked, as `idle` describes them.
+            # A turn running: every stored one, then its events (those replayed skipped).
+            piece: list[bytes] = []
+            size = 0
+            async for position, message in _stored(
+                store, session_id, after + 1, count if queue is None else None, count
+            ):
+                event = message_event(position, message.to_dict())
+                piece.append(event)
+                size += len(event)
                 last = position
+                if size >= SSE_PIECE_BYTES:
+                    yield b"".join(piece)
+                    piece, size = [], 0
+                if (position - after) % REPLAY_SLICE == 0:
+                    await asyncio.sleep(0)  # a long replay must not hold the loop
+            if piece:
+                yield b"".join(piece)
             if queue is None:
                 yield sse("done", idle)
                 return
@@ -958,12 +1044,60 @@ async def _events(command: Command, session_id: str, store: Store, live: LiveSes
     return Reply(200, None, SSE_HEADERS, stream=replay())
 
 
-async def _idle_state(session_id: str, store: Store, history: list[Any]) -> dict[str, Any]:
+async def _stored(
+    store: Store, session_id: str, start: int, stop: int | None, count: int
+) -> AsyncIterator[tuple[int, Message]]:
+    """(position, message) of the stored messages from `start` to `stop` (None: to the end,
+    as long as a read comes back full), EVENTS_CHUNK or more a read: `count` (the session's
+    size when asked) is read in at most about EVENTS_READS reads."""
+    position, reads = start, EVENTS_READS
+    while stop is None or position < stop:
+        size = max(EVENTS_CHUNK, -(-(count - position) // max(reads, 1)))
+        if stop is not None:
+            size = min(size, stop - position)
+        if reads < EVENTS_READS:
+            await asyncio.sleep(REPLAY_PAUSE_S)  # room for the isolate's other requests
+        chunk = await store.load_messages(session_id, start=position, limit=size)
+        reads -= 1
+        for message in chunk:
+            yield position, message
+            position += 1
+        if len(chunk) < size:
+            return
+
+
+async def _last_step(store: Store, session_id: str, count: int) -> tuple[Message | None, list[Any]]:
+    """The session's last message and the calls waiting for a decision (`pending_approvals`),
+    found from the end of its `count` messages: its last assistant message's calls that
+    have no result after it. Read backwards a few messages at a time, never all of them."""
+    answered: set[str] = set()
+    last: Message | None = None
+    end, size = count, 8
+    while end > 0:
+        start = max(0, end - size)
+        chunk = await store.load_messages(session_id, start=start, limit=end - start)
+        if not chunk:
+            break
+        last = last or chunk[-1]
+        for message in reversed(chunk):
+            if message.role == "assistant":
+                calls = [c for c in message.tool_calls if c.id not in answered]
+                if not calls:
+                    return last, []
+                states = approval_states(await store.load_approvals(session_id))
+                return last, waiting_calls(session_id, calls, states)
+            if message.role == "tool" and message.tool_call_id is not None:
+                answered.add(message.tool_call_id)
+        end, size = start, min(size * 4, MAX_CHUNK)
+    return last, []
+
+
+async def _idle_state(session_id: str, store: Store, count: int) -> dict[str, Any]:
     """What `done` says when no turn runs: how the last turn was left."""
     body: dict[str, Any] = {"session_id": session_id, "running": False, "response": ""}
-    pending = await pending_approvals(store, session_id)
-    if history[-1].is_final_reply:
-        body.update(status="complete", response=history[-1].content)
+    last, pending = await _last_step(store, session_id, count)
+    if last is not None and last.is_final_reply:
+        body.update(status="complete", response=last.content)
     elif pending:
         body.update(status="awaiting_approval", pending=[p.to_dict() for p in pending])
     else:
@@ -971,20 +1105,137 @@ async def _idle_state(session_id: str, store: Store, history: list[Any]) -> dict
     return body
 
 
+T = TypeVar("T")
+
+
+def _message_bytes(message: Message) -> int:
+    """How many bytes `message` takes in a page's JSON."""
+    return len(json.dumps(message.to_dict(), ensure_ascii=False).encode())
+
+
+def _next_chunk(used: int, taken: int, budget: int) -> int:
+    """How many rows to read next: about what is left of `budget` by the sizes so far."""
+    average = max(used // max(taken, 1), 1)
+    return max(1, min(MAX_CHUNK, (budget - used) // average + 1))
+
+
+async def _read_forward(
+    load: Callable[[int, int], Awaitable[list[T]]], start: int, limit: int, budget: int,
+    size: Callable[[T], int],
+) -> tuple[list[tuple[int, T]], bool]:  # fmt: skip
+    """Up to `limit` (position, item) from position `start` on, read a chunk at a time
+    (`load(start, n)`), stopping before the item that takes their `size` past `budget`
+    (the first is always taken); and whether more follow."""
+    page: list[tuple[int, T]] = []
+    used, position, chunk = 0, start, FIRST_CHUNK
+    while True:
+        want = min(chunk, limit + 1 - len(page))  # one more than the page: is there a next?
+        got = await load(position, want)
+        for item in got:
+            weight = size(item)
+            if len(page) == limit or (page and used + weight > budget):
+                return page, True
+            page.append((position, item))
+            used, position = used + weight, position + 1
+        if len(got) < want:
+            return page, False
+        chunk = _next_chunk(used, len(page), budget)
+
+
+async def _read_backward(
+    load: Callable[[int, int], Awaitable[list[T]]], end: int, limit: int, budget: int,
+    size: Callable[[T], int],
+) -> list[tuple[int, T]]:  # fmt: skip
+    """Up to `limit` (position, item) before position `end`, the latest kept: read a chunk
+    at a time backwards, stopping before the item that takes their `size` past `budget`
+    (the last is always taken)."""
+    page: list[tuple[int, T]] = []  # latest first
+    used, position, chunk = 0, end, FIRST_CHUNK
+    floor = max(0, end - limit)
+    while position > floor:
+        start = max(floor, position - chunk)
+        got = await load(start, position - start)
+        for offset in range(len(got) - 1, -1, -1):
+            weight = size(got[offset])
+            if page and used + weight > budget:
+                return page[::-1]
+            page.append((start + offset, got[offset]))
+            used += weight
+        position, chunk = start, _next_chunk(used, len(page), budget)
+    return page[::-1]
+
+
+async def _history(command: Command, session_id: str, store: Store) -> Reply:
+    """GET /sessions/{name}: one page of the stored messages, each with its position, and
+    `next`, the `after` of the page that follows (null on the last one)."""
+    start = 0 if command.after is None else command.after + 1
+    page, more = await _read_forward(
+        lambda at, n: store.load_messages(session_id, start=at, limit=n),
+        start, command.limit or HISTORY_LIMIT, PAGE_BYTES, _message_bytes,
+    )  # fmt: skip
+    info = await store.get_session(session_id)
+    if info is None or info.message_count == 0:
+        return _no_session(session_id)
+    body = {
+        "session_id": session_id,
+        "messages": [{"position": p, **m.to_dict()} for p, m in page],
+        "next": page[-1][0] if more and page else None,
+        "message_count": max(info.message_count, page[-1][0] + 1 if page else 0),
+    }
+    return Reply(200, body)
+
+
 async def _view(command: Command, session_id: str, store: Store) -> Reply:
-    """GET .../view: the session's timeline, one HTML page a person reads."""
-    from ..timeline import render_timeline
+    """GET .../view: one page of the session's timeline, an HTML page a person reads: the
+    latest messages, or those after `command.after` or before `command.before`, with
+    links to the pages around it."""
+    from ..timeline import TimelinePage, render_timeline
 
     info = await store.get_session(session_id)
-    entries = await store.load_timeline(session_id)
-    if info is None or not entries:
+    if info is None or info.message_count == 0:
         return _no_session(session_id)
+    count, limit = info.message_count, command.limit or VIEW_LIMIT
+
+    def load(at: int, n: int) -> Awaitable[list[tuple[int, Message]]]:
+        return store.load_timeline(session_id, start=at, limit=n)
+
+    def size(entry: tuple[int, Message]) -> int:
+        return _message_bytes(entry[1])
+
+    if command.after is not None:
+        first = command.after + 1
+        rows, more = await _read_forward(load, first, limit, VIEW_PAGE_BYTES, size)
+    else:
+        first = count if command.before is None else min(command.before, count)
+        rows = await _read_backward(load, first, limit, VIEW_PAGE_BYTES, size)
+        more = False
+    if rows:
+        first, last = rows[0][0], rows[-1][0]
+        more = more or last + 1 < count
+    shown = f"&limit={limit}"
+    links: dict[str, str] = {}
+    if rows and first > 0:
+        links["first"] = f"?before={min(limit, first)}{shown}"
+        links["older"] = f"?before={first}{shown}"
+    if rows and more:
+        links["newer"] = f"?after={last}{shown}"
+    if more or not rows:
+        links["latest"] = f"?limit={limit}"
+    following: list[tuple[int, Message]] = []
+    if rows and more:  # the results of the page's last calls, stored after it
+        asked = {c.id for _, (_, m) in rows for c in m.tool_calls}
+        asked -= {m.tool_call_id for _, (_, m) in rows if m.role == "tool"}
+        if asked:
+            after = await store.load_messages(session_id, start=last + 1, limit=len(asked) + 2)
+            following = [(last + 1 + i, m) for i, m in enumerate(after)]
     page = render_timeline(
         name=command.name or info.name or session_id,
         session_id=session_id,
         agent=info.agent_name,
-        entries=entries,
+        entries=[entry for _, entry in rows],
         approvals=await store.load_approvals(session_id),
+        page=TimelinePage(first, links, following),
+        session=info,
     )
     return Reply(200, None, _HTML, text=page)
 

@@ -18,14 +18,18 @@ How it talks to the API (the Worker's contract, `app.py`):
 
 The transcript and the last event id are kept in sessionStorage per session.
 On load (so also on a reload mid-turn) the kept transcript is drawn and
-`GET /sessions/{name}/events` is asked with `Last-Event-ID: <last id>` (without
-it for a session the page has nothing of): the rest is replayed and a running
-turn followed live. Text from the API is only ever inserted as text.
+`GET /sessions/{name}/events` is asked with `Last-Event-ID: <last id>`: the rest
+is replayed and a running turn followed live. A session the page has nothing of
+opens at its latest TAIL messages: `GET /sessions/{name}?limit=1` says how many
+it holds (its `message_count`), the replay starts TAIL before the end, and a
+note (`#older`) says how many older ones are not shown. Text from the API is
+only ever inserted as text.
 
 Stable hooks for tests: `#transcript` holds one `.msg` per stored message with
 `data-position` and `data-role` (tool results also `data-kind` when they are an
 error); `#live` is the streaming bubble; `#status` has `data-status`
 (idle, running, complete, cancelled, error, awaiting_approval, ...);
+`#older` (with `data-count`) while older messages are not shown;
 `.approval[data-tool-call-id]` with `.approve` / `.deny` buttons.
 """
 
@@ -82,6 +86,7 @@ CHAT_PAGE_HTML: str = r"""<!doctype html>
   .tool-call .name, .msg-tool .name { font-family: ui-monospace, monospace; font-weight: 600; }
   pre { margin: 4px 0 0; padding: 6px 8px; background: rgba(0,0,0,.04); border-radius: 6px;
         white-space: pre-wrap; overflow-wrap: anywhere; font: 12.5px/1.4 ui-monospace, monospace; }
+  #older { align-self: center; font-size: 13px; color: var(--muted); }
   #live, #sent { border-style: dashed; }
   #live .text::after { content: "\258D"; color: var(--accent);
                        animation: blink 1s steps(1) infinite; }
@@ -136,12 +141,14 @@ CHAT_PAGE_HTML: str = r"""<!doctype html>
 
 const $ = (id) => document.getElementById(id);
 const STORE = "durable-agents:";
+const TAIL = 200;  // a session this page has nothing of opens at its latest TAIL messages
 
 // ---- state -------------------------------------------------------------------
 
 let token = sessionStorage.getItem(STORE + "token") || "";
 let session = sessionStorage.getItem(STORE + "session") || freshName();
-let kept = loadKept(session);   // {messages: {position: message}, lastId: number|null}
+let kept = loadKept(session);   // {messages: {position: message}, lastId: number|null,
+                                //  first: the first position shown (older ones are not)}
 let stream = null;              // {controller} of the stream being read, if any
 let running = false;            // a turn is running (as far as this page knows)
 
@@ -159,7 +166,9 @@ function loadKept(name) {
 }
 
 function saveKept() {
-  sessionStorage.setItem(STORE + "transcript:" + session, JSON.stringify(kept));
+  try {
+    sessionStorage.setItem(STORE + "transcript:" + session, JSON.stringify(kept));
+  } catch (_) { /* over the storage quota: a reload replays from the last id saved */ }
 }
 
 // The last id is the end of the run of positions 0..N the page holds, so a gap
@@ -302,8 +311,20 @@ function scrollDown() {
   window.scrollTo(0, document.body.scrollHeight);
 }
 
+function showOlder() {
+  const first = Number(kept.first) || 0;
+  if (first <= 0) return;
+  const note = el("div", "", first.toLocaleString("en") + " older message" +
+                  (first === 1 ? " is" : "s are") + " not shown here (GET /sessions/" +
+                  session + "/view pages through the whole session).");
+  note.id = "older";
+  note.dataset.count = String(first);
+  $("transcript").prepend(note);
+}
+
 function renderKept() {
   $("transcript").replaceChildren();
+  showOlder();
   const positions = Object.keys(kept.messages).map(Number).sort((a, b) => a - b);
   for (const position of positions) showMessage(position, kept.messages[String(position)], false);
 }
@@ -519,7 +540,31 @@ async function streamRequest(method, path, options) {
   }
 }
 
-function follow() {
+// A session this page has nothing of: start the replay TAIL messages before its end.
+async function skipToTail() {
+  const mine = session;
+  try {
+    const init = { headers: headers(), cache: "no-store" };
+    const response = await fetch(sessionPath("?limit=1"), init);
+    if (!response.ok) return;  // a new session (404), or an error: /events says it too
+    const count = Number((await response.json()).message_count);
+    if (session !== mine || kept.lastId !== null || !Number.isInteger(count)) return;
+    if (count <= TAIL) return;
+    kept.first = count - TAIL;
+    kept.lastId = kept.first - 1;
+    saveKept();
+    renderKept();
+  } catch (_) { /* then the whole session is replayed */ }
+}
+
+async function follow() {
+  const mine = session;
+  if (kept.lastId === null && token) {
+    setRunning(true);
+    setStatus("running", "Loading the session…");
+    await skipToTail();
+    if (session !== mine) return;  // another session was opened meanwhile: it follows
+  }
   const extra = {};
   if (kept.lastId !== null) extra["Last-Event-ID"] = String(kept.lastId);
   const label = kept.lastId === null ? "Loading the session…" : "Catching up…";

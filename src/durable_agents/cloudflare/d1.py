@@ -228,11 +228,14 @@ class D1Store:
         rows = await self._read(_sql.FIND_SESSIONS, (name,), f"find sessions named {name!r}")
         return [_sql.row_session_info(row) for row in rows]
 
-    async def load_timeline(self, session_id: str) -> list[tuple[int, Message]]:
+    async def load_timeline(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[tuple[int, Message]]:
+        params = _sql.page_params(session_id, start, limit)
         rows = await self._read(
-            _sql.SELECT_TIMELINE, (session_id,), f"load the timeline of session {session_id!r}"
+            _sql.SELECT_TIMELINE, params, f"load the timeline of session {session_id!r}"
         )
-        return [_sql.row_timeline_entry(session_id, i, row) for i, row in enumerate(rows)]
+        return _sql.timeline_rows(session_id, rows, start=params[1])
 
     async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
         """One batch: each statement picks the same idle sessions (see `_sql.DELETE_IDLE`)."""

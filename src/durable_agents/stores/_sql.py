@@ -374,8 +374,10 @@ SELECT_CONTEXT = (
 )
 # Params (session_id, request_key): the user message stored with that key, if any.
 FIND_REQUEST = "SELECT seq, content FROM agent_messages WHERE session_id = ? AND request_key = ?"
+# Params (session_id, start, limit), as SELECT_MESSAGES_FROM's: each with its created_at.
 SELECT_TIMELINE = (
-    f"SELECT {MESSAGE_COLUMNS}, created_at FROM agent_messages WHERE session_id = ? ORDER BY seq"
+    f"SELECT {MESSAGE_COLUMNS}, created_at FROM agent_messages WHERE session_id = ? "
+    "AND seq >= ? ORDER BY seq LIMIT ?"
 )
 # The index row of a session kept elsewhere (a Durable Object's own SQLite): its summary,
 # mirrored into D1 once per turn so listing, the timeline's lookup and retention see it.
@@ -801,6 +803,13 @@ def row_timeline_entry(session_id: str, seq: int, row: Sequence[Any]) -> tuple[i
     return int(row[-1]), row_messages(session_id, [row[:-1]], start=seq)[0]
 
 
+def timeline_rows(
+    session_id: str, rows: Iterable[Sequence[Any]], *, start: int = 0
+) -> list[tuple[int, Message]]:
+    """The (created_at, Message) entries of SELECT_TIMELINE rows, the first at `start`."""
+    return [row_timeline_entry(session_id, seq, row) for seq, row in enumerate(rows, start)]
+
+
 def row_message(row: Sequence[Any]) -> Message:
     """A Message from a SELECT_MESSAGES row (tuple, list, or D1's positional row)."""
     (
@@ -838,7 +847,8 @@ def context_rows(session_id: str, rows: Sequence[Sequence[Any]]) -> tuple[int, l
 
 
 def page_params(session_id: str, start: int, limit: int | None) -> tuple[Any, ...]:
-    """SELECT_MESSAGES_FROM's parameters: a negative start is 0, no limit is every row."""
+    """SELECT_MESSAGES_FROM's (and SELECT_TIMELINE's) parameters: a negative start is 0,
+    no limit is every row."""
     bound = MAX_BOUND_INT if limit is None else clamp_int(max(limit, 0))
     return (session_id, clamp_int(max(start, 0)), bound)
 

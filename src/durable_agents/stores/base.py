@@ -218,6 +218,9 @@ class Store(Protocol):
         how many. Call again while it returns `limit`."""
         ...
 
-    async def load_timeline(self, session_id: str) -> list[tuple[int, Message]]:
-        """The session's messages in order, each with when it was stored (Unix ms)."""
+    async def load_timeline(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[tuple[int, Message]]:
+        """The session's messages in order, each with when it was stored (Unix ms):
+        from position `start` on, at most `limit` of them, as `load_messages` pages."""
         ...

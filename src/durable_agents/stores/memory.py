@@ -210,9 +210,16 @@ class MemoryStore:
             await self.delete_session(session_id)
         return len(idle)
 
-    async def load_timeline(self, session_id: str) -> list[tuple[int, Message]]:
+    async def load_timeline(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[tuple[int, Message]]:
         session = self._sessions.get(session_id)
-        return list(zip(session.stored_at, session.messages, strict=True)) if session else []
+        if session is None:
+            return []
+        start = max(start, 0)
+        end = None if limit is None else start + max(limit, 0)
+        entries = zip(session.stored_at[start:end], session.messages[start:end], strict=True)
+        return list(entries)
 
     @staticmethod
     def _info(session_id: str, session: _Session) -> SessionInfo:

@@ -170,12 +170,16 @@ class SQLiteStore:
 
         return await self._call(lambda conn: _transaction(conn, lambda: delete(conn)))
 
-    async def load_timeline(self, session_id: str) -> list[tuple[int, Message]]:
-        def load(conn: sqlite3.Connection) -> list[tuple[int, Message]]:
-            rows = conn.execute(_sql.SELECT_TIMELINE, (session_id,))
-            return [_sql.row_timeline_entry(session_id, i, row) for i, row in enumerate(rows)]
-
-        return await self._call(load, session_id)
+    async def load_timeline(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[tuple[int, Message]]:
+        params = _sql.page_params(session_id, start, limit)
+        return await self._call(
+            lambda c: _sql.timeline_rows(
+                session_id, c.execute(_sql.SELECT_TIMELINE, params), start=params[1]
+            ),
+            session_id,
+        )
 
     # -- lifecycle ----------------------------------------------------------
 

@@ -188,8 +188,10 @@ class CrashingStore:
     async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
         return await self.inner.delete_idle(before_ms, limit=limit)
 
-    async def load_timeline(self, session_id: str) -> list[tuple[int, Message]]:
-        return await self.inner.load_timeline(session_id)
+    async def load_timeline(
+        self, session_id: str, *, start: int = 0, limit: int | None = None
+    ) -> list[tuple[int, Message]]:
+        return await self.inner.load_timeline(session_id, start=start, limit=limit)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -450,6 +450,22 @@ async def load_timeline_gives_each_message_its_time(store: Store) -> None:
     assert all(isinstance(t, int) for t in times)
 
 
+async def pages_of_the_timeline_start_where_asked(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("q")])
+    await store.append_messages_atomic("s", 1, [*_step(1), Message.assistant("a")])
+    whole = await store.load_timeline("s")
+    assert len(whole) == 5
+    assert await store.load_timeline("s", start=2) == whole[2:]
+    assert await store.load_timeline("s", start=1, limit=2) == whole[1:3]
+    assert await store.load_timeline("s", start=0, limit=0) == []
+    assert await store.load_timeline("s", start=-5, limit=1) == whole[:1]
+    assert await store.load_timeline("s", start=99) == []
+    assert await store.load_timeline("s", start=4, limit=10) == whole[4:]
+    assert await store.load_timeline("nobody", start=1, limit=1) == []
+    pages = [await store.load_timeline("s", start=s, limit=2) for s in range(0, 5, 2)]
+    assert [e for page in pages for e in page] == whole
+
+
 async def delete_removes_everything(store: Store) -> None:
     await store.append_messages_atomic("s", 0, [Message.user("a"), Message.assistant("b")])
     await store.append_messages_atomic("other", 0, [Message.user("keep")])
@@ -633,6 +649,7 @@ CHECKS: tuple[Check, ...] = (
     delete_session_is_whole_and_a_later_append_conflicts,
     delete_idle_deletes_the_oldest_idle_up_to_the_limit,
     load_timeline_gives_each_message_its_time,
+    pages_of_the_timeline_start_where_asked,
     delete_removes_everything,
     empty_append_is_refused,
     a_lease_has_one_holder_until_released_expired_or_taken,
