@@ -137,7 +137,7 @@ def waiting_calls(
 async def pending_approvals(store: Store, session_id: str) -> list[PendingApproval]:
     """The calls of the session that wait for a decision (none, unless the last
     step asked for approval)."""
-    history = await store.load_messages(session_id)
+    _, history = await store.load_context(session_id)  # the last step is in the tail
     unanswered = pending_tool_calls(history)
     if not unanswered:
         return []
@@ -169,7 +169,7 @@ async def approve(
     """
     states = approval_states(await store.load_approvals(session_id))
     state = states.get(tool_call_id)
-    history = await store.load_messages(session_id)
+    base, history = await store.load_context(session_id)  # the last step is in the tail
     if not history:  # never started, or deleted (also while this decision was on its way)
         raise SessionNotFoundError(session_id)
     if state is None or tool_call_id not in {c.id for c in pending_tool_calls(history)}:
@@ -184,11 +184,11 @@ async def approve(
         tool_call_id, "approved" if approved else "denied", state.digest, reason=reason
     )
     try:
-        await store.append_messages_atomic(session_id, len(history), [], approvals=[change])
+        await store.append_messages_atomic(session_id, base + len(history), [], approvals=[change])
     except SessionConflictError:
         # Another approver got there first (the schema let exactly one decision land),
         # or the session was deleted meanwhile.
-        if not await store.load_messages(session_id):
+        if await store.get_session(session_id) is None:
             raise SessionNotFoundError(session_id) from None
         now = approval_states(await store.load_approvals(session_id)).get(tool_call_id)
         raise ApprovalAlreadyDecidedError(
