@@ -56,10 +56,10 @@ pytestmark = pytest.mark.slow
 
 SEED = 20240611
 KILLS_PER_SESSION = 6
-MIN_KILLS = 48
+MIN_KILLS = 30
 MIN_KILLS_WHEN_SLOW = 12
 MAX_KILLS = 150  # only reached if no kill ever lost an unsafe call's result
-TIME_BUDGET_S = 45.0
+TIME_BUDGET_S = 30.0
 
 NOTHING_STORED = "before the first write (nothing stored)"
 STEP_COMMITTED = "after write #2 / before the next write #1 (mid-turn)"
