@@ -191,6 +191,13 @@ def test_quickstart_runs_offline_with_the_demo_model_and_stubs(quickstart: DevSe
         stub = f"{name} is not set: using the agent's dev stub {quickstart.url}/__dev/{name}"
         assert stub in out
     assert "PAYMENTS_API_URL" not in out, "only the served agent's settings are printed"
+    # CHAT_PAGE is on by default here: the banner's last line says where the page is.
+    ready = quickstart.lines.index(f"dev: ready on {quickstart.url}")
+    quickstart.wait_for_line(r"^dev: chat page: ")
+    assert quickstart.lines[ready + 1] == f"dev: chat page: {quickstart.url}/"
+    page = quickstart.worker.request("GET", "/", token="")
+    assert page.status == 200
+    assert page.headers["content-type"] == "text/html; charset=utf-8"
     status, _, reply = quickstart.request(
         "POST", "/sessions/demo/messages", message("triage issue 42"), token="dev-token"
     )
