@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import httpx
 import pytest
 
-from durable_agents import Message, ToolCall, ToolDurabilityError, ToolErrorKind
+from durable_agents import (
+    Agent,
+    LLMResponse,
+    Message,
+    ToolCall,
+    ToolContext,
+    ToolDurabilityError,
+    ToolErrorKind,
+    run,
+    tool,
+)
+from durable_agents.cloudflare import InvocationLimitError
 from durable_agents.messages import tool_error, tool_error_content
+from durable_agents.testing import ScriptedLLM
 
 WIRE = {
     "unknown-tool",
@@ -48,3 +62,24 @@ def test_durability_error_keeps_its_four_keys_in_order() -> None:
     again = ToolDurabilityError.from_message(stored)
     assert again is not None
     assert (again.tool_name, again.tool_call_id, again.message) == ("post_slack", "call_1", "lost")
+
+
+async def test_a_fetch_cloudflare_refused_for_the_invocations_limit_is_a_plain_failure() -> None:
+    """The request was never sent: an unsafe tool that meets it failed; nothing may have
+    happened, so it is `tool-failed`, not `tool-durability-error`."""
+    assert not issubclass(InvocationLimitError, httpx.TransportError)
+
+    async def post(args: Any, ctx: ToolContext) -> str:
+        request = httpx.Request("POST", "https://hooks.example/post")
+        raise InvocationLimitError(
+            "Error: Too many subrequests by single Worker invocation.", request=request
+        )
+
+    agent = Agent("a", "t", [tool(post, input={"type": "object"})])
+    calls = [ToolCall("c1", "post", {"text": "hi"})]
+    llm = ScriptedLLM([LLMResponse(tool_calls=calls), LLMResponse(text="ok")])
+    result = await run(agent, llm=llm, message="go")
+    error = tool_error(result.messages[3].content)
+    assert error is not None
+    assert error["kind"] == ToolErrorKind.TOOL_FAILED
+    assert "Too many subrequests" in error["error"]

@@ -270,7 +270,7 @@ def test_the_kits_worker_free_refuses_a_tools_51st_fetch(target: Target, tmp_pat
     assert reply.status == 200, reply.text
     assert json.loads(reply.body["response"]) == {
         "ok": 50,
-        "first_error": f"#51: ConnectError: fetch failed: Error: {SUBREQUESTS}",
+        "first_error": f"#51: InvocationLimitError: Error: {SUBREQUESTS}",
     }
     assert target.counts["kit"] == 50
 

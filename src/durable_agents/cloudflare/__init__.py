@@ -21,7 +21,7 @@ import sys
 from ..llm._http import set_default_transport
 from .d1 import D1Store, d1_store
 from .do_store import DurableObjectStore, durable_object_store
-from .fetch_transport import FetchTransport
+from .fetch_transport import FetchTransport, InvocationLimitError
 
 if sys.platform == "emscripten":
     set_default_transport(FetchTransport)
@@ -30,6 +30,7 @@ __all__ = [
     "D1Store",
     "DurableObjectStore",
     "FetchTransport",
+    "InvocationLimitError",
     "d1_store",
     "durable_object_store",
 ]

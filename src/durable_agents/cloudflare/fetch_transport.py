@@ -17,6 +17,13 @@ Response bodies stream chunk by chunk from the JS `ReadableStream`, so
 server-sent events arrive as they are sent. Timeouts: httpx's `read`
 timeout bounds the wait for the response head and for each body chunk; on
 expiry the request is aborted and `httpx.ReadTimeout` raised.
+
+A fetch Cloudflare refuses because the invocation has used up its
+subrequests (`Too many subrequests by single Worker invocation`, 50 on
+Workers Free) was never sent: `InvocationLimitError`, which is not an
+`httpx.TransportError`, so the run loop answers an unsafe tool that meets it
+with a plain `tool-failed`, never a `tool-durability-error` (nothing may have
+happened). Any other fetch failure is `httpx.ConnectError`.
 """
 
 from __future__ import annotations
@@ -29,7 +36,17 @@ import httpx
 
 from .._timeouts import timeout
 
-__all__ = ["FetchTransport"]
+__all__ = ["FetchTransport", "InvocationLimitError"]
+
+# The start of Cloudflare's errors for a call past an invocation's limits (fetch; other
+# Cloudflare APIs), as `scripts/dev` gives them too under WORKERS_PLAN.
+_LIMIT_ERRORS = ("Too many subrequests", "Too many API requests")
+
+
+class InvocationLimitError(httpx.RequestError):
+    """Cloudflare refused the fetch: the invocation's subrequests are used up. The
+    request was never sent (see the module); its message is Cloudflare's."""
+
 
 _DROPPED_REQUEST_HEADERS = frozenset({"host", "content-length", "connection"})
 _DROPPED_RESPONSE_HEADERS = frozenset({"content-encoding", "content-length"})
@@ -77,6 +94,9 @@ class FetchTransport(httpx.AsyncBaseTransport):
                 f"no response from {request.url.host} within {timeout} s", request=request
             ) from None
         except JsException as exc:
+            text = str(exc)
+            if any(limit in text for limit in _LIMIT_ERRORS):
+                raise InvocationLimitError(text, request=request) from exc
             raise httpx.ConnectError(f"fetch failed: {exc}", request=request) from exc
 
         response_headers = [
