@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from test_app_streaming import parse, read_all  # the SSE of a Reply, parsed
 
 from durable_agents import Agent, LLMResponse, Message, TextDelta, ToolCall, ToolSpec, Usage
 from durable_agents.cloudflare import app, d1_store
@@ -369,22 +370,6 @@ async def test_a_step_split_by_a_page_links_across_and_flags_nothing_wrongly(
 
 
 # --- GET /sessions/{name}/events --------------------------------------------------------------
-
-
-def parse(chunks: list[bytes]) -> list[tuple[str, str | None, Any]]:
-    events = []
-    for block in b"".join(chunks).decode().split("\n\n"):
-        fields = dict(
-            line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":")
-        )
-        if fields:
-            events.append((fields["event"], fields.get("id"), json.loads(fields["data"])))
-    return events
-
-
-async def read_all(reply: Reply) -> list[tuple[str, str | None, Any]]:
-    assert reply.stream is not None, reply.body
-    return parse([chunk async for chunk in reply.stream])
 
 
 async def test_events_replay_a_long_history_a_chunk_at_a_time_each_position_once(
