@@ -38,7 +38,7 @@ async def test_schema_has_the_documented_tables_and_columns(tmp_path: Path) -> N
     conn = sqlite3.connect(tmp_path / "a.db")
     columns = {
         table: [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
-        for table in ("agent_sessions", "agent_messages")
+        for table in ("agent_sessions", "agent_messages", "agent_schedules")
     }
     conn.close()
     assert columns["agent_sessions"] == [
@@ -47,7 +47,10 @@ async def test_schema_has_the_documented_tables_and_columns(tmp_path: Path) -> N
     ]  # fmt: skip
     assert columns["agent_messages"] == [
         "session_id", "seq", "role", "content", "tool_call_id", "tool_name", "tool_calls",
-        "input_tokens", "output_tokens", "request_key", "created_at", "summary_of",
+        "input_tokens", "output_tokens", "request_key", "created_at", "summary_of", "origin",
+    ]  # fmt: skip
+    assert columns["agent_schedules"] == [
+        "session_id", "schedule_id", "message", "due_at", "created_at",
     ]  # fmt: skip
 
 

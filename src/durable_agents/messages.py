@@ -18,6 +18,8 @@ from . import _json
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+MessageOrigin = Literal["scheduled", "self-resumed", "stopped"]
+ORIGINS: tuple[str, ...] = ("scheduled", "self-resumed", "stopped")
 
 
 CALL_ID = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.:~-]{1,255}")
@@ -154,6 +156,12 @@ class Message:
     A stored `system` message is a summary (`Message.summary`): it stands for
     the session's messages at positions `0 .. summary_of - 1` in what the
     model is sent (see `Agent.max_context_tokens`); those stay stored.
+
+    `origin` says who started the turn the message belongs to, when it was not
+    a client: `"scheduled"` (a schedule's message and its turn), `"self-resumed"`
+    (written by a resume nobody asked for: the session's Durable Object alarm or
+    the `durable-agents worker`), `"stopped"` (the kit's note that ends a turn
+    whose resumes kept crashing). None for everything else.
     """
 
     role: Role
@@ -164,10 +172,13 @@ class Message:
     usage: Usage | None = None
     request_key: str | None = None
     summary_of: int | None = None
+    origin: MessageOrigin | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"unknown message role {self.role!r}; expected one of {sorted(ROLES)}")
+        if self.origin is not None and self.origin not in ORIGINS:
+            raise ValueError(f"unknown message origin {self.origin!r}; expected one of {ORIGINS}")
         if not isinstance(self.tool_calls, tuple):
             object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
         if isinstance(self.content, str):  # stored and sent as UTF-8: no lone surrogates
@@ -221,6 +232,8 @@ class Message:
             data["request_key"] = self.request_key
         if self.summary_of is not None:
             data["summary_of"] = [0, self.summary_of]  # the positions it stands for
+        if self.origin is not None:
+            data["origin"] = self.origin
         return data
 
     @classmethod
@@ -235,6 +248,7 @@ class Message:
             usage=Usage(**usage) if usage else None,
             request_key=data.get("request_key"),
             summary_of=_summary_end(data.get("summary_of")),
+            origin=data.get("origin"),
         )
 
 

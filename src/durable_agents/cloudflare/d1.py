@@ -43,6 +43,7 @@ from ..stores.base import (
     ApprovalEvent,
     Lease,
     LeaseHolder,
+    Schedule,
     SessionInfo,
     SessionPage,
 )
@@ -152,6 +153,7 @@ class D1Store:
         lease: Lease | None = None,
         approvals: Sequence[ApprovalChange] = (),
         session_name: str | None = None,
+        schedules: Sequence[Schedule] = (),
     ) -> int:
         statements = [
             self._prepare(sql, params, session_id)
@@ -159,6 +161,7 @@ class D1Store:
                 session_id, expected_seq, messages, self._now_ms(),
                 agent_name=agent_name, lease=lease, approvals=approvals,
                 max_row_bytes=self._max_row_bytes, session_name=session_name,
+                schedules=schedules,
             )
         ]  # fmt: skip
         try:
@@ -228,6 +231,25 @@ class D1Store:
         rows = await self._read(_sql.FIND_SESSIONS, (name,), f"find sessions named {name!r}")
         return [_sql.row_session_info(row) for row in rows]
 
+    async def load_schedules(self, session_id: str) -> list[Schedule]:
+        rows = await self._read(
+            _sql.SELECT_SCHEDULES, (session_id,), f"load the schedules of session {session_id!r}"
+        )
+        return [_sql.row_schedule(row) for row in rows]
+
+    async def delete_schedule(self, session_id: str, schedule_id: str) -> bool:
+        try:
+            result = await self._prepare(
+                _sql.DELETE_SCHEDULE, (session_id, schedule_id), session_id
+            ).run()
+        except Exception as exc:
+            raise StoreError(
+                f"D1 failed to delete schedule {schedule_id!r} of session {session_id!r}: "
+                f"{_d1_message(exc)}",
+                session_id=session_id,
+            ) from exc
+        return int(result["meta"]["changes"]) > 0
+
     async def load_timeline(
         self, session_id: str, *, start: int = 0, limit: int | None = None
     ) -> list[tuple[int, Message]]:
@@ -274,6 +296,7 @@ class D1Store:
                     self._db.prepare(_sql.DELETE_MESSAGES).bind(session_id),
                     self._db.prepare(_sql.DELETE_LEASE).bind(session_id),
                     self._db.prepare(_sql.DELETE_APPROVALS).bind(session_id),
+                    self._db.prepare(_sql.DELETE_SCHEDULES).bind(session_id),
                     self._db.prepare(_sql.DELETE_SESSION).bind(session_id),
                 ]
             )
@@ -282,7 +305,7 @@ class D1Store:
                 f"D1 failed to delete session {session_id!r}: {_d1_message(exc)}",
                 session_id=session_id,
             ) from exc
-        deleted_messages, _, _, deleted_session = results
+        deleted_messages, *_, deleted_session = results
         return any(int(r["meta"]["changes"]) > 0 for r in (deleted_messages, deleted_session))
 
     def _prepare(

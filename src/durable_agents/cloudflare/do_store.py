@@ -57,6 +57,7 @@ from ..stores.base import (
     ApprovalEvent,
     Lease,
     LeaseHolder,
+    Schedule,
     SessionInfo,
     SessionPage,
 )
@@ -267,11 +268,13 @@ class DurableObjectStore:
         lease: Lease | None = None,
         approvals: Sequence[ApprovalChange] = (),
         session_name: str | None = None,
+        schedules: Sequence[Schedule] = (),
     ) -> int:
         statements = _sql.append_statements(
             session_id, expected_seq, messages, self._now_ms(),
             agent_name=agent_name, lease=lease, approvals=approvals,
             max_row_bytes=self._max_row_bytes, session_name=session_name,
+            schedules=schedules,
         )  # fmt: skip
         self._ensure()
 
@@ -346,6 +349,29 @@ class DurableObjectStore:
         rows = self._read(_sql.FIND_SESSIONS, (name,), f"find sessions named {name!r}")
         return [_sql.row_session_info(row) for row in rows]
 
+    async def load_schedules(self, session_id: str) -> list[Schedule]:
+        rows = self._read(
+            _sql.SELECT_SCHEDULES, (session_id,), f"load the schedules of session {session_id!r}"
+        )
+        return [_sql.row_schedule(row) for row in rows]
+
+    async def delete_schedule(self, session_id: str, schedule_id: str) -> bool:
+        self._ensure()
+
+        def delete() -> int:
+            self._exec(_sql.DELETE_SCHEDULE, (session_id, schedule_id))
+            return self._changes()
+
+        try:
+            changed: int = self._transaction(delete)
+        except Exception as exc:
+            raise StoreError(
+                f"the Durable Object store failed to delete schedule {schedule_id!r} of "
+                f"session {session_id!r}: {exc}",
+                session_id=session_id,
+            ) from exc
+        return changed > 0
+
     async def load_timeline(
         self, session_id: str, *, start: int = 0, limit: int | None = None
     ) -> list[tuple[int, Message]]:
@@ -381,6 +407,7 @@ class DurableObjectStore:
             messages = self._changes()
             self._exec(_sql.DELETE_LEASE, (session_id,))
             self._exec(_sql.DELETE_APPROVALS, (session_id,))
+            self._exec(_sql.DELETE_SCHEDULES, (session_id,))
             self._exec(_sql.DELETE_SESSION, (session_id,))
             return messages > 0 or self._changes() > 0
 

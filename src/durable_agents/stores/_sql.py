@@ -47,7 +47,7 @@ from ..errors import (
 )
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls
-from .base import ApprovalChange, ApprovalEvent, Lease, SessionInfo
+from .base import ApprovalChange, ApprovalEvent, Lease, Schedule, SessionInfo
 
 # The largest magnitude of an integer any statement binds. On Workers a Python int
 # reaches JavaScript (D1's `bind`, a Durable Object's `sql.exec`) as a Number only if
@@ -260,6 +260,34 @@ _SUMMARIES: tuple[str, ...] = (
     ON agent_messages (session_id, seq) WHERE summary_of IS NOT NULL""",
 )
 
+# Schedules and turn origins (issue 21). A schedule is a message its session runs as
+# a turn later; its row stays until that turn's first write, which removes it. The
+# trigger makes the firing conditional: a scheduled turn's user message (origin
+# 'scheduled', request_key 'schedule:' || id) lands only while its schedule is
+# stored, so a schedule cancelled or fired by another run never runs (again).
+_SCHEDULES: tuple[str, ...] = (
+    "ALTER TABLE agent_messages ADD COLUMN origin TEXT",
+    """CREATE TABLE IF NOT EXISTS agent_schedules (
+    session_id TEXT NOT NULL,
+    schedule_id TEXT NOT NULL,
+    message TEXT NOT NULL,
+    due_at INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (session_id, schedule_id)
+)""",
+    """CREATE INDEX IF NOT EXISTS agent_schedules_by_due
+    ON agent_schedules (due_at, session_id)""",
+    """CREATE TRIGGER IF NOT EXISTS agent_messages_scheduled_once
+BEFORE INSERT ON agent_messages
+WHEN NEW.origin = 'scheduled' AND NEW.role = 'user' AND NOT EXISTS (
+    SELECT 1 FROM agent_schedules WHERE session_id = NEW.session_id
+    AND 'schedule:' || schedule_id = NEW.request_key
+)
+BEGIN
+    SELECT RAISE(ABORT, 'agent_messages: the schedule was cancelled or has fired already');
+END""",
+)
+
 # (file name in migrations/, statements). Append; never edit one that shipped.
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("0001_init.sql", _INIT),
@@ -267,6 +295,7 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("0003_approvals.sql", _APPROVALS),
     ("0004_session_names.sql", _SESSION_NAMES),
     ("0005_summaries.sql", _SUMMARIES),
+    ("0006_schedules.sql", _SCHEDULES),
 )
 SCHEMA: tuple[str, ...] = tuple(s for _, statements in MIGRATIONS for s in statements)
 
@@ -305,8 +334,8 @@ def table_info(table: str) -> str:
 
 INSERT_MESSAGE = (
     "INSERT INTO agent_messages (session_id, seq, role, content, tool_call_id, tool_name, "
-    "tool_calls, input_tokens, output_tokens, request_key, summary_of, created_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "tool_calls, input_tokens, output_tokens, request_key, summary_of, origin, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -326,15 +355,16 @@ def _packable(value: Any) -> Any:
 
 
 # Messages seq = ? + 0, 1, ...: the columns of INSERT_MESSAGE from role to
-# summary_of, one JSON array per row (`packed_message_rows`), in order: each row's
+# origin, one JSON array per row (`packed_message_rows`), in order: each row's
 # insert is checked by the in-order trigger against the rows before it, as if
 # inserted one by one. Binds the session id, the first seq, the time and the JSON.
 INSERT_MESSAGES = (
     "INSERT INTO agent_messages (session_id, seq, role, content, tool_call_id, tool_name, "
-    "tool_calls, input_tokens, output_tokens, request_key, summary_of, created_at) "
+    "tool_calls, input_tokens, output_tokens, request_key, summary_of, origin, created_at) "
     f"SELECT ?, ? + m.key, {', '.join(_text('m', i) for i in range(5))}, "
     "json_extract(m.value, '$[5]'), json_extract(m.value, '$[6]'), "
-    f"{_text('m', 7)}, json_extract(m.value, '$[8]'), ? FROM json_each(?) AS m ORDER BY m.key"
+    f"{_text('m', 7)}, json_extract(m.value, '$[8]'), {_text('m', 9)}, ? "
+    "FROM json_each(?) AS m ORDER BY m.key"
 )
 
 # Created on first write (with its name, never changed after); later writes
@@ -353,7 +383,7 @@ UPSERT_SESSION = (
 
 MESSAGE_COLUMNS = (
     "role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens, "
-    "request_key, summary_of"
+    "request_key, summary_of, origin"
 )
 SELECT_MESSAGES = f"SELECT {MESSAGE_COLUMNS} FROM agent_messages WHERE session_id = ? ORDER BY seq"
 # Params (session_id, start, limit): `limit` messages from position `start` on.
@@ -438,6 +468,26 @@ RENEW_LEASE = "UPDATE agent_leases SET expires_at = ? WHERE session_id = ? AND o
 RELEASE_LEASE = "DELETE FROM agent_leases WHERE session_id = ? AND owner = ?"
 DELETE_SESSION = "DELETE FROM agent_sessions WHERE id = ?"
 DELETE_APPROVALS = "DELETE FROM agent_approvals WHERE session_id = ?"
+DELETE_SCHEDULES = "DELETE FROM agent_schedules WHERE session_id = ?"
+
+_SCHEDULE_COLUMNS = "schedule_id, message, due_at, created_at"
+INSERT_SCHEDULE = (
+    f"INSERT INTO agent_schedules (session_id, {_SCHEDULE_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
+)
+SELECT_SCHEDULES = (
+    f"SELECT {_SCHEDULE_COLUMNS} FROM agent_schedules WHERE session_id = ? "
+    "ORDER BY due_at, schedule_id"
+)
+DELETE_SCHEDULE = "DELETE FROM agent_schedules WHERE session_id = ? AND schedule_id = ?"
+# Params (before_ms, limit): due schedules of every session, earliest first.
+SELECT_DUE_SCHEDULES = (
+    f"SELECT session_id, {_SCHEDULE_COLUMNS} FROM agent_schedules WHERE due_at < ? "
+    "ORDER BY due_at, session_id, schedule_id LIMIT ?"
+)
+# Params (now_ms, limit): sessions whose run lease expired: their turn's process died.
+SELECT_EXPIRED_LEASES = (
+    "SELECT session_id FROM agent_leases WHERE expires_at <= ? ORDER BY expires_at LIMIT ?"
+)
 
 # delete_idle: up to `?` sessions idle since before `?`, oldest first. Every
 # statement picks the same sessions (the session rows go last), so the four
@@ -452,6 +502,7 @@ DELETE_IDLE: tuple[str, ...] = (
     f"DELETE FROM agent_messages WHERE session_id IN ({_IDLE})",
     f"DELETE FROM agent_leases WHERE session_id IN ({_IDLE})",
     f"DELETE FROM agent_approvals WHERE session_id IN ({_IDLE})",
+    f"DELETE FROM agent_schedules WHERE session_id IN ({_IDLE})",
     f"DELETE FROM agent_sessions WHERE id IN ({_IDLE})",
 )
 
@@ -488,6 +539,8 @@ DEPENDENT_APPROVALS = (
 
 def session_state(last: Message) -> str:
     """What a session waits for, judged by its last message (shown by `sessions list`)."""
+    if last.origin == "stopped":
+        return "stopped"  # its resumes kept crashing: the kit ended it (run.stop_turn)
     if last.role == "assistant":
         return "awaiting_tool_results" if last.tool_calls else "idle"
     return "awaiting_llm"
@@ -517,6 +570,7 @@ def message_row(
         usage.output_tokens if usage else None,
         message.request_key,
         message.summary_of,
+        message.origin,
         now_ms,
     )
 
@@ -528,12 +582,13 @@ def append_rows(
     now_ms: int,
     max_row_bytes: int = MAX_ROW_BYTES,
     approvals: Sequence[ApprovalChange] = (),
+    schedules: Sequence[Schedule] = (),
 ) -> list[tuple[Any, ...]]:
     """The rows of one append, all built (and size-checked) before anything is
     written, so a bad message fails the whole append with nothing landed."""
-    if not messages and not approvals:
+    if not messages and not approvals and not schedules:
         raise ConfigurationError(
-            "append_messages_atomic needs at least one message or approval change"
+            "append_messages_atomic needs at least one message, approval change or schedule"
         )
     if expected_seq < 0:
         raise SessionConflictError(session_id, expected_seq, "a position cannot be negative")
@@ -571,19 +626,26 @@ def append_statements(
     approvals: Sequence[ApprovalChange],
     max_row_bytes: int = MAX_ROW_BYTES,
     session_name: str | None = None,
+    schedules: Sequence[Schedule] = (),
 ) -> list[Statement]:
     """Every statement of one atomic append, in order, all built (and checked)
-    before anything is written: the messages, the session row, the approval
-    events, the lease. The SQLite store runs them in one transaction, D1 in one batch.
+    before anything is written: the messages, the schedule a scheduled turn's
+    message fires, the session row, the approval events, the new schedules,
+    the lease. The SQLite store runs them in one transaction, D1 in one batch.
 
     One INSERT per message and per approval event while they fit one D1 batch
     (MAX_BATCH_STATEMENTS); an append too big for that, a step of many tool calls,
     goes packed (see the module docstring): a statement or two per megabyte of
     rows. Past D1's limits even so, `StoreError` (`check_batch`)."""
-    rows = append_rows(session_id, expected_seq, messages, now_ms, max_row_bytes, approvals)
+    rows = append_rows(
+        session_id, expected_seq, messages, now_ms, max_row_bytes, approvals, schedules
+    )
     inserts: list[Statement] = [(INSERT_MESSAGE, row) for row in rows]
     events = [approval_statement(session_id, change, now_ms) for change in approvals]
-    session: list[Statement] = []
+    session: list[Statement] = [
+        (DELETE_SCHEDULE, (session_id, fired)) for fired in fired_schedules(messages)
+    ]
+    session += [(INSERT_SCHEDULE, schedule_params(session_id, s)) for s in schedules]
     if messages:
         count = expected_seq + len(messages)
         row = session_row(session_id, agent_name, messages, count, now_ms, session_name)
@@ -641,11 +703,32 @@ def packed_message_rows(rows: Sequence[tuple[Any, ...]], now_ms: int) -> list[St
     if not rows:
         return []
     session_id, first_seq = rows[0][0], rows[0][1]
-    entries = [(row[2:11], (INSERT_MESSAGE, row), None) for row in rows]
+    entries = [(row[2:12], (INSERT_MESSAGE, row), None) for row in rows]
     return _packed(
         entries,
         lambda first, data: (INSERT_MESSAGES, (session_id, first_seq + first, now_ms, data)),
     )
+
+
+def fired_schedules(messages: Iterable[Message]) -> list[str]:
+    """The ids of the schedules whose turns `messages` start (their user messages)."""
+    return [  # (one with no key names no schedule: "" matches none, so it cannot land)
+        (m.request_key or "").removeprefix("schedule:")
+        for m in messages
+        if m.origin == "scheduled" and m.role == "user"
+    ]
+
+
+def schedule_params(session_id: str, schedule: Schedule) -> tuple[Any, ...]:
+    for what, value in (("its due time", schedule.due_at), ("its creation time", schedule.created_at)):
+        bindable(value, f"schedule {schedule.schedule_id!r}: {what}", session_id)
+    return (session_id, schedule.schedule_id, schedule.message, schedule.due_at, schedule.created_at)
+
+
+def row_schedule(row: Sequence[Any]) -> Schedule:
+    """A Schedule from a SELECT_SCHEDULES row."""
+    schedule_id, message, due_at, created_at = row
+    return Schedule(str(schedule_id), str(message), int(due_at), int(created_at))
 
 
 def approval_statements(
@@ -822,6 +905,7 @@ def row_message(row: Sequence[Any]) -> Message:
         output_tokens,
         key,
         summary_of,
+        origin,
     ) = row
     usage = None
     if input_tokens is not None or output_tokens is not None:
@@ -835,6 +919,7 @@ def row_message(row: Sequence[Any]) -> Message:
         usage=usage,
         request_key=key,
         summary_of=None if summary_of is None else int(summary_of),
+        origin=origin,
     )
 
 
@@ -929,4 +1014,8 @@ def is_approval_conflict(error_text: str) -> bool:
 def is_conflict(error_text: str) -> bool:
     """Whether a failed append lost a race (vs. a real failure), from the engine's message."""
     text = error_text.lower()
-    return "unique constraint failed: agent_messages" in text or "seq must directly follow" in text
+    return (
+        "unique constraint failed: agent_messages" in text
+        or "seq must directly follow" in text
+        or "schedule was cancelled" in text
+    )

@@ -92,6 +92,31 @@ class ApprovalEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class Schedule:
+    """A message to run as a turn of its session later (see `durable_agents.schedules`).
+    Times are Unix milliseconds. Stored until its turn's first write, which removes
+    it in the same transaction: a stored schedule has not run."""
+
+    schedule_id: str
+    message: str
+    due_at: int
+    created_at: int = 0
+
+    @property
+    def request_key(self) -> str:
+        """The key its turn's user message is stored with: a turn per schedule, once."""
+        return f"schedule:{self.schedule_id}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schedule_id": self.schedule_id,
+            "message": self.message,
+            "at": _iso_time(self.due_at),
+            "created_at": _iso_time(self.created_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     """What an append does to the run lease `owner` holds on its session: renew
     it for `ttl_ms` from now, or, with `release`, give it up (the turn's last
@@ -147,6 +172,7 @@ class Store(Protocol):
         lease: Lease | None = None,
         approvals: Sequence[ApprovalChange] = (),
         session_name: str | None = None,
+        schedules: Sequence[Schedule] = (),
     ) -> int:
         """Append all of `messages` at positions `expected_seq...`, or nothing.
 
@@ -156,8 +182,12 @@ class Store(Protocol):
         With `lease`, the same transaction renews or releases that lease (a
         no-op if its owner no longer holds it). `approvals` are recorded in
         the same transaction, each only if its condition holds (see
-        `ApprovalChange`); an append of approval changes alone (no messages)
-        is not positional: `expected_seq` is returned unchanged.
+        `ApprovalChange`); `schedules` are stored in it too. A user message with
+        origin "scheduled" fires the schedule its `request_key` names: the same
+        write removes it, and fails (`SessionConflictError`) if it is gone
+        (cancelled, or fired by another run). An append of approval changes or
+        schedules alone (no messages) is not positional: `expected_seq` is
+        returned unchanged.
         Raises `SessionConflictError` if the session does not hold exactly
         `expected_seq` messages and `MessageTooLargeError` for a row over the
         limit (nothing landed), `StoreError` if the store fails (nothing landed,
@@ -206,8 +236,8 @@ class Store(Protocol):
         ...
 
     async def delete_session(self, session_id: str) -> bool:
-        """Remove every row of the session (messages, approvals, lease, session
-        row) in one atomic write; False if there was none. A run still writing
+        """Remove every row of the session (messages, approvals, schedules, lease,
+        session row) in one atomic write; False if there was none. A run still writing
         to it then gets `SessionConflictError` (its append expects a position
         that no longer follows anything)."""
         ...
@@ -216,6 +246,14 @@ class Store(Protocol):
         """Delete up to `limit` sessions last written before `before_ms` (Unix
         ms), oldest first, with all their rows, in one atomic write; returns
         how many. Call again while it returns `limit`."""
+        ...
+
+    async def load_schedules(self, session_id: str) -> list[Schedule]:
+        """The session's schedules not yet fired, earliest due first."""
+        ...
+
+    async def delete_schedule(self, session_id: str, schedule_id: str) -> bool:
+        """Cancel a schedule that has not fired; False if there is none by that id."""
         ...
 
     async def load_timeline(

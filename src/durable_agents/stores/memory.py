@@ -6,11 +6,27 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import SessionConflictError
+from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
-from ._sql import append_rows, check_limit, decode_cursor, page_of, session_state, usage_totals
-from .base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo, SessionPage
+from ._sql import (
+    append_rows,
+    check_limit,
+    decode_cursor,
+    fired_schedules,
+    page_of,
+    session_state,
+    usage_totals,
+)
+from .base import (
+    ApprovalChange,
+    ApprovalEvent,
+    Lease,
+    LeaseHolder,
+    Schedule,
+    SessionInfo,
+    SessionPage,
+)
 
 
 @dataclass
@@ -43,6 +59,7 @@ class MemoryStore:
         self._sessions: dict[str, _Session] = {}
         self._leases: dict[str, LeaseHolder] = {}
         self._approvals: dict[str, list[ApprovalEvent]] = {}
+        self._schedules: dict[str, dict[str, Schedule]] = {}
         self._clock = clock
         self._max_row_bytes = max_row_bytes
 
@@ -80,10 +97,13 @@ class MemoryStore:
         lease: Lease | None = None,
         approvals: Sequence[ApprovalChange] = (),
         session_name: str | None = None,
+        schedules: Sequence[Schedule] = (),
     ) -> int:
         now = int(self._clock() * 1000)
         # Built for their checks only (empty, position, size), as the SQL stores do.
-        append_rows(session_id, expected_seq, messages, now, self._max_row_bytes, approvals)
+        append_rows(
+            session_id, expected_seq, messages, now, self._max_row_bytes, approvals, schedules
+        )
         session = self._sessions.get(session_id)
         stored = len(session.messages) if session else 0
         if messages and stored != expected_seq:
@@ -100,7 +120,19 @@ class MemoryStore:
         ):  # fmt: skip
             if not taken.isdisjoint(new) or len(set(new)) < len(new):
                 raise SessionConflictError(session_id, expected_seq, what)
+        stored_schedules = self._schedules.get(session_id, {})
+        fired = fired_schedules(messages)
+        if any(schedule_id not in stored_schedules for schedule_id in fired):
+            raise SessionConflictError(
+                session_id, expected_seq, "the schedule was cancelled or has fired already"
+            )
+        if any(s.schedule_id in stored_schedules for s in schedules):
+            raise StoreError(f"session {session_id!r} has that schedule id already")
         # Every check passed: keep it all.
+        for schedule_id in fired:
+            del stored_schedules[schedule_id]
+        for schedule in schedules:
+            self._schedules.setdefault(session_id, {})[schedule.schedule_id] = schedule
         if events:
             self._approvals.setdefault(session_id, []).extend(events)
         self._renew_or_release(session_id, lease, now)
@@ -196,8 +228,16 @@ class MemoryStore:
         infos = [self._info(sid, s) for sid, s in self._sessions.items() if s.name == name]
         return sorted(infos, key=lambda info: (info.created_at, info.id), reverse=True)
 
+    async def load_schedules(self, session_id: str) -> list[Schedule]:
+        schedules = self._schedules.get(session_id, {}).values()
+        return sorted(schedules, key=lambda s: (s.due_at, s.schedule_id))
+
+    async def delete_schedule(self, session_id: str, schedule_id: str) -> bool:
+        return self._schedules.get(session_id, {}).pop(schedule_id, None) is not None
+
     async def delete_session(self, session_id: str) -> bool:
         self._leases.pop(session_id, None)
+        self._schedules.pop(session_id, None)
         self._approvals.pop(session_id, None)
         return self._sessions.pop(session_id, None) is not None
 

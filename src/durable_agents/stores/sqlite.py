@@ -21,7 +21,15 @@ from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
 from . import _sql
-from .base import ApprovalChange, ApprovalEvent, Lease, LeaseHolder, SessionInfo, SessionPage
+from .base import (
+    ApprovalChange,
+    ApprovalEvent,
+    Lease,
+    LeaseHolder,
+    Schedule,
+    SessionInfo,
+    SessionPage,
+)
 
 T = TypeVar("T")
 
@@ -94,11 +102,12 @@ class SQLiteStore:
         lease: Lease | None = None,
         approvals: Sequence[ApprovalChange] = (),
         session_name: str | None = None,
+        schedules: Sequence[Schedule] = (),
     ) -> int:
         statements = _sql.append_statements(
             session_id, expected_seq, messages, int(self._clock() * 1000),
             agent_name=agent_name, lease=lease, approvals=approvals,
-            max_row_bytes=self._max_row_bytes, session_name=session_name,
+            max_row_bytes=self._max_row_bytes, session_name=session_name, schedules=schedules,
         )  # fmt: skip
 
         def write(conn: sqlite3.Connection) -> None:
@@ -169,6 +178,34 @@ class SQLiteStore:
             return changes[-1]
 
         return await self._call(lambda conn: _transaction(conn, lambda: delete(conn)))
+
+    async def load_schedules(self, session_id: str) -> list[Schedule]:
+        rows = await self._call(
+            lambda c: c.execute(_sql.SELECT_SCHEDULES, (session_id,)).fetchall(), session_id
+        )
+        return [_sql.row_schedule(row) for row in rows]
+
+    async def delete_schedule(self, session_id: str, schedule_id: str) -> bool:
+        params = (session_id, schedule_id)
+        changed = await self._call(
+            lambda c: _transaction(c, lambda: c.execute(_sql.DELETE_SCHEDULE, params).rowcount),
+            session_id,
+        )
+        return bool(changed)
+
+    async def due_schedules(self, before_ms: int, *, limit: int = 100) -> list[tuple[str, Schedule]]:
+        """(session id, schedule) of up to `limit` schedules due before `before_ms`, of
+        every session, earliest due first: what `durable-agents worker` fires."""
+        params = _sql.idle_params(before_ms, limit)
+        rows = await self._call(lambda c: c.execute(_sql.SELECT_DUE_SCHEDULES, params).fetchall())
+        return [(str(row[0]), _sql.row_schedule(row[1:])) for row in rows]
+
+    async def expired_leases(self, *, limit: int = 100) -> list[str]:
+        """Sessions whose run lease has expired, longest expired first: a run took it
+        and never released it, so its turn did not finish (its process died)."""
+        params = _sql.idle_params(int(self._clock() * 1000), limit)
+        rows = await self._call(lambda c: c.execute(_sql.SELECT_EXPIRED_LEASES, params).fetchall())
+        return [str(row[0]) for row in rows]
 
     async def load_timeline(
         self, session_id: str, *, start: int = 0, limit: int | None = None
@@ -270,6 +307,7 @@ def _delete(conn: sqlite3.Connection, session_id: str) -> bool:
     conn.execute(_sql.DELETE_MESSAGES, (session_id,))
     conn.execute(_sql.DELETE_LEASE, (session_id,))
     conn.execute(_sql.DELETE_APPROVALS, (session_id,))
+    conn.execute(_sql.DELETE_SCHEDULES, (session_id,))
     return conn.execute(_sql.DELETE_SESSION, (session_id,)).rowcount > 0
 
 

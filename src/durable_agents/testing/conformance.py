@@ -24,7 +24,7 @@ from ..errors import (
     SessionConflictError,
 )
 from ..messages import Message, ToolCall, Usage
-from ..stores.base import ApprovalChange, Lease, Store
+from ..stores.base import ApprovalChange, Lease, Schedule, Store
 
 Check = Callable[[Store], Awaitable[None]]
 
@@ -623,6 +623,68 @@ async def delete_removes_the_approvals(store: Store) -> None:
     assert await store.load_approvals("s") == []
 
 
+def _fire(schedule: Schedule, origin: str = "scheduled") -> Message:
+    """The user message a scheduled turn begins with."""
+    return Message("user", schedule.message, request_key=schedule.request_key, origin=origin)  # type: ignore[arg-type]
+
+
+async def schedules_are_stored_with_an_append_and_listed_earliest_first(store: Store) -> None:
+    late, soon = Schedule("late", "remind me", 5_000, 1_000), Schedule("soon", "ping", 2_000, 1_000)
+    assert await store.append_messages_atomic("s", 0, [Message.user("hi")], schedules=[late]) == 1
+    assert await store.append_messages_atomic("s", 1, [], schedules=[soon]) == 1  # not positional
+    assert await store.load_schedules("s") == [soon, late]
+    assert await store.load_schedules("other") == []
+    assert (await store.load_messages("s"))[0].origin is None
+
+
+async def a_schedule_fires_once_with_its_turns_first_write(store: Store) -> None:
+    schedule = Schedule("x1", "send the reminder", 2_000, 1_000)
+    await store.append_messages_atomic("s", 0, [Message.user("hi")], schedules=[schedule])
+    fired = _fire(schedule)
+    assert await store.append_messages_atomic("s", 1, [fired, Message.assistant("done")]) == 3
+    assert await store.load_schedules("s") == []
+    stored = await store.load_messages("s")
+    assert stored[1] == fired and stored[1].origin == "scheduled", stored
+    # Fired already: another run firing it again lands nothing.
+    await _expect_conflict(store.append_messages_atomic("s", 3, [_fire(schedule)]))
+    assert len(await store.load_messages("s")) == 3
+
+
+async def a_cancelled_schedule_never_fires(store: Store) -> None:
+    schedule = Schedule("x2", "later", 2_000, 1_000)
+    await store.append_messages_atomic("s", 0, [Message.user("hi")], schedules=[schedule])
+    assert await store.delete_schedule("s", "x2") is True
+    assert await store.delete_schedule("s", "x2") is False
+    await _expect_conflict(store.append_messages_atomic("s", 1, [_fire(schedule)]))
+    assert len(await store.load_messages("s")) == 1
+    # A client's own key that merely looks like a schedule's is an ordinary message.
+    plain = Message("user", "mine", request_key="schedule:x2")
+    assert await store.append_messages_atomic("s", 1, [plain]) == 2
+
+
+async def delete_removes_the_schedules(store: Store) -> None:
+    schedule = Schedule("x3", "later", 2_000, 1_000)
+    await store.append_messages_atomic("s", 0, [Message.user("hi")], schedules=[schedule])
+    assert await store.delete_session("s") is True
+    assert await store.load_schedules("s") == []
+
+
+async def origins_round_trip(store: Store) -> None:
+    await _expect_conflict(  # a scheduled turn's message names a stored schedule
+        store.append_messages_atomic("s", 0, [Message("user", "x", origin="scheduled")])
+    )
+    messages = [
+        Message("user", "x"),
+        Message("assistant", "z", origin="scheduled"),
+        Message("assistant", "y", origin="self-resumed"),
+        Message("assistant", "stopped", origin="stopped"),
+    ]
+    await store.append_messages_atomic("s", 0, messages)
+    assert await store.load_messages("s") == messages
+    info = await store.get_session("s")
+    assert info is not None and info.state == "stopped", info
+
+
 CHECKS: tuple[Check, ...] = (
     unknown_session_is_empty,
     round_trip_keeps_every_field,
@@ -660,4 +722,9 @@ CHECKS: tuple[Check, ...] = (
     an_append_with_a_refused_approval_writes_nothing,
     racing_deciders_one_wins,
     delete_removes_the_approvals,
+    schedules_are_stored_with_an_append_and_listed_earliest_first,
+    a_schedule_fires_once_with_its_turns_first_write,
+    a_cancelled_schedule_never_fires,
+    delete_removes_the_schedules,
+    origins_round_trip,
 )

@@ -56,14 +56,17 @@ async def schema_applies_statement_by_statement(db: Any) -> None:
         ["index", "agent_messages_one_result_per_call"],
         ["index", "agent_messages_one_turn_per_request_key"],
         ["index", "agent_messages_summaries"],
+        ["index", "agent_schedules_by_due"],
         ["index", "agent_sessions_by_creation"],
         ["index", "agent_sessions_by_name"],
         ["index", "agent_sessions_by_update"],
         ["table", "agent_approvals"],
         ["table", "agent_leases"],
         ["table", "agent_messages"],
+        ["table", "agent_schedules"],
         ["table", "agent_sessions"],
         ["trigger", "agent_messages_append_only_in_order"],
+        ["trigger", "agent_messages_scheduled_once"],
     ], rows
 
 
@@ -275,12 +278,13 @@ async def every_write_is_one_batch(db: Any) -> None:
     assert counting.trips == [("batch", 3), ("batch", 2)], counting.trips
     counting.trips.clear()
     assert await store.delete_session("s") is True
-    assert counting.trips == [("batch", 4)], counting.trips  # messages, lease, approvals, row
+    # messages, lease, approvals, schedules, row
+    assert counting.trips == [("batch", 5)], counting.trips
     counting.trips.clear()
     info = await store.get_session("t")
     assert info is not None
     assert await store.delete_idle(info.updated_at + 1, limit=10) == 1
-    assert counting.trips == [("raw", 1), ("batch", 4)], counting.trips
+    assert counting.trips == [("raw", 1), ("batch", 5)], counting.trips
     counting.trips.clear()
     await store.list_sessions(limit=5)
     await store.find_sessions("tee")
