@@ -24,11 +24,12 @@ PUBLIC = {
         "ApprovalNotFoundError", "ApprovalDigestMismatchError", "ApprovalAlreadyDecidedError",
         "ApprovalPendingError",
         "CancelToken", "MessageStored", "RunEvent", "RunFinished", "StreamingLLM", "TextDelta",
-        "ToolCallDelta",
+        "ToolCallDelta", "Schedule", "ScheduleError", "schedule", "stop_turn",
     },
     "durable_agents.stores": {
         "memory_store", "sqlite_store", "MemoryStore", "SQLiteStore", "SessionInfo", "Store",
         "Lease", "LeaseHolder", "ApprovalChange", "ApprovalEvent", "SessionPage",
+        "Schedule",
     },
     "durable_agents.testing": {
         "ScriptedLLM", "SimulatedCrash", "crash_on_write", "crash_after_tool_results",
@@ -64,6 +65,7 @@ def test_every_error_has_a_stable_code_under_one_root() -> None:
         durable_agents.ApprovalDigestMismatchError,
         durable_agents.ApprovalAlreadyDecidedError,
         durable_agents.ApprovalPendingError,
+        durable_agents.ScheduleError,
     ]
     codes = [error.code for error in errors]
     assert len(set(codes)) == len(codes)

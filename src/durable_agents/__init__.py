@@ -22,6 +22,7 @@ from .errors import (
     MemoryStoreNotDurableError,
     MessageTooLargeError,
     RequestKeyReusedError,
+    ScheduleError,
     SessionBusyError,
     SessionConflictError,
     SessionNotFoundError,
@@ -42,8 +43,9 @@ from .messages import (
     ToolSpec,
     Usage,
 )
-from .run import RunResult, idempotency_key, pending_tool_calls, run
-from .stores.base import SessionInfo, SessionPage, Store
+from .run import RunResult, idempotency_key, pending_tool_calls, run, stop_turn
+from .schedules import schedule
+from .stores.base import Schedule, SessionInfo, SessionPage, Store
 from .tools import Tool, ToolContext, tool
 
 __all__ = [
@@ -69,6 +71,8 @@ __all__ = [
     "RunEvent",
     "RunFinished",
     "RunResult",
+    "Schedule",
+    "ScheduleError",
     "SessionBusyError",
     "SessionConflictError",
     "SessionInfo",
@@ -93,5 +97,7 @@ __all__ = [
     "pending_approvals",
     "pending_tool_calls",
     "run",
+    "schedule",
+    "stop_turn",
     "tool",
 ]

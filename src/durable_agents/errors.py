@@ -10,8 +10,10 @@
     │   │       `message=None` on a session with no history
     │   ├── RequestKeyReusedError        "request-key-reused"
     │   │       a request key sent again with another message
-    │   └── InvalidCursorError           "invalid-cursor"
-    │           a `list_sessions` cursor the store did not hand out
+    │   ├── InvalidCursorError           "invalid-cursor"
+    │   │       a `list_sessions` cursor the store did not hand out
+    │   └── ScheduleError                "invalid-schedule"
+    │           a schedule with no time, a bad one, or one too many
     ├── ToolArgumentsError (ValueError)  "invalid-arguments"
     │       a call's arguments break its tool's input schema
     │       (`Tool.parse_arguments`; `run()` stores it as a result)
@@ -241,6 +243,14 @@ class RequestKeyReusedError(ConfigurationError):
             f"request_key {request_key!r} already started a turn with another message in "
             f"session {session_id!r}; use a new key for a new message"
         )
+
+
+class ScheduleError(ConfigurationError):
+    """A schedule that cannot be made (see `durable_agents.schedules`): no time or
+    both times, a time too far ahead or not ISO 8601 with a zone, an empty or
+    oversized message, too many schedules. Nothing was stored."""
+
+    code = "invalid-schedule"
 
 
 class InvalidCursorError(ConfigurationError):

@@ -74,6 +74,7 @@ from .messages import (
     LLMResponse,
     MalformedToolCall,
     Message,
+    MessageOrigin,
     TextDelta,
     ToolCall,
     ToolErrorKind,
@@ -84,7 +85,8 @@ from .messages import (
 from .messages import (
     pending_tool_calls as pending_tool_calls,  # re-exported: it lived here first
 )
-from .stores.base import ApprovalChange, Lease, LeaseHolder, Store
+from .schedules import StepSchedules
+from .stores.base import ApprovalChange, Lease, LeaseHolder, Schedule, Store
 from .stores.memory import memory_store
 from .tools import DepsT, Handler, Tool, ToolContext
 
@@ -143,6 +145,8 @@ async def run(
     on_event: OnEvent | None = None,
     cancel: CancelToken | None = None,
     session_name: str | None = None,
+    origin: MessageOrigin | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> RunResult:
     """Run one turn of `agent`, durably when given a durable `store` and a `session_id`.
 
@@ -187,6 +191,11 @@ async def run(
     and never changed after; default: the session id. Listings show it and
     `store.find_sessions(name)` finds the session by it.
 
+    `origin` marks every message this run stores (`Message.origin`): the kit
+    passes "scheduled" when it fires a schedule and "self-resumed" when it
+    resumes a turn nobody asked it to. `clock` (seconds; default `time.time`,
+    read at call time) dates what handlers schedule (`ToolContext.schedule`).
+
     `tools` supplies or overrides handlers by tool name. `deps` reaches every
     handler as `ctx.deps`. `new_id` makes session and tool call ids (default:
     random UUIDs, drawn at call time).
@@ -202,7 +211,7 @@ async def run(
     events = _Events(on_event)
     result = await _run(
         agent, llm, message, session_id, store, tools, deps, new_id, request_key,
-        lease_seconds, wait_seconds, events, cancel, session_name,
+        lease_seconds, wait_seconds, events, cancel, session_name, origin, clock,
     )  # fmt: skip
     await events.emit(RunFinished(result))
     return result
@@ -223,6 +232,8 @@ async def _run(
     events: _Events,
     cancel: CancelToken | None,
     session_name: str | None = None,
+    origin: MessageOrigin | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> RunResult:
     make_id = new_id or _random_id
     if message is not None:
@@ -239,7 +250,7 @@ async def _run(
                 "a new session needs a message (or pass an existing session_id)"
             )
         session = _Session(agent, store, make_id(), [], bound, deps, make_id, None, events, cancel)
-        session.name = session_name
+        session.name, session.origin, session.clock = session_name, origin, clock or time.time
         return await session.run(message, llm, request_key)
     if not store.durable:
         raise MemoryStoreNotDurableError(session_id)
@@ -264,7 +275,7 @@ async def _run(
             agent, store, session_id, history, bound, deps, make_id, lease, events, cancel,
             base=base,
         )  # fmt: skip
-        session.name = session_name
+        session.name, session.origin, session.clock = session_name, origin, clock or time.time
         start = None if request_key is None or message is None else (
             await session.find_request(request_key, message)
         )  # fmt: skip
@@ -279,6 +290,49 @@ async def _run(
             # Off the happy path (an error, a crash in this process, a lost
             # race): the turn's last write did not release it. Best effort: a
             # lease that stays behind expires.
+            with contextlib.suppress(Exception):
+                await store.release_lease(session_id, lease.owner)
+
+
+async def stop_turn(
+    agent: Agent[Any],
+    *,
+    store: Store,
+    session_id: str,
+    reason: str,
+    lease_seconds: float | None = 30.0,
+    wait_seconds: float = 30.0,
+) -> RunResult:
+    """End the session's unfinished turn without running anything more, in one write:
+    each call of its last step still without a result is answered as lost (a
+    `tool-durability-error`, safe_to_retry or not: running them again is what kept
+    failing), then an assistant message with origin "stopped" says why (`reason`).
+    For a turn whose resumes keep crashing; the next message starts a new turn.
+    A turn that has ended already is left as it is (status "complete")."""
+    lease = None
+    if lease_seconds is not None:
+        lease = await _take_lease(store, session_id, _random_id(), lease_seconds, wait_seconds)
+    try:
+        base, history = await store.load_context(session_id)
+        if not history:
+            raise SessionNotFoundError(session_id)
+        session = _Session(
+            agent, store, session_id, history, {}, None, _random_id, lease, base=base
+        )
+        if history[-1].is_final_reply:
+            if lease is not None:
+                await store.release_lease(session_id, lease.owner)
+                lease.released = True
+            return session.result("complete", history[-1].content, 0, Usage())
+        lost = [
+            Message.tool_result(c, ToolDurabilityError(c.name, c.id).to_content())
+            for c in pending_tool_calls(history)
+        ]
+        note = Message("assistant", reason, origin="stopped")
+        await session.append([*lost, note], release=True)
+        return session.result("error", "", 0, Usage(), reason, error_code="turn-stopped")
+    finally:
+        if lease is not None and not lease.released:
             with contextlib.suppress(Exception):
                 await store.release_lease(session_id, lease.owner)
 
@@ -423,7 +477,11 @@ class _Session:
             i for m in history for c in m.tool_calls for i in (c.id, c.provider_id) if i
         }
         self.name: str | None = None  # stored by the append that creates the session
+        self.origin: MessageOrigin | None = None  # stamped on every message it stores
+        self.clock: Callable[[], float] = time.time
         self.tokens_used: int | None = None  # the session's, for max_session_tokens
+        # What this step's handlers scheduled: stored with their results (write #2).
+        self.scheduled: list[Schedule] = []
 
     @property
     def position(self) -> int:
@@ -688,6 +746,8 @@ class _Session:
         if self.lease is not None:
             lease = Lease(self.lease.owner, self.lease.ttl_ms + int(hold * 1000), release)
         position = self.position
+        if self.origin is not None:
+            messages = [m if m.origin else replace(m, origin=self.origin) for m in messages]
         await self.store.append_messages_atomic(
             self.session_id,
             position,
@@ -696,7 +756,10 @@ class _Session:
             lease=lease,
             approvals=approvals,
             session_name=self.name,
+            # only when there are some: a store written before schedules still works
+            **({"schedules": self.scheduled} if self.scheduled else {}),
         )
+        self.scheduled = []
         self.history.extend(messages)
         if self.tokens_used is not None:
             self.tokens_used += sum(m.usage.total_tokens for m in messages if m.usage)
@@ -793,6 +856,9 @@ class _Session:
                 ToolErrorKind.INVALID_ARGUMENTS,
                 f"Tool {call.name!r} was not run: its arguments are invalid: {exc}",
             )
+        schedules = None
+        if self.store.durable:
+            schedules = StepSchedules(self.new_id, self.clock, self.agent.max_message_bytes)
         ctx = ToolContext(
             session_id=self.session_id,
             tool_call_id=call.id,
@@ -800,6 +866,7 @@ class _Session:
             idempotency_key=idempotency_key(self.session_id, call.id),
             resumed=resuming,
             deps=self.deps,
+            schedules=schedules,
         )
         assert tool.handler is not None  # _bind_tools guarantees it
         timer = _timeouts.timeout(tool.timeout)  # leaves no timer behind (Pyodide)
@@ -808,6 +875,8 @@ class _Session:
             if inspect.isawaitable(value):
                 async with timer:
                     value = await value
+            if schedules is not None:  # it returned: what it scheduled goes with its result
+                self.scheduled += schedules.made
         except Exception as exc:
             timed_out = isinstance(exc, TimeoutError) and timer.expired()
             if not tool.safe_to_retry and (timed_out or _outcome_unknown(exc)):

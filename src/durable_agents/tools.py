@@ -16,10 +16,11 @@ never retries a handler that failed.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -28,6 +29,7 @@ from typing_extensions import TypeVar
 from . import _json
 from .errors import ConfigurationError, ToolArgumentsError
 from .messages import ToolSpec
+from .stores.base import Schedule
 
 DepsT = TypeVar("DepsT", default=Any)
 """The type of `run(..., deps=...)`, which handlers get as `ctx.deps`.
@@ -58,6 +60,27 @@ class ToolContext(Generic[DepsT]):
     idempotency_key: str
     resumed: bool = False
     deps: DepsT = None  # type: ignore[assignment]  # None when run() was given no deps
+    schedules: Any = field(default=None, repr=False, compare=False)  # a StepSchedules
+
+    def schedule(
+        self,
+        message: str,
+        *,
+        delay_seconds: float | None = None,
+        at: str | datetime.datetime | None = None,
+    ) -> Schedule:
+        """Run `message` as a turn of this session later: `delay_seconds` from now, or
+        `at` (ISO 8601 with a zone, or an aware datetime). Durable with the step: it is
+        stored in the same write as this call's result, and only if the handler
+        returns (one that raises schedules nothing). Returns the schedule (its
+        `schedule_id` cancels it). ScheduleError for a bad time or message.
+        See `durable_agents.schedules`."""
+        if self.schedules is None:
+            raise ConfigurationError(
+                "ctx.schedule needs a durable run: call the tool through run() with a store"
+            )
+        made: Schedule = self.schedules.add(message, delay_seconds=delay_seconds, at=at)
+        return made
 
 
 @dataclass(frozen=True, slots=True)

@@ -720,9 +720,18 @@ def fired_schedules(messages: Iterable[Message]) -> list[str]:
 
 
 def schedule_params(session_id: str, schedule: Schedule) -> tuple[Any, ...]:
-    for what, value in (("its due time", schedule.due_at), ("its creation time", schedule.created_at)):
+    for what, value in (
+        ("its due time", schedule.due_at),
+        ("its creation time", schedule.created_at),
+    ):
         bindable(value, f"schedule {schedule.schedule_id!r}: {what}", session_id)
-    return (session_id, schedule.schedule_id, schedule.message, schedule.due_at, schedule.created_at)
+    return (
+        session_id,
+        schedule.schedule_id,
+        schedule.message,
+        schedule.due_at,
+        schedule.created_at,
+    )
 
 
 def row_schedule(row: Sequence[Any]) -> Schedule:

@@ -193,7 +193,9 @@ class SQLiteStore:
         )
         return bool(changed)
 
-    async def due_schedules(self, before_ms: int, *, limit: int = 100) -> list[tuple[str, Schedule]]:
+    async def due_schedules(
+        self, before_ms: int, *, limit: int = 100
+    ) -> list[tuple[str, Schedule]]:
         """(session id, schedule) of up to `limit` schedules due before `before_ms`, of
         every session, earliest due first: what `durable-agents worker` fires."""
         params = _sql.idle_params(before_ms, limit)

@@ -30,6 +30,7 @@ from ..stores.base import (
     ApprovalEvent,
     Lease,
     LeaseHolder,
+    Schedule,
     SessionInfo,
     SessionPage,
     Store,
@@ -149,6 +150,7 @@ class CrashingStore:
         lease: Lease | None = None,
         approvals: Sequence[ApprovalChange] = (),
         session_name: str | None = None,
+        schedules: Sequence[Schedule] = (),
     ) -> int:
         self.appends += 1
         crash = self.appends == self.crash_on
@@ -156,7 +158,7 @@ class CrashingStore:
             raise SimulatedCrash(f"simulated crash before atomic append #{self.appends}")
         count = await self.inner.append_messages_atomic(
             session_id, expected_seq, messages, agent_name=agent_name, lease=lease,
-            approvals=approvals, session_name=session_name,
+            approvals=approvals, session_name=session_name, schedules=schedules,
         )  # fmt: skip
         if crash:
             raise SimulatedCrash(f"simulated crash after atomic append #{self.appends}")
@@ -172,6 +174,12 @@ class CrashingStore:
 
     async def load_approvals(self, session_id: str) -> list[ApprovalEvent]:
         return await self.inner.load_approvals(session_id)
+
+    async def load_schedules(self, session_id: str) -> list[Schedule]:
+        return await self.inner.load_schedules(session_id)
+
+    async def delete_schedule(self, session_id: str, schedule_id: str) -> bool:
+        return await self.inner.delete_schedule(session_id, schedule_id)
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         return await self.inner.get_session(session_id)

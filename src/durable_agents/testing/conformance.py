@@ -644,7 +644,8 @@ async def a_schedule_fires_once_with_its_turns_first_write(store: Store) -> None
     assert await store.append_messages_atomic("s", 1, [fired, Message.assistant("done")]) == 3
     assert await store.load_schedules("s") == []
     stored = await store.load_messages("s")
-    assert stored[1] == fired and stored[1].origin == "scheduled", stored
+    assert stored[1] == fired, stored
+    assert stored[1].origin == "scheduled", stored
     # Fired already: another run firing it again lands nothing.
     await _expect_conflict(store.append_messages_atomic("s", 3, [_fire(schedule)]))
     assert len(await store.load_messages("s")) == 3
@@ -682,7 +683,8 @@ async def origins_round_trip(store: Store) -> None:
     await store.append_messages_atomic("s", 0, messages)
     assert await store.load_messages("s") == messages
     info = await store.get_session("s")
-    assert info is not None and info.state == "stopped", info
+    assert info is not None, info
+    assert info.state == "stopped", info
 
 
 CHECKS: tuple[Check, ...] = (

@@ -1,0 +1,189 @@
+"""Scheduled turns: a message a session runs as a turn later, once.
+
+Three ways to make one, all stored in the session's store (`Store`, the
+`agent_schedules` table):
+
+    # a tool, durably: stored with its step's results (write #2), or not at all
+    async def book(args: Booking, ctx: ToolContext) -> str:
+        ctx.schedule(f"Send the reminder for booking {args.id}", at=args.day_before)
+
+    # the Worker's API (an API token):
+    POST /sessions/{name}/schedules  {"message": "...", "delay_seconds": 3600}
+
+    # Python, on a stored session:
+    await schedule(store, session_id, "Check the build", delay_seconds=600)
+
+What fires them: the session's Durable Object (its alarm, set to the earliest
+due schedule), or on CPython `durable-agents worker --db FILE`. Either runs
+`fire(...)`: the schedule's message as a turn whose user message is stored with
+the request key `schedule:<id>` and origin "scheduled". That first write also
+removes the schedule, and lands only while the schedule is stored (a trigger
+checks it), so a schedule runs at most once: a crash mid-turn leaves a turn
+that resumes like any other; a cancelled schedule never runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from .errors import ScheduleError, SessionNotFoundError
+from .stores._sql import MAX_BOUND_INT
+from .stores.base import Schedule, Store
+
+# The furthest ahead a schedule may be: a year and a bit (a Durable Object's alarm
+# takes any time; this bounds what a typo such as seconds-for-milliseconds makes).
+MAX_DELAY_SECONDS = 400 * 86400
+# A tool may schedule this many messages per call; the step's write carries them.
+MAX_SCHEDULES_PER_CALL = 10
+# And a session holds at most this many waiting schedules (checked by the API).
+MAX_SCHEDULES_PER_SESSION = 100
+
+
+def due_time(
+    now_ms: int, *, delay_seconds: float | None = None, at: str | datetime.datetime | None = None
+) -> int:
+    """When a schedule is due (Unix ms): `delay_seconds` from `now_ms`, or `at` (an
+    ISO 8601 string with a time zone, or an aware datetime). A time in the past is
+    due at once; one more than MAX_DELAY_SECONDS ahead is a ScheduleError."""
+    if (delay_seconds is None) == (at is None):
+        raise ScheduleError("give exactly one of delay_seconds and at")
+    if delay_seconds is not None:
+        if isinstance(delay_seconds, bool) or not isinstance(delay_seconds, int | float):
+            raise ScheduleError(f"delay_seconds must be a number, got {delay_seconds!r}")
+        if not math.isfinite(delay_seconds) or delay_seconds < 0:
+            raise ScheduleError(f"delay_seconds must be 0 or more, got {delay_seconds!r}")
+        if delay_seconds > MAX_DELAY_SECONDS:
+            raise ScheduleError(
+                f"delay_seconds may be at most {MAX_DELAY_SECONDS:,} (400 days), "
+                f"got {delay_seconds!r}"
+            )
+        return now_ms + math.ceil(delay_seconds * 1000)
+    moment = parse_time(at)
+    due = math.floor(moment.timestamp() * 1000)
+    if due > now_ms + MAX_DELAY_SECONDS * 1000:
+        raise ScheduleError(f"at may be at most 400 days ahead, got {moment.isoformat()}")
+    return max(due, 0)
+
+
+def parse_time(value: Any) -> datetime.datetime:
+    """An aware datetime from an ISO 8601 string with a time zone (or an aware datetime)."""
+    if isinstance(value, datetime.datetime):
+        moment = value
+    elif isinstance(value, str) and 0 < len(value) <= 64:
+        text = value.strip()
+        if text.endswith(("Z", "z")):
+            text = text[:-1] + "+00:00"
+        try:
+            moment = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            raise ScheduleError(
+                f"at must be an ISO 8601 time with a time zone, such as "
+                f"2027-01-31T09:00:00Z, got {value!r}"
+            ) from None
+    else:
+        raise ScheduleError(f"at must be an ISO 8601 string, got {type(value).__name__}")
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ScheduleError(f"at needs a time zone (Z or +01:00): {value!r}")
+    try:
+        moment.timestamp()
+    except (OverflowError, ValueError, OSError):
+        raise ScheduleError(f"at is not a time a schedule can have: {value!r}") from None
+    return moment
+
+
+def new_schedule(
+    message: str,
+    *,
+    schedule_id: str,
+    now_ms: int,
+    delay_seconds: float | None = None,
+    at: str | datetime.datetime | None = None,
+    max_message_bytes: int | None = None,
+) -> Schedule:
+    """A checked Schedule (not stored yet)."""
+    if not isinstance(message, str) or not message.strip():
+        raise ScheduleError("a schedule needs a message (non-empty text)")
+    if (
+        max_message_bytes is not None
+        and len(message.encode("utf-8", "replace")) > max_message_bytes
+    ):
+        raise ScheduleError(
+            f"the schedule's message is over the agent's {max_message_bytes:,}-byte limit"
+        )
+    due = due_time(now_ms, delay_seconds=delay_seconds, at=at)
+    if not 0 <= due <= MAX_BOUND_INT:
+        raise ScheduleError("that time is outside what a store keeps")
+    return Schedule(schedule_id, message, due, now_ms)
+
+
+class StepSchedules:
+    """The schedules a step's handlers make, stored with the step's results.
+
+    `ToolContext.schedule` adds to the call's own list; the run loop keeps a
+    call's list only if its handler returned (a failed call schedules nothing)."""
+
+    def __init__(
+        self, new_id: Callable[[], str], clock: Callable[[], float], max_message_bytes: int
+    ) -> None:
+        self.made: list[Schedule] = []
+        self._new_id = new_id
+        self._clock = clock
+        self._max_message_bytes = max_message_bytes
+
+    def add(
+        self,
+        message: str,
+        *,
+        delay_seconds: float | None = None,
+        at: str | datetime.datetime | None = None,
+    ) -> Schedule:
+        if len(self.made) >= MAX_SCHEDULES_PER_CALL:
+            raise ScheduleError(f"one tool call may schedule at most {MAX_SCHEDULES_PER_CALL}")
+        made = new_schedule(
+            message,
+            schedule_id=f"sch_{self._new_id()}",
+            now_ms=int(self._clock() * 1000),
+            delay_seconds=delay_seconds,
+            at=at,
+            max_message_bytes=self._max_message_bytes,
+        )
+        self.made.append(made)
+        return made
+
+
+async def schedule(
+    store: Store,
+    session_id: str,
+    message: str,
+    *,
+    delay_seconds: float | None = None,
+    at: str | datetime.datetime | None = None,
+    new_id: Callable[[], str] | None = None,
+    clock: Callable[[], float] | None = None,
+) -> Schedule:
+    """Store a schedule for an existing session (one write); returns it.
+
+    Raises ScheduleError for a bad time or message or a session holding
+    MAX_SCHEDULES_PER_SESSION already, SessionNotFoundError for a session
+    never written. Cancel it with `store.delete_schedule(session_id, schedule_id)`."""
+    info = await store.get_session(session_id)
+    if info is None or info.message_count == 0:
+        raise SessionNotFoundError(session_id)
+    if len(await store.load_schedules(session_id)) >= MAX_SCHEDULES_PER_SESSION:
+        raise ScheduleError(
+            f"session {session_id} has {MAX_SCHEDULES_PER_SESSION} schedules waiting already"
+        )
+    made = new_schedule(
+        message,
+        schedule_id=f"sch_{(new_id or (lambda: uuid.uuid4().hex))()}",
+        now_ms=int((clock or time.time)() * 1000),
+        delay_seconds=delay_seconds,
+        at=at,
+    )
+    await store.append_messages_atomic(session_id, info.message_count, [], schedules=[made])
+    return made
