@@ -3,6 +3,8 @@
     HTTP -> Default.fetch         auth, route, validate (app.handle_request)
          -> env.SESSIONS.getByName(name)     one Durable Object per session name
          -> AgentSession.fetch    one turn at a time; run() on D1 (app.serve_session)
+            AgentSession.alarm    resumes a turn a reset cut short, fires schedules
+                                  (app.serve_alarm, see durable_agents.cloudflare.alarms)
 
 The session id is the Durable Object's id (`ctx.id.toString()`, 64 hex
 chars); the history lives in D1 (`env.DB`), so any object, on any machine,
@@ -27,6 +29,7 @@ from workers import DurableObject, Response, WorkerEntrypoint
 import agent
 from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.agent_module import AgentModule
+from durable_agents.cloudflare.alarms import ObjectAlarm, self_resume_seconds
 from durable_agents.cloudflare.app import (
     SSE_HEADERS,
     Command,
@@ -36,6 +39,7 @@ from durable_agents.cloudflare.app import (
     handle_request,
     internal_error,
     run_retention,
+    serve_alarm,
     serve_session,
     session_store_kind,
     session_stores,
@@ -125,14 +129,26 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
         # One turn at a time (input gates do not hold across awaits on D1 or the
         # LLM), and the turn now running, for /events and /cancel.
         self.live = LiveSession()
+        # The object's alarm: it resumes a turn a reset cut short and fires schedules.
+        self.alarm_state = ObjectAlarm(ctx.storage, watch_seconds=self_resume_seconds(env))
 
     async def fetch(self, request: Any) -> Any:
         try:
             command = Command.from_json(await request.text())
         except ValueError as exc:
             return _response(error_reply(400, "invalid-command", str(exc)))
+        await self.alarm_state.adopt()  # a turn the instance before this one left unfinished?
+        return _response(await self.serve(command))
+
+    async def alarm(self, *info: Any) -> None:
+        """The object's alarm: resume a turn left unfinished, fire due schedules."""
+        store, _ = session_stores(self.env, self.ctx.storage)
+        session_id = str(self.ctx.id.toString())
+        await serve_alarm(session_id, store, self.live, self.alarm_state, self.serve)
+
+    async def serve(self, command: Command) -> Reply:
         store, index = session_stores(self.env, self.ctx.storage)  # SESSION_STORE
-        reply = await serve_session(
+        return await serve_session(
             command,
             session_id=str(self.ctx.id.toString()),
             store=store,
@@ -143,8 +159,8 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             make_deps=SERVED.make_deps,
             make_llm=SERVED.make_llm,
             keep_alive=self.keep_alive,
+            alarm=self.alarm_state,
         )
-        return _response(reply)
 
     def keep_alive(self, task: Any) -> None:
         keep_running(self.ctx, task)  # a turn outlives its client (ctx.waitUntil)

@@ -26,6 +26,10 @@ Endpoints (JSON in and out; `Authorization: Bearer <API_TOKEN>` on every one):
                                     stopped at a step boundary (status "cancelled"); 409 if none
     GET  /sessions/{name}/view  (?after=N | ?before=N, &limit=L) -> one page of the timeline
                                     (HTML; by default the latest messages)
+    POST /sessions/{name}/schedules {"message": "...", "delay_seconds": N | "at": ISO 8601}
+                                    -> {"schedule_id", "at"}: the message runs as a turn then
+    GET  /sessions/{name}/schedules                     -> {"session_id", "schedules": [...]}
+    DELETE /sessions/{name}/schedules/{schedule_id}     -> {"schedule_id", "deleted": true}
 
 Reads come in pages, each read a chunk at a time, so no read holds a long session
 in memory or keeps its object busy for long: GET answers at most `limit` messages
@@ -68,6 +72,7 @@ import sys
 import time
 import traceback
 import urllib.parse
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
@@ -89,6 +94,7 @@ from ..errors import (
     InvalidCursorError,
     MessageTooLargeError,
     RequestKeyReusedError,
+    ScheduleError,
     SessionBusyError,
     SessionConflictError,
     SessionNotFoundError,
@@ -98,10 +104,12 @@ from ..events import CancelToken, OnEvent
 from ..llm.base import LLM
 from ..llm.settings import llm_from_env, setting
 from ..messages import CALL_ID, Message
-from ..run import run
+from ..run import RunResult, run, stop_turn
+from ..schedules import MAX_SCHEDULES_PER_SESSION, due_time, new_schedule
 from ..stores._sql import MAX_BOUND_INT
 from ..stores.base import SessionInfo, Store
 from .agent_module import DEV_STUB_PREFIX, DevStub, MakeDeps, MakeLLM
+from .alarms import ObjectAlarm, on_alarm
 from .live import LiveSession, LiveTurn, follow, message_event, sse
 from .tokens import (
     SessionTokenError,
@@ -128,6 +136,7 @@ __all__ = [
     "handle_request",
     "internal_error",
     "run_retention",
+    "serve_alarm",
     "serve_dev_stub",
     "serve_session",
     "session_store_kind",
@@ -142,17 +151,25 @@ REQUEST_KEY = re.compile(r"[!-~]{1,255}")  # printable ASCII, as Stripe-style ke
 TOOL_CALL_ID = CALL_ID  # every id the kit stores for a call (run() gives others its own)
 DIGEST = re.compile(r"[0-9a-f]{64}")
 _SESSION_PATH = re.compile(
-    r"/sessions/([^/]+)(?:/(messages|resume|approvals|events|cancel|view|token)(?:/([^/]+))?)?"
+    r"/sessions/([^/]+)"
+    r"(?:/(messages|resume|approvals|events|cancel|view|token|schedules)(?:/([^/]+))?)?"
 )
 _ALLOWED = {
     None: ("GET", "DELETE"), "messages": ("POST",), "resume": ("POST",), "approvals": ("GET",),
     "events": ("GET",), "cancel": ("POST",), "view": ("GET",), "token": ("POST",),
+    "schedules": ("GET", "POST"),
 }  # fmt: skip
-# What a session token may do (on its own session): talk, read, watch, decide, stop.
+# The endpoints under /sessions/{name}/<endpoint>/{id}, and the methods each takes.
+_ITEM_METHODS = {"approvals": ("POST",), "schedules": ("DELETE",)}
+# What a session token may do (on its own session): talk, read, watch, decide, stop,
+# and see what is scheduled. Making or cancelling a schedule needs the API token: a
+# schedule acts later, on nobody's request, so it is the deployment's call, not a chat's.
 _SCOPED = {
     (None, "GET"), ("messages", "POST"), ("resume", "POST"), ("approvals", "GET"),
     ("approvals", "POST"), ("events", "GET"), ("cancel", "POST"), ("view", "GET"),
+    ("schedules", "GET"),
 }  # fmt: skip
+SCHEDULE_ID = re.compile(r"[A-Za-z0-9_.:~-]{1,100}")
 DEFAULT_TOKEN_TTL_S = 3600
 MAX_TOKEN_TTL_S = 7 * 24 * 3600
 MAX_PAGE = 200
@@ -196,6 +213,7 @@ ERROR_STATUS: Mapping[type[DurableAgentsError], int] = {
     SessionBusyError: 409,
     MessageTooLargeError: 413,
     RequestKeyReusedError: 422,
+    ScheduleError: 422,
     ConfigurationError: 500,
     StoreError: 503,
 }
@@ -249,7 +267,7 @@ class Command:
 
     action: Literal[
         "message", "resume", "history", "approvals", "approve", "events", "cancel", "view",
-        "delete",
+        "delete", "schedule", "schedules", "unschedule", "stop",
     ]  # fmt: skip
     message: str | None = None
     request_key: str | None = None  # the client's Idempotency-Key, with a message
@@ -259,10 +277,15 @@ class Command:
     name: str | None = None  # the session's name, as the client gave it (set by the Worker)
     before: int | None = None  # view: the messages before this position
     limit: int | None = None  # history, view: at most this many messages
+    schedule: Mapping[str, Any] | None = None  # schedule: message, delay_seconds | at
+    schedule_id: str | None = None  # unschedule
+    # Set by the object itself, never sent: the turns its alarm runs ("self-resumed",
+    # "scheduled"; "stop" ends a turn whose resumes kept crashing, `message` says why).
+    origin: str | None = None
 
     @property
     def runs_turn(self) -> bool:
-        return self.action in ("message", "resume", "approve")
+        return self.action in ("message", "resume", "approve", "stop")
 
     def to_json(self) -> str:
         data: dict[str, Any] = {
@@ -280,6 +303,10 @@ class Command:
             data["limit"] = self.limit
         if self.name is not None:
             data["name"] = self.name
+        if self.schedule is not None:
+            data["schedule"] = dict(self.schedule)
+        if self.schedule_id is not None:
+            data["schedule_id"] = self.schedule_id
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
@@ -309,13 +336,35 @@ class Command:
         if action == "message" and isinstance(message, str) and message.strip() and key_ok:
             return cls("message", message, key, stream=stream, name=name)
         plain = message is None and key is None
-        simple = ("resume", "history", "approvals", "events", "cancel", "view", "delete")
+        if action == "schedule" and plain and _valid_schedule(data.get("schedule")):
+            return cls("schedule", schedule=data["schedule"], name=name)
+        schedule_id = data.get("schedule_id")
+        if (
+            action == "unschedule" and plain and isinstance(schedule_id, str)
+            and SCHEDULE_ID.fullmatch(schedule_id)
+        ):  # fmt: skip
+            return cls("unschedule", schedule_id=schedule_id, name=name)
+        simple = (
+            "resume", "history", "approvals", "events", "cancel", "view", "delete", "schedules",
+        )  # fmt: skip
         if action in simple and plain:
             return cls(action, stream=stream, after=after, name=name, before=before, limit=limit)
         decision = data.get("decision")
         if action == "approve" and isinstance(decision, dict) and _valid_decision(decision):
             return cls("approve", decision=decision, stream=stream, name=name)
         raise ValueError(f"not a command: {text[:200]!r}")
+
+
+def _valid_schedule(value: Any) -> bool:
+    """A schedule body the Worker checked: {"message": text, one of delay_seconds / at}."""
+    if not isinstance(value, dict) or not set(value) <= {"message", "delay_seconds", "at"}:
+        return False
+    message = value.get("message")
+    return (
+        isinstance(message, str)
+        and bool(message.strip())
+        and ("delay_seconds" in value) != ("at" in value)
+    )
 
 
 def _is_position(value: Any) -> bool:
@@ -431,9 +480,9 @@ async def handle_request(
             404, "not-found", f"no endpoint at {path[:200]!r}; the API serves /sessions/{{name}}"
         )
     name, endpoint, call_id = match.group(1), match.group(2), match.group(3)
-    if call_id is not None and endpoint != "approvals":
+    if call_id is not None and endpoint not in _ITEM_METHODS:
         return error_reply(404, "not-found", f"no endpoint at {path[:200]!r}")
-    allowed = ("POST",) if call_id is not None else _ALLOWED[endpoint]
+    allowed = _ITEM_METHODS[endpoint] if call_id is not None else _ALLOWED[endpoint]
     if method not in allowed:
         listed = ", ".join(allowed)
         return error_reply(405, "method-not-allowed", f"{path} accepts {listed} only", Allow=listed)
@@ -469,6 +518,10 @@ async def handle_request(
         return await _forward(dispatch, name, Command("events", after=after))
     if endpoint == "cancel":
         return await _forward(dispatch, name, Command("cancel"))
+    if endpoint == "schedules":
+        return await _schedules_request(
+            method, headers, body, settings, dispatch, name, call_id, int(clock() * 1000)
+        )
     if call_id is not None:
         return await _approval_request(headers, body, settings, dispatch, name, call_id, stream)
 
@@ -501,6 +554,45 @@ async def handle_request(
             400, "invalid-request", "Idempotency-Key must be 1 to 255 printable ASCII characters"
         )
     return await _forward(dispatch, name, Command("message", message, request_key, stream=stream))
+
+
+async def _schedules_request(
+    method: str,
+    headers: Mapping[str, str],
+    body: bytes | BodyReader,
+    settings: ApiSettings,
+    dispatch: Dispatch,
+    name: str,
+    schedule_id: str | None,
+    now_ms: int,
+) -> Reply:
+    """GET, POST .../schedules and DELETE .../schedules/{id}, checked before forwarding."""
+    if schedule_id is not None:
+        if SCHEDULE_ID.fullmatch(schedule_id) is None:
+            return error_reply(
+                404, "schedule-not-found", f"session {name!r} has no schedule {schedule_id[:100]!r}"
+            )
+        return await _forward(dispatch, name, Command("unschedule", schedule_id=schedule_id))
+    if method == "GET":
+        return await _forward(dispatch, name, Command("schedules"))
+    data = await _read_json(headers, body, settings.max_body_bytes, required=True)
+    if isinstance(data, Reply):
+        return data
+    extra = sorted(set(data) - {"message", "delay_seconds", "at"})
+    if extra:
+        return error_reply(
+            422, "invalid-body",
+            f"unknown field(s) {extra[:10]}; the body is {{'message': str, 'delay_seconds': "
+            "number}} or {'message': str, 'at': ISO 8601 time}",
+        )  # fmt: skip
+    message = data.get("message")
+    if not isinstance(message, str) or not message.strip():
+        return error_reply(422, "invalid-body", "'message' must be a non-empty string")
+    try:  # checked here with this clock; the object sets the time with its own
+        due_time(now_ms, delay_seconds=data.get("delay_seconds"), at=data.get("at"))
+    except ScheduleError as exc:
+        return error_reply(422, exc.code, str(exc))
+    return await _forward(dispatch, name, Command("schedule", schedule=data))
 
 
 async def _list_sessions(sessions: Callable[[], Store] | None, query: str) -> Reply:
@@ -799,6 +891,7 @@ async def serve_session(
     http_client: httpx.AsyncClient | None = None,
     keep_alive: Callable[[asyncio.Task[Any]], None] | None = None,
     index: SessionIndex | None = None,
+    alarm: ObjectAlarm | None = None,
 ) -> Reply:
     """Carry out a command in the session's Durable Object; never raises for expected errors.
 
@@ -816,8 +909,14 @@ async def serve_session(
     `index` (with `SESSION_STORE = "durable-object"`: the Worker's D1) gets the
     session's summary row after each turn, and loses it when the session is
     deleted: one write per turn, never inside a step.
+
+    `alarm` (the object's `ObjectAlarm`, see `alarms.py`) marks each turn as running
+    while it runs, so that a turn cut short by a reset is resumed by the alarm, and is
+    armed for the session's next schedule.
     """
     try:
+        if command.action in ("schedule", "schedules", "unschedule"):
+            return await _schedules(command, session_id, store, alarm)
         if command.action == "events":
             return await _events(command, session_id, store, live)
         if command.action == "cancel":
@@ -856,10 +955,17 @@ async def serve_session(
                 live.waiting.remove(turn)
                 live.turn = turn
                 try:
+                    if alarm is not None:
+                        await alarm.turn_started(command.origin)
                     reply = await _turn(
                         command, session_id, store, env, agent, llm, make_llm, make_deps,
                         http_client, turn,
                     )  # fmt: skip
+                    if alarm is not None:
+                        # A store down or a bug (a 5xx that is no result): the mark stays,
+                        # so the alarm tries the turn again later.
+                        failed = reply.status in (500, 503) and not _is_result(reply)
+                        await alarm.turn_ended(store, session_id, keep_watch=failed)
                 finally:
                     live.turn = None
                 if index is not None:
@@ -919,6 +1025,12 @@ async def _turn(
             if rest:  # the step waits for more decisions
                 return Reply(200, _awaiting(session_id, rest))
             command = Command("resume")  # the step's last decision: go on with the turn
+        if command.action == "stop":
+            result = await stop_turn(
+                with_budget(agent, env), store=store, session_id=session_id,
+                reason=command.message or "stopped", lease_seconds=None,
+            )  # fmt: skip
+            return _result_reply(session_id, result)
         return await _run_turn(
             command, session_id, store, env, agent, llm, make_llm, make_deps, http_client,
             on_event=turn.on_event, cancel=turn.cancel,
@@ -1240,6 +1352,77 @@ async def _view(command: Command, session_id: str, store: Store) -> Reply:
     return Reply(200, None, _HTML, text=page)
 
 
+_ALARM_TURNS = {"resume": "self-resumed", "message": "scheduled", "stop": "stopped"}
+
+
+async def serve_alarm(
+    session_id: str,
+    store: Store,
+    live: LiveSession,
+    alarm: ObjectAlarm,
+    serve: Callable[[Command], Awaitable[Reply]],
+) -> None:
+    """The object's alarm fired: `alarms.on_alarm`, running each turn it decides on as a
+    command through `serve` (the object's `serve_session`, so through its lock)."""
+
+    async def run_turn(action: str, fields: dict[str, Any]) -> Reply:
+        command = Command(
+            action,  # type: ignore[arg-type]  # one of _ALARM_TURNS
+            message=fields.get("message") or fields.get("reason"),
+            request_key=fields.get("request_key"),
+            origin=_ALARM_TURNS[action],
+        )
+        return await serve(command)
+
+    await on_alarm(alarm, store, session_id, live, run_turn)
+
+
+async def _schedules(
+    command: Command, session_id: str, store: Store, alarm: ObjectAlarm | None
+) -> Reply:
+    """List, make or cancel the session's schedules (see `durable_agents.schedules`);
+    then arm the object's alarm for the earliest."""
+    if command.action == "schedules":
+        found = await store.load_schedules(session_id)
+        if not found and await store.get_session(session_id) is None:
+            return _no_session(session_id)
+        return Reply(200, {"session_id": session_id, "schedules": [s.to_dict() for s in found]})
+    if command.action == "unschedule":
+        assert command.schedule_id is not None  # from_json guarantees it
+        if not await store.delete_schedule(session_id, command.schedule_id):
+            return error_reply(
+                404, "schedule-not-found",
+                f"session {session_id} has no schedule {command.schedule_id!r} waiting (it ran "
+                "already, was cancelled, or never was)",
+            )  # fmt: skip
+        if alarm is not None:
+            await alarm.arm(store, session_id)
+        return Reply(200, {"schedule_id": command.schedule_id, "deleted": True})
+    assert command.schedule is not None  # from_json guarantees it
+    if alarm is None:
+        return error_for(ConfigurationError("this session's object has no alarm to fire schedules"))
+    info = await store.get_session(session_id)
+    if info is None or info.message_count == 0:
+        return _no_session(session_id)
+    if len(await store.load_schedules(session_id)) >= MAX_SCHEDULES_PER_SESSION:
+        return error_reply(
+            422, "invalid-schedule",
+            f"session {session_id} has {MAX_SCHEDULES_PER_SESSION} schedules waiting already; "
+            "delete one first",
+        )  # fmt: skip
+    spec = command.schedule
+    made = new_schedule(
+        str(spec["message"]),
+        schedule_id=f"sch_{uuid.uuid4().hex}",
+        now_ms=alarm.now_ms(),
+        delay_seconds=spec.get("delay_seconds"),
+        at=spec.get("at"),
+    )
+    await store.append_messages_atomic(session_id, info.message_count, [], schedules=[made])
+    await alarm.arm(store, session_id)
+    return Reply(201, {"session_id": session_id, **made.to_dict()})
+
+
 async def _cancel(session_id: str, live: LiveSession) -> Reply:
     turn = live.current
     if turn is None:
@@ -1288,7 +1471,13 @@ async def _run_turn(
             lease_seconds=None,
             on_event=on_event,
             cancel=cancel,
+            origin=command.origin,  # type: ignore[arg-type]  # the object's own: checked by run
         )
+    return _result_reply(session_id, result)
+
+
+def _result_reply(session_id: str, result: RunResult) -> Reply:
+    """A turn's result as the API answers it: 200, or 502 for status "error"."""
     body: dict[str, Any] = {
         "session_id": session_id,
         "status": result.status,
@@ -1298,6 +1487,9 @@ async def _run_turn(
     }
     if result.status == "awaiting_approval":
         body["pending"] = [p.to_dict() for p in result.pending]
+    if result.status == "error" and result.error_code == "turn-stopped":
+        body["error"] = {"code": "turn-stopped", "message": result.error}
+        return Reply(502, body)
     if result.status == "error":
         code = result.error_code or "llm-error"
         what = f"the LLM call failed ({result.error})" if code == "llm-error" else result.error

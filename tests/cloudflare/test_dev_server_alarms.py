@@ -1,0 +1,169 @@
+"""Turns that finish by themselves, and scheduled turns, on `scripts/dev` (issue 21).
+
+Real processes: `scripts/dev` (wrangler dev on real workerd: Pyodide, D1, the
+session's Durable Object and its alarm) serving the template's triage agent, and
+its model, issue tracker and Slack webhook faked over HTTP on 127.0.0.1
+(`FakeServices`). The server is killed with SIGKILL and started again on the same
+state. While a turn must finish by itself nothing is sent to its session: the
+history is read from D1 by wrangler.
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.client
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from worker_fakes import DURABILITY_REPLY, FakeServices, durable_object_id
+
+from durable_agents.testing.worker import DevWorker
+
+pytestmark = pytest.mark.slow
+WATCH_S = 3  # SELF_RESUME_SECONDS: how long a turn may go unfinished before its alarm checks
+
+
+@pytest.fixture
+def services() -> Iterator[FakeServices]:
+    with FakeServices() as fake:
+        yield fake
+
+
+def _started(dev_worker: Callable[..., DevWorker], services: FakeServices) -> DevWorker:
+    return dev_worker(settings={**services.worker_env(), "SELF_RESUME_SECONDS": str(WATCH_S)})
+
+
+def _stored(worker: DevWorker, name: str) -> list[dict[str, Any]]:
+    """The session's messages as D1 holds them, read by wrangler (not through the object)."""
+    return worker.rows(
+        "SELECT role, content, tool_name, request_key, origin FROM agent_messages "
+        f"WHERE session_id = '{durable_object_id(name)}' ORDER BY seq"
+    )
+
+
+def _wait_for(check: Callable[[], Any], seconds: float, what: str) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {seconds} s")
+        time.sleep(0.5)
+
+
+def _final(messages: list[dict[str, Any]]) -> bool:
+    return (
+        bool(messages)
+        and messages[-1]["role"] == "assistant"
+        and ("tool_calls" not in messages[-1] or not messages[-1].get("tool_calls"))
+        and messages[-1]["content"] not in ("Looking it up.", "Posting.")
+    )
+
+
+def test_a_turn_killed_while_slack_holds_its_post_finishes_by_itself_after_a_restart(
+    dev_worker: Callable[..., DevWorker], services: FakeServices
+) -> None:
+    worker = _started(dev_worker, services)
+    services.hold_posts = True
+    turn = worker.start_post("/sessions/heal/messages", {"message": "Triage issue 7"})
+    assert services.post_received.wait(90), "the post never reached the webhook"
+    worker.kill()  # Slack has the post; the Worker dies before its answer
+    services.release_posts.set()
+    with pytest.raises((OSError, http.client.HTTPException)):
+        turn.result(30)
+    worker.restart()  # and nothing is sent to the session: its alarm finishes the turn
+
+    started = time.monotonic()
+    messages = _wait_for(
+        lambda: (m := _stored(worker, "heal")) and _final(m) and m,
+        90,
+        "the turn finishing by itself",
+    )
+    print(f"finished by itself {time.monotonic() - started:.1f} s after the restart")
+    assert len(services.posts) == 1  # exactly one side effect
+    results = [m for m in messages if m["role"] == "tool" and m["tool_name"] == "post_slack"]
+    assert [json.loads(r["content"])["kind"] for r in results] == ["tool-durability-error"]
+    assert results[0]["origin"] == "self-resumed"
+    assert messages[-1]["content"] == DURABILITY_REPLY
+    assert messages[-1]["origin"] == "self-resumed"
+    assert [m["origin"] for m in messages[:3]] == [None, None, None]  # the client's turn
+
+    # /resume now: the turn is finished, so it answers its reply and runs nothing.
+    again = worker.post("/sessions/heal/resume")
+    assert (again.status, again.body["response"]) == (200, DURABILITY_REPLY), again.text
+    assert len(services.posts) == 1
+    listed = worker.get("/sessions").body["sessions"][0]
+    assert listed["name"] == "heal"
+
+
+def _schedule(worker: DevWorker, name: str, **when: Any) -> dict[str, Any]:
+    made = worker.post(f"/sessions/{name}/schedules", {"message": "Triage issue 42", **when})
+    assert made.status == 201, made.text
+    return dict(made.body)
+
+
+def _scheduled_turns(worker: DevWorker, name: str) -> list[dict[str, Any]]:
+    return [m for m in _stored(worker, name) if m["role"] == "user" and m["origin"]]
+
+
+def _llm_saw(services: FakeServices, text: str) -> int:
+    """How many model requests ended with the user message `text` (its turn's first call)."""
+    return sum(1 for body in services.llm_requests if body["messages"][-1].get("content") == text)
+
+
+def test_a_schedule_runs_once_and_a_deleted_one_never(
+    dev_worker: Callable[..., DevWorker], services: FakeServices
+) -> None:
+    worker = _started(dev_worker, services)
+    for name in ("soon", "never"):
+        first = worker.post(f"/sessions/{name}/messages", {"message": "Triage issue 1"})
+        assert first.status == 200, first.text
+    posts_before = len(services.posts)
+
+    made = _schedule(worker, "soon", delay_seconds=3)
+    assert made["schedule_id"].startswith("sch_")
+    due = datetime.datetime.fromisoformat(made["at"].replace("Z", "+00:00"))
+    assert 2 <= (due - datetime.datetime.now(datetime.UTC)).total_seconds() <= 4
+    listed = worker.get("/sessions/soon/schedules")
+    assert [s["schedule_id"] for s in listed.body["schedules"]] == [made["schedule_id"]]
+    cancelled = _schedule(worker, "never", delay_seconds=3)
+    gone = worker.request("DELETE", f"/sessions/never/schedules/{cancelled['schedule_id']}")
+    assert (gone.status, gone.body) == (
+        200,
+        {"schedule_id": cancelled["schedule_id"], "deleted": True},
+    )
+    again = worker.request("DELETE", f"/sessions/never/schedules/{cancelled['schedule_id']}")
+    assert (again.status, again.body["error"]["code"]) == (404, "schedule-not-found")
+
+    turns = _wait_for(lambda: _scheduled_turns(worker, "soon"), 30, "the scheduled turn")
+    _wait_for(lambda: _final(_stored(worker, "soon")), 30, "its reply")
+    time.sleep(4)  # time enough for a second firing, if there were one
+    turns = _scheduled_turns(worker, "soon")
+    assert [(t["content"], t["origin"]) for t in turns] == [("Triage issue 42", "scheduled")]
+    assert turns[0]["request_key"] == f"schedule:{made['schedule_id']}"
+    assert _llm_saw(services, "Triage issue 42") == 1  # the model saw it once
+    assert len(services.posts) == posts_before + 1
+    assert worker.get("/sessions/soon/schedules").body["schedules"] == []
+    assert _scheduled_turns(worker, "never") == []
+
+
+def test_a_schedule_due_while_the_server_is_down_runs_once_after_the_restart(
+    dev_worker: Callable[..., DevWorker], services: FakeServices
+) -> None:
+    worker = _started(dev_worker, services)
+    assert worker.post("/sessions/later/messages", {"message": "Triage issue 2"}).status == 200
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)
+    made = _schedule(worker, "later", at=at.isoformat())
+    worker.kill()
+    time.sleep(5)  # it falls due while nothing runs
+    worker.restart()
+    _wait_for(lambda: _final(_stored(worker, "later")) and _scheduled_turns(worker, "later"),
+              60, "the overdue schedule")  # fmt: skip
+    time.sleep(3)
+    turns = _scheduled_turns(worker, "later")
+    assert [t["request_key"] for t in turns] == [f"schedule:{made['schedule_id']}"]
+    assert _llm_saw(services, "Triage issue 42") == 1
