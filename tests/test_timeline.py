@@ -7,7 +7,9 @@ Then a triage-like session built on CPython with a crash that loses a
 with a `tool-durability-error`), rendered to a file and opened in headless
 Debian chromium with JavaScript disabled: DOM assertions and a screenshot. A page
 of a longer session (`TimelinePage`): its positions, the links to the pages around
-it, a step split by the page's end, in HTML and in chromium.
+it, a step split by the page's end, in HTML and in chromium. Messages no client wrote
+(`Message.origin`): a scheduled turn, a self-resumed resume and a turn ended by
+`stop_turn`, built on SQLite, their badges and the stop note in HTML and in chromium.
 """
 
 from __future__ import annotations
@@ -25,7 +27,17 @@ import pytest
 from playwright.sync_api import Browser
 from pydantic import BaseModel
 
-from durable_agents import Agent, LLMResponse, Message, ToolCall, Usage, run, tool
+from durable_agents import (
+    Agent,
+    LLMResponse,
+    Message,
+    ToolCall,
+    Usage,
+    run,
+    schedule,
+    stop_turn,
+    tool,
+)
 from durable_agents.errors import ToolDurabilityError
 from durable_agents.messages import ToolErrorKind, tool_error_content
 from durable_agents.stores import Store, sqlite_store
@@ -306,6 +318,93 @@ def test_long_texts_fold_open() -> None:
     (details,) = article(root, 0).find_all("details")
     assert "open" in details.attrs
     assert "5,000 characters" in details.text()
+
+
+def test_messages_no_client_wrote_carry_their_origin() -> None:
+    lost = ToolCall("c1", "deploy", {})
+    messages = [
+        Message.user("hello"),
+        Message.assistant("Hi."),
+        Message("user", "Check the build", request_key="schedule:sch_1", origin="scheduled"),
+        Message("assistant", "It is green.", origin="scheduled"),
+        Message.user("deploy"),
+        Message.assistant("", [lost]),
+        Message.tool_result(lost, ToolDurabilityError("deploy", "c1").to_content()),
+        Message("assistant", "It may have deployed.", origin="self-resumed"),
+    ]
+    root = parse(render(messages))
+    articles = root.find_all("article")
+    assert [a.attrs.get("data-origin") for a in articles] == [
+        None, None, "scheduled", "scheduled", None, None, None, "self-resumed",
+    ]  # fmt: skip
+    for element in articles:
+        origin = element.attrs.get("data-origin")
+        badges = element.find_all("span", data_origin=origin or "")
+        if origin is None:
+            assert badges == []
+            assert "origin-" not in element.attrs["class"]
+            continue
+        (badge,) = badges
+        assert badge.attrs["class"] == f"badge origin origin-{origin}"
+        assert badge.text() == origin
+        assert badge.attrs["title"]  # says why
+        (header,) = element.find_all("header")
+        assert badge in header.children  # beside who wrote it
+        assert f"origin-{origin}" in element.attrs["class"].split()
+    # A scheduled turn is marked in its heading; a reply stored by a resume marks its turn.
+    turns = root.find_all("section", **{"class": "turn"})
+    assert [t.attrs.get("data-origins") for t in turns] == [None, "scheduled", "self-resumed"]
+    assert [b.text() for b in turns[1].find_all("h2")[0].find_all(data_origin="scheduled")] == [
+        "scheduled"
+    ]
+    # Origins are marks, not alarms: nothing here needs attention but the repaired call.
+    (attention,) = root.find_all("section", **{"class": "attention"})
+    assert [a.attrs["href"] for a in attention.find_all("a")] == ["#m6"]
+
+
+def test_the_stop_note_stands_out_and_is_listed() -> None:
+    a, b = ToolCall("c1", "post", {}), ToolCall("c2", "fetch", {})
+    reason = "Stopped: resuming this turn kept crashing <b>3</b> times."
+    messages = [
+        Message.user("go"),
+        Message.assistant("", [a, b]),
+        Message.tool_result(a, ToolDurabilityError("post", "c1").to_content()),
+        Message.tool_result(b, ToolDurabilityError("fetch", "c2").to_content()),
+        Message("assistant", reason, origin="stopped"),
+    ]
+    page = render(messages)
+    root = parse(page)
+    note = article(root, 4)
+    assert note.attrs["data-kind"] == "stopped"
+    assert note.attrs["data-origin"] == "stopped"
+    assert "tone-stopped" in note.attrs["class"]
+    text = " ".join(note.text().split())
+    assert "Stopped by durable-agents" in text
+    assert "Turn stopped" in text
+    assert "the next message starts a new turn" in text
+    assert reason in text  # the stored reason, as text
+    assert "<b>3</b>" not in page
+    (badge,) = note.find_all(data_origin="stopped")[1:]  # the article, then its badge
+    # What stop_turn answered as lost says so, safe_to_retry or not (fetch is).
+    for lost in (article(root, 2), article(root, 3)):
+        why = " ".join(lost.find_all("span", **{"class": "why"})[0].text().split())
+        assert "Lost, turn stopped" in lost.text()
+        assert "the turn was stopped (resuming it kept crashing) instead of running it" in why
+        assert "safe_to_retry" not in why
+    assert badge.text() == "stopped"
+    (attention,) = root.find_all("section", **{"class": "attention"})
+    items = attention.find_all("li")
+    assert [(li.attrs["data-kind"], li.find_all("a")[0].attrs["href"]) for li in items] == [
+        ("tool-durability-error", "#m2"),
+        ("tool-durability-error", "#m3"),
+        ("stopped", "#m4"),
+    ]
+    assert [b.text() for b in items[2].find_all("span", **{"class": "badge"})] == ["Turn stopped"]
+    assert "at message 4" in items[2].text()
+    assert items[2].find_all("code") == []
+    (turn,) = root.find_all("section", **{"class": "turn"})
+    assert turn.attrs["data-origins"] == "stopped"
+    assert "3 to check" in turn.text()
 
 
 # -- a page of a longer session ----------------------------------------------------------------
@@ -589,6 +688,179 @@ def test_the_triage_page_in_chromium_without_javascript(
         page.screenshot(path=str(tmp_path / "timeline.png"), full_page=True)
         page.emulate_media(color_scheme="dark")
         page.screenshot(path=str(tmp_path / "timeline-dark.png"), full_page=True)
+        print(f"screenshots: {tmp_path}")
+    finally:
+        context.close()
+
+
+# -- scheduled, self-resumed and stopped turns, in chromium -------------------------------------
+
+
+class Check(BaseModel):
+    what: str
+
+
+@tool
+async def deploy(args: Check) -> dict[str, bool]:
+    """Deploy (a side effect)."""
+    return {"deployed": True}
+
+
+@tool(safe_to_retry=True)
+async def check_ci(args: Check) -> dict[str, str]:
+    """Read the CI status."""
+    return {"build": "green", "what": args.what}
+
+
+@tool(safe_to_retry=True)
+async def post_notes(args: Check) -> dict[str, bool]:
+    """Post the release notes (dies every time: the process is killed mid-call)."""
+    raise SimulatedCrash("killed while posting")
+
+
+OPS = Agent("ops", "Run releases.", [deploy, check_ci, post_notes])
+OPS_SESSION = "release-7"
+STOP_NOTE = (
+    "This turn was stopped: resuming it crashed 3 times in a row, so nothing more of it "
+    "was run. Send a new message to go on."
+)
+
+
+async def build_origins_session(store: Store) -> None:
+    """Turn 1 a client's; turn 2 a schedule's; turn 3 crashes before deploy's result is
+    stored and is resumed by nobody's request (self-resumed); turn 4's resumes crash
+    every time and it is stopped."""
+    llm = ScriptedLLM([
+        LLMResponse("I will check the build in an hour.", usage=Usage(420, 18)),
+        LLMResponse("", [ToolCall("call-ci", "check_ci", {"what": "main"})], Usage(510, 16)),
+        LLMResponse("The build of main is green.", usage=Usage(560, 12)),
+        LLMResponse("Deploying.", [ToolCall("call-deploy", "deploy", {"what": "v7"})],
+                    Usage(600, 20)),
+        LLMResponse("The deploy of v7 may have happened before the restart: please check "
+                    "before I deploy again.", usage=Usage(650, 30)),
+        LLMResponse("", [ToolCall("call-notes", "post_notes", {"what": "v7"})], Usage(700, 15)),
+    ])  # fmt: skip
+    await run(OPS, llm=llm, message="Check the build in an hour", session_id=OPS_SESSION,
+              store=store)  # fmt: skip
+    made = await schedule(store, OPS_SESSION, "Check the build of main", delay_seconds=3600)
+    fired = await run(OPS, llm=llm, message=made.message, request_key=made.request_key,
+                      origin="scheduled", session_id=OPS_SESSION, store=store)  # fmt: skip
+    assert fired.status == "complete"
+    with pytest.raises(SimulatedCrash):
+        await run(OPS, llm=llm, message="Deploy v7", session_id=OPS_SESSION,
+                  store=crash_on_write(store, 2))  # fmt: skip
+    resumed = await run(OPS, llm=llm, message=None, session_id=OPS_SESSION, store=store,
+                        origin="self-resumed")  # fmt: skip
+    assert resumed.status == "complete"
+    with pytest.raises(SimulatedCrash):
+        await run(OPS, llm=llm, message="Post the release notes", session_id=OPS_SESSION,
+                  store=store)  # fmt: skip
+    with pytest.raises(SimulatedCrash):  # post_notes is safe_to_retry: run again, dies again
+        await run(OPS, llm=llm, message=None, session_id=OPS_SESSION, store=store,
+                  origin="self-resumed")  # fmt: skip
+    stopped = await stop_turn(OPS, store=store, session_id=OPS_SESSION, reason=STOP_NOTE)
+    assert stopped.error_code == "turn-stopped"
+
+
+@pytest.fixture(scope="module")
+def origins_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    async def make(db: Path) -> str:
+        store = sqlite_store(db, clock=ticking_clock())
+        try:
+            await build_origins_session(store)
+            return render_timeline(
+                name=OPS_SESSION,
+                session_id=OPS_SESSION,
+                agent="ops",
+                entries=await store.load_timeline(OPS_SESSION),
+                approvals=await store.load_approvals(OPS_SESSION),
+                session=await store.get_session(OPS_SESSION),
+            )
+        finally:
+            await store.close()
+
+    folder = tmp_path_factory.mktemp("origins")
+    path = folder / "origins.html"
+    with ThreadPoolExecutor(1) as thread:
+        page = thread.submit(asyncio.run, make(folder / "agents.db")).result()
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def test_the_origins_page_parses(origins_page: Path) -> None:
+    root = parse(origins_page.read_text(encoding="utf-8"))
+    shown = [(a.attrs["data-kind"], a.attrs.get("data-origin")) for a in root.find_all("article")]
+    assert shown == [
+        ("user", None), ("reply", None),
+        ("user", "scheduled"), ("tool-calls", "scheduled"), ("tool-result", "scheduled"),
+        ("reply", "scheduled"),
+        ("user", None), ("tool-calls", None),
+        ("tool-durability-error", "self-resumed"), ("reply", "self-resumed"),
+        ("user", None), ("tool-calls", None),
+        ("tool-durability-error", None),  # answered by stop_turn, not run again
+        ("stopped", "stopped"),
+    ]  # fmt: skip
+    turns = root.find_all("section", **{"class": "turn"})
+    assert [t.attrs.get("data-origins") for t in turns] == [
+        None, "scheduled", "self-resumed", "stopped",
+    ]  # fmt: skip
+
+
+def test_the_origins_page_in_chromium_without_javascript(
+    browser: Browser, origins_page: Path, tmp_path: Path
+) -> None:
+    context = browser.new_context(
+        java_script_enabled=False, viewport={"width": 1000, "height": 900}
+    )
+    try:
+        page = context.new_page()
+        page.goto(origins_page.as_uri())
+        for origin, first in (("scheduled", 2), ("self-resumed", 8), ("stopped", 13)):
+            badge = page.locator(f"article#m{first} > header .badge.origin")
+            assert badge.is_visible()
+            assert badge.inner_text() == origin
+            box = badge.bounding_box()
+            who = page.locator(f"article#m{first} > header .who").bounding_box()
+            assert box is not None
+            assert who is not None
+            # Beside who wrote it: on the same line, just after it.
+            assert abs(box["y"] - who["y"]) < who["height"]
+            assert 0 <= box["x"] - (who["x"] + who["width"]) < 20
+            heading = page.locator(f'section.turn[data-origins~="{origin}"] > h2 .badge.origin')
+            assert heading.inner_text() == origin
+        # Each origin has its own colour, and none is the ink of plain text.
+        colours = {
+            origin: page.locator(
+                f'article > header .badge.origin[data-origin="{origin}"]'
+            ).first.evaluate("(e) => getComputedStyle(e).color")
+            for origin in ("scheduled", "self-resumed", "stopped")
+        }
+        ink = page.locator("article#m0 > header .who").evaluate("(e) => getComputedStyle(e).color")
+        assert len(set(colours.values())) == 3, colours
+        assert ink not in colours.values()
+        # The stop note stands out: its own border, a banner saying why, listed at the top.
+        note = page.locator("article#m13")
+        reply = page.locator("article#m1")
+        assert note.evaluate("(e) => getComputedStyle(e).borderTopWidth") == "2px"
+        assert reply.evaluate("(e) => getComputedStyle(e).borderTopWidth") == "1px"
+        assert note.locator(".flag .label").inner_text().lower() == "turn stopped"
+        assert note.locator(".flag .why").is_visible()
+        assert STOP_NOTE in note.inner_text()
+        assert page.locator('section.attention li[data-kind="stopped"] a[href="#m13"]').count() == 1
+        lost = page.locator("article#m12 .flag .label")  # post_notes, answered by stop_turn
+        assert lost.inner_text().lower() == "lost, turn stopped"
+        assert page.locator("article#m8 .flag .label").inner_text().lower() == (
+            "repaired after a crash"  # a plain repair, by a resume
+        )
+        # A scheduled user message is told apart from a client's at a glance.
+        scheduled = page.locator("article#m2")
+        client = page.locator("article#m0")
+        assert scheduled.evaluate("(e) => getComputedStyle(e).borderLeftColor") != client.evaluate(
+            "(e) => getComputedStyle(e).borderLeftColor"
+        )
+        page.screenshot(path=str(tmp_path / "timeline-origins.png"), full_page=True)
+        page.emulate_media(color_scheme="dark")
+        page.screenshot(path=str(tmp_path / "timeline-origins-dark.png"), full_page=True)
         print(f"screenshots: {tmp_path}")
     finally:
         context.close()

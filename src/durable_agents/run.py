@@ -71,6 +71,7 @@ from .events import CancelToken, MessageStored, OnEvent, RunEvent, RunFinished
 from .llm.base import LLM
 from .messages import (
     CALL_ID,
+    ORIGINS,
     LLMResponse,
     MalformedToolCall,
     Message,
@@ -147,6 +148,7 @@ async def run(
     session_name: str | None = None,
     origin: MessageOrigin | None = None,
     clock: Callable[[], float] | None = None,
+    _lease_run_id: str | None = None,
 ) -> RunResult:
     """Run one turn of `agent`, durably when given a durable `store` and a `session_id`.
 
@@ -200,6 +202,11 @@ async def run(
     handler as `ctx.deps`. `new_id` makes session and tool call ids (default:
     random UUIDs, drawn at call time).
 
+    `_lease_run_id` is the kit's own plumbing (`durable_agents.worker`): the
+    lease owner is `host/pid/<_lease_run_id>` instead of a random one, so a
+    caller that took the lease under that owner first keeps it (and can read
+    what it wrote there if this process dies).
+
     Raises, before any LLM call, `ConfigurationError` (bad agent, tools or
     arguments; `SessionNotFoundError` for `message=None` on an empty session),
     `MessageTooLargeError` (a message over `agent.max_message_bytes`) and
@@ -211,7 +218,7 @@ async def run(
     events = _Events(on_event)
     result = await _run(
         agent, llm, message, session_id, store, tools, deps, new_id, request_key,
-        lease_seconds, wait_seconds, events, cancel, session_name, origin, clock,
+        lease_seconds, wait_seconds, events, cancel, session_name, origin, clock, _lease_run_id,
     )  # fmt: skip
     await events.emit(RunFinished(result))
     return result
@@ -234,8 +241,11 @@ async def _run(
     session_name: str | None = None,
     origin: MessageOrigin | None = None,
     clock: Callable[[], float] | None = None,
+    lease_run_id: str | None = None,
 ) -> RunResult:
     make_id = new_id or _random_id
+    if origin is not None and origin not in ORIGINS:
+        raise ConfigurationError(f"origin must be one of {ORIGINS} or None, got {origin!r}")
     if message is not None:
         _check_user_message(agent, session_id, message)
         message = _json.repair_text(message)  # stored as UTF-8: no lone surrogates
@@ -263,7 +273,8 @@ async def _run(
             return session.result("complete", history[-1].content, 0, Usage())
     lease = None
     if lease_seconds is not None:
-        lease = await _take_lease(store, session_id, _random_id(), lease_seconds, wait_seconds)
+        run_id = lease_run_id or _random_id()
+        lease = await _take_lease(store, session_id, run_id, lease_seconds, wait_seconds)
     try:
         # Loaded under the lease: whatever the previous holder stored is in it. Only
         # what the turn needs: the latest summary's tail (`context`), however long
@@ -324,8 +335,9 @@ async def stop_turn(
                 await store.release_lease(session_id, lease.owner)
                 lease.released = True
             return session.result("complete", history[-1].content, 0, Usage())
+        states = approval_states(await store.load_approvals(session_id))
         lost = [
-            Message.tool_result(c, ToolDurabilityError(c.name, c.id).to_content())
+            Message.tool_result(c, _stopped(c, states.get(c.id)))
             for c in pending_tool_calls(history)
         ]
         note = Message("assistant", reason, origin="stopped")
@@ -335,6 +347,24 @@ async def stop_turn(
         if lease is not None and not lease.released:
             with contextlib.suppress(Exception):
                 await store.release_lease(session_id, lease.owner)
+
+
+def _stopped(call: ToolCall, approval: ApprovalState | None) -> str:
+    """What `stop_turn` answers a call without a result: it may have run (lost), or it
+    certainly did not (it waited for a person's decision, or was denied: never claimed)."""
+    if approval is not None and not approval.claimed:
+        return tool_error_content(
+            ToolErrorKind.TOOL_DENIED,
+            f"Tool {call.name!r} was not run: its turn was stopped while the call "
+            f"{'waited for a decision' if approval.decision is None else 'was decided'}.",
+        )
+    return ToolDurabilityError(
+        call.name,
+        call.id,
+        f"Tool '{call.name}' (call {call.id}) was requested, but its turn was stopped before "
+        "its result was stored: it may or may not have taken effect, and it was not run "
+        "again. Check whether the effect happened before trying again, or ask the user.",
+    ).to_content()
 
 
 @dataclass(slots=True)
@@ -350,7 +380,7 @@ async def _take_lease(
     """Take the session's lease, waiting (bounded) while another live run holds it."""
     if lease_seconds <= 0 or wait_seconds < 0:
         raise ConfigurationError("lease_seconds must be > 0 and wait_seconds >= 0")
-    lease = _RunLease(f"{socket.gethostname()}/{os.getpid()}/{run_id}", int(lease_seconds * 1000))
+    lease = _RunLease(_lease_owner(run_id), int(lease_seconds * 1000))
     started = time.monotonic()
     delay = 0.005
     take_from: str | None = None
@@ -368,6 +398,11 @@ async def _take_lease(
             raise SessionBusyError(session_id, holder.owner, holder.expires_at, waited)
         await asyncio.sleep(min(delay, wait_seconds - waited))
         delay = min(delay * 2, 0.25)
+
+
+def _lease_owner(run_id: str) -> str:
+    """The lease owner of a run of this process: `host/pid/run_id` (`_died_on_this_host`)."""
+    return f"{socket.gethostname()}/{os.getpid()}/{run_id}"
 
 
 def _died_on_this_host(holder: LeaseHolder) -> bool:

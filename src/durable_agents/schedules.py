@@ -31,7 +31,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from ._json import repair_text
 from .errors import ScheduleError, SessionNotFoundError
+from .limits import MAX_ROW_BYTES
 from .stores._sql import MAX_BOUND_INT
 from .stores.base import Schedule, Store
 
@@ -55,6 +57,11 @@ def due_time(
     if delay_seconds is not None:
         if isinstance(delay_seconds, bool) or not isinstance(delay_seconds, int | float):
             raise ScheduleError(f"delay_seconds must be a number, got {delay_seconds!r}")
+        if isinstance(delay_seconds, int) and delay_seconds > MAX_DELAY_SECONDS:
+            # (before isfinite: an int past a double's range would be an OverflowError)
+            raise ScheduleError(
+                f"delay_seconds may be at most {MAX_DELAY_SECONDS:,} (400 days), got more"
+            )
         if not math.isfinite(delay_seconds) or delay_seconds < 0:
             raise ScheduleError(f"delay_seconds must be 0 or more, got {delay_seconds!r}")
         if delay_seconds > MAX_DELAY_SECONDS:
@@ -103,15 +110,14 @@ def new_schedule(
     now_ms: int,
     delay_seconds: float | None = None,
     at: str | datetime.datetime | None = None,
-    max_message_bytes: int | None = None,
+    max_message_bytes: int = MAX_ROW_BYTES,
 ) -> Schedule:
-    """A checked Schedule (not stored yet)."""
+    """A checked Schedule (not stored yet): its message as it will be stored (no lone
+    surrogates) and no larger than `max_message_bytes` (the agent's limit, when known)."""
     if not isinstance(message, str) or not message.strip():
         raise ScheduleError("a schedule needs a message (non-empty text)")
-    if (
-        max_message_bytes is not None
-        and len(message.encode("utf-8", "replace")) > max_message_bytes
-    ):
+    message = repair_text(message)  # stored as UTF-8, like every other text
+    if len(message.encode()) > max_message_bytes:
         raise ScheduleError(
             f"the schedule's message is over the agent's {max_message_bytes:,}-byte limit"
         )
@@ -165,8 +171,10 @@ async def schedule(
     at: str | datetime.datetime | None = None,
     new_id: Callable[[], str] | None = None,
     clock: Callable[[], float] | None = None,
+    max_message_bytes: int = MAX_ROW_BYTES,
 ) -> Schedule:
-    """Store a schedule for an existing session (one write); returns it.
+    """Store a schedule for an existing session (one write); returns it. Pass the
+    agent's `max_message_bytes` so its turn can take the message when it fires.
 
     Raises ScheduleError for a bad time or message or a session holding
     MAX_SCHEDULES_PER_SESSION already, SessionNotFoundError for a session
@@ -184,6 +192,7 @@ async def schedule(
         now_ms=int((clock or time.time)() * 1000),
         delay_seconds=delay_seconds,
         at=at,
+        max_message_bytes=max_message_bytes,
     )
     await store.append_messages_atomic(session_id, info.message_count, [], schedules=[made])
     return made

@@ -13,6 +13,13 @@ person must not miss stands out with a colour, a label and a one-line why:
     other error kinds       `ToolErrorKind`: unknown tool, invalid arguments, ...
     pending approval        requested, not decided yet (with its digest's prefix)
     no result stored        a call whose run stopped before its result was stored
+    turn stopped            the kit's note ending a turn whose resumes kept crashing
+                            (`run.stop_turn`, origin "stopped")
+
+A message that no client's request wrote is marked with its `Message.origin`: a
+badge beside who wrote it ("scheduled": a schedule's turn, "self-resumed": a
+resume nobody asked for, "stopped": the stop note), and its turn's heading
+carries the same badges (`data-origin` on the article, `data-origins` on the turn).
 
 Usage per turn and in total, UTC times. Pure Python, standard library only: the
 Worker serves it (`GET /sessions/{name}/view`) and the CLI writes it
@@ -92,7 +99,7 @@ class _Flag:
     kind: str
     label: str
     why: str
-    tone: str  # css class: crash | denied | error | pending | orphan
+    tone: str  # css class: crash | denied | error | pending | orphan | stopped
 
 
 _KIND_LABELS: dict[str, tuple[str, str]] = {
@@ -121,10 +128,21 @@ _KIND_LABELS: dict[str, tuple[str, str]] = {
 }
 
 
-def _result_flag(message: Message, error: dict[str, Any]) -> _Flag:
+def _result_flag(message: Message, error: dict[str, Any], stopped: bool = False) -> _Flag:
+    """The flag of a failed call's result; `stopped`: the kit's stop note follows it
+    (`run.stop_turn` answered the call as lost, safe_to_retry or not)."""
     kind = str(error.get("kind") or "tool-error")
     tool = str(error.get("toolName") or message.tool_name or "the tool")
     text = str(error.get("error") or "")
+    if kind == ToolErrorKind.TOOL_DURABILITY_ERROR and stopped:
+        return _Flag(
+            kind,
+            "Lost, turn stopped",
+            "requested before a crash; no result was stored, and the turn was stopped "
+            "(resuming it kept crashing) instead of running it again, so it may or may not "
+            "have taken effect",
+            "crash",
+        )
     if kind == ToolErrorKind.TOOL_DURABILITY_ERROR:
         if "did not finish within" in text or "lost its connection" in text:
             how = "timed out" if "did not finish within" in text else "lost its connection"
@@ -148,6 +166,32 @@ def _result_flag(message: Message, error: dict[str, Any]) -> _Flag:
         return _Flag(kind, "Denied", f"{why} (reason: {reason})" if reason else why, "denied")
     label, why = _KIND_LABELS.get(kind, ("Tool error", "the call's result is an error"))
     return _Flag(kind, label, why, "error")
+
+
+# Who started a message's turn when no client did (`Message.origin`): its badge and why.
+_ORIGINS: dict[str, str] = {
+    "scheduled": "a schedule ran this turn at its time (nobody sent its message then)",
+    "self-resumed": "stored by a resume nobody asked for (the session's alarm or the worker)",
+    "stopped": "the kit's note ending a turn whose resumes kept crashing",
+}
+
+
+def _stop_flag() -> _Flag:
+    return _Flag(
+        "stopped",
+        "Turn stopped",
+        "resuming this turn kept crashing, so it was ended here and nothing more of it "
+        "ran; the next message starts a new turn",
+        "stopped",
+    )
+
+
+def _origin_badge(origin: str) -> str:
+    why = _ORIGINS.get(origin, "")
+    return (
+        f'<span class="badge origin origin-{_e(origin)}" data-origin="{_e(origin)}" '
+        f'title="{_e(why)}">{_e(origin)}</span>'
+    )
 
 
 # -- the page -------------------------------------------------------------------------------
@@ -220,15 +264,25 @@ class _Page:
                 continued = self.first > 0
                 self.turns.append(_Turn(None if continued else 0, position, continued))
             self.turns[-1].entries.append((position, ms, message))
+        # The results right before a stop note: what `stop_turn` answered as lost.
+        self.stopped: set[int] = set()
+        for position, message in self.messages.items():
+            if message.origin == "stopped" and message.role == "assistant":
+                before = position - 1
+                while before in self.messages and self.messages[before].role == "tool":
+                    self.stopped.add(before)
+                    before -= 1
         # What stands out, in page order: (position, flag, tool name)
         self.attention: list[tuple[int, _Flag, str]] = []
         for position, _, message in self.entries:
             if message.role == "tool":
                 error = tool_error(message.content)
                 if error is not None:
-                    flag = _result_flag(message, error)
+                    flag = _result_flag(message, error, position in self.stopped)
                     if flag.tone in ("crash", "denied"):
                         self.attention.append((position, flag, message.tool_name or ""))
+            elif message.origin == "stopped":
+                self.attention.append((position, _stop_flag(), ""))
             for call in message.tool_calls:
                 unanswered = self._unanswered(call)
                 if unanswered is not None:
@@ -348,7 +402,7 @@ class _Page:
         items = "".join(
             f'<li class="tone-{f.tone}" data-kind="{_e(f.kind)}">'
             f'<a href="#m{p}"><span class="badge">{_e(f.label)}</span> '
-            f"<code>{_e(tool)}</code> at message {p}</a></li>"
+            f"{f'<code>{_e(tool)}</code> ' if tool else ''}at message {p}</a></li>"
             for p, f, tool in self.attention
         )
         return (
@@ -363,6 +417,9 @@ class _Page:
         tones = [f.tone for p, f, _ in self.attention if first_pos <= p <= last_pos]
         tone = "crash" if "crash" in tones else tones[0] if tones else ""
         marks = f' <span class="badge tone-{tone}">{len(tones)} to check</span>' if tones else ""
+        origins = [o for o in _ORIGINS if any(m.origin == o for _, _, m in turn.entries)]
+        marks += "".join(f" {_origin_badge(o)}" for o in origins)
+        marked = f' data-origins="{" ".join(origins)}"' if origins else ""
         meta = (
             f"{_time(first)} · {_duration(last - first)} · {len(turn.entries)} messages · "
             f"{_usage(turn.usage)}"
@@ -370,7 +427,7 @@ class _Page:
         articles = "".join(self._message(p, ms, m) for p, ms, m in turn.entries)
         number = f' data-turn="{turn.number}"' if turn.number is not None else ""
         return (
-            f'<section class="turn" id="{turn.anchor}"{number} data-start="{turn.start}">'
+            f'<section class="turn" id="{turn.anchor}"{number} data-start="{turn.start}"{marked}>'
             f'<h2><a href="#{turn.anchor}">{_e(turn.heading)}</a>{marks}</h2>'
             f'<p class="meta">{meta}</p>{articles}</section>\n'
         )
@@ -379,11 +436,16 @@ class _Page:
         kind, who, inner, tone = self._content(position, message)
         usage = f' · <span class="usage">{_usage(message.usage)}</span>' if message.usage else ""
         klass = f"msg role-{message.role}" + (f" tone-{tone}" if tone else "")
+        origin, badge = "", ""
+        if message.origin is not None:
+            klass += f" origin-{_e(message.origin)}"
+            origin = f' data-origin="{_e(message.origin)}"'
+            badge = f" {_origin_badge(message.origin)}"
         return (
             f'<article id="m{position}" class="{klass}" data-position="{position}" '
-            f'data-role="{_e(message.role)}" data-kind="{_e(kind)}">'
+            f'data-role="{_e(message.role)}" data-kind="{_e(kind)}"{origin}>'
             f'<header><a class="pos" href="#m{position}">#{position}</a> '
-            f'<span class="who">{who}</span> · {_time(ms)}{usage}</header>{inner}</article>'
+            f'<span class="who">{who}</span>{badge} · {_time(ms)}{usage}</header>{inner}</article>'
         )
 
     def _content(self, position: int, message: Message) -> tuple[str, str, str, str]:
@@ -395,6 +457,9 @@ class _Page:
             return message.role, message.role.capitalize(), _text(message.content), ""
         if message.role == "assistant":
             text = _text(message.content) if message.content else ""
+            if not message.tool_calls and message.origin == "stopped":
+                flag = _stop_flag()
+                return flag.kind, "Stopped by durable-agents", _banner(flag) + text, flag.tone
             if not message.tool_calls:
                 return "reply", "Assistant", text or '<p class="none">(no text)</p>', ""
             calls = "".join(self._call(c) for c in message.tool_calls)
@@ -423,7 +488,7 @@ class _Page:
         error = tool_error(message.content)
         if error is None:
             return "tool-result", who, _code(_pretty(message.content)), ""
-        flag = _result_flag(message, error)
+        flag = _result_flag(message, error, position in self.stopped)
         stored = str(error.get("error") or "")
         # The call's name, id and a denial's reason are shown already; anything else stored:
         extra = {k: v for k, v in error.items() if k not in _SHOWN_ERROR_KEYS}
@@ -475,7 +540,7 @@ class _Page:
         error = tool_error(message.content)
         if error is None:
             return ' <span class="badge tone-ok">ok</span>'
-        flag = _result_flag(message, error)
+        flag = _result_flag(message, error, position in self.stopped)
         return f' <span class="badge tone-{flag.tone}">{_e(flag.label)}</span>'
 
 
@@ -547,11 +612,13 @@ _CSS = """
 --line:#dcdfe4;--code:#f1f2f4;--user:#2b6cb0;--assistant:#38a169;--tool:#718096;
 --crash:#c2410c;--crash-bg:#fff1e6;--denied:#9d174d;--denied-bg:#fdecf3;
 --error:#b91c1c;--error-bg:#fdeeee;--pending:#1d4ed8;--pending-bg:#e8efff;
---orphan:#a16207;--orphan-bg:#fef7e0;--ok:#15803d}
+--orphan:#a16207;--orphan-bg:#fef7e0;--ok:#15803d;--scheduled:#6d28d9;
+--resumed:#0f766e;--stopped:#334155;--stopped-bg:#e8ecf1}
 @media (prefers-color-scheme:dark){:root{--bg:#15171a;--card:#1e2126;--ink:#e6e8eb;
 --muted:#9aa1ac;--line:#33373e;--code:#262a31;--crash:#fb923c;--crash-bg:#3a2113;
 --denied:#f472b6;--denied-bg:#3a1628;--error:#f87171;--error-bg:#3a1a1a;
---pending:#93b4ff;--pending-bg:#1b2744;--orphan:#facc15;--orphan-bg:#352d0c;--ok:#4ade80}}
+--pending:#93b4ff;--pending-bg:#1b2744;--orphan:#facc15;--orphan-bg:#352d0c;--ok:#4ade80;
+--scheduled:#c4b5fd;--resumed:#5eead4;--stopped:#cbd5e1;--stopped-bg:#262d38}}
 *{box-sizing:border-box}
 body{margin:0;background:var(--bg);color:var(--ink);
 font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Liberation Sans",sans-serif}
@@ -608,21 +675,31 @@ font-weight:700;border:1px solid currentColor}
 :is(.badge,li,.flag).tone-error{color:var(--error)}
 :is(.badge,li,.flag).tone-pending{color:var(--pending)}
 :is(.badge,li,.flag).tone-orphan{color:var(--orphan)}
+:is(.badge,li,.flag).tone-stopped{color:var(--stopped)}
+.badge.origin{font-weight:600;font-size:.7rem;letter-spacing:.02em;vertical-align:.08em}
+.turn>h2 .badge.origin{vertical-align:.15em}
+.badge.origin-scheduled{color:var(--scheduled)}
+.badge.origin-self-resumed{color:var(--resumed)}
+.badge.origin-stopped{color:var(--stopped)}
+.msg.role-user.origin-scheduled{border-left-color:var(--scheduled)}
 .flag.tone-crash{background:var(--crash-bg);color:var(--crash)}
 .flag.tone-denied{background:var(--denied-bg);color:var(--denied)}
 .flag.tone-error{background:var(--error-bg);color:var(--error)}
 .flag.tone-pending{background:var(--pending-bg);color:var(--pending)}
 .flag.tone-orphan{background:var(--orphan-bg);color:var(--orphan)}
+.flag.tone-stopped{background:var(--stopped-bg);color:var(--stopped)}
 .flag .why{color:var(--ink)}
 .msg.tone-crash{border:2px solid var(--crash);border-left-width:6px}
 .msg.tone-denied{border:2px solid var(--denied);border-left-width:6px}
 .msg.tone-error{border-left-color:var(--error)}
 .msg.tone-pending{border:2px solid var(--pending);border-left-width:6px}
 .msg.tone-orphan{border:2px dashed var(--orphan);border-left-width:6px}
+.msg.tone-stopped{border:2px solid var(--stopped);border-left-width:6px}
+.msg.tone-stopped>header .who{color:var(--stopped)}
 .msg.tone-crash>header .who{color:var(--crash)}
 .msg.tone-denied>header .who{color:var(--denied)}
 .attention .tone-crash,.attention .tone-denied,.attention .tone-pending,
-.attention .tone-orphan{font-weight:600}
+.attention .tone-orphan,.attention .tone-stopped{font-weight:600}
 .usage,.tokens{font-variant-numeric:tabular-nums}
 footer{color:var(--muted);font-size:.8rem;margin-top:2rem}
 .pages{display:flex;flex-wrap:wrap;align-items:center;gap:.4rem .6rem;margin:.8rem 0;
