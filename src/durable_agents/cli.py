@@ -1,7 +1,13 @@
-"""The `durable-agents` command: look into a store's sessions.
+"""The `durable-agents` command: look into a store's sessions, run its worker.
 
     durable-agents sessions list [--limit N] [--cursor C] [--json]
     durable-agents sessions show NAME_OR_ID [--json | --html OUT.html]
+    durable-agents worker --db FILE --app MODULE:ATTR [--poll SECONDS] [--once]
+
+`worker` resumes the turns of a SQLite store whose process died and fires its
+due schedules (`durable_agents.worker`), with the agent, LLM and handlers that
+`--app` names: a `Runner`, or a function returning one, in MODULE (importable
+from the current directory too). Safe to run twice at once.
 
 Where the sessions are, one of:
 
@@ -17,6 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import signal
 import sqlite3
 import sys
 import unicodedata
@@ -25,8 +33,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import worker
 from .approvals import approval_states
-from .errors import DurableAgentsError, InvalidCursorError, ToolDurabilityError
+from .errors import (
+    ConfigurationError,
+    DurableAgentsError,
+    InvalidCursorError,
+    ToolDurabilityError,
+)
 from .messages import Message, ToolErrorKind, pending_tool_calls, tool_error
 from .stores.base import ApprovalEvent, SessionInfo
 from .stores.sqlite import SQLiteStore, sqlite_store
@@ -71,9 +85,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     output.add_argument(
         "--html", type=Path, metavar="OUT", help="write the session's timeline page (- for stdout)"
     )
+    working = commands.add_parser(
+        "worker", help="resume crashed turns and fire due schedules of a SQLite store"
+    )
+    working.add_argument("--db", type=Path, required=True, help="a SQLite store file")
+    working.add_argument(
+        "--app", required=True, metavar="MODULE:ATTR", help="a Runner, or a function returning one"
+    )
+    working.add_argument(
+        "--poll", type=_seconds, default=1.0, help="seconds between passes (1)", metavar="SECONDS"
+    )
+    working.add_argument("--once", action="store_true", help="one pass, then exit (1 on an error)")
+    working.add_argument("--limit", type=_positive, default=100, help="items per pass (100)")
+    working.add_argument(
+        "--max-resumes", type=_positive, default=3, metavar="N",
+        help="resumes in a row of a turn that keeps crashing before it is stopped (3)",
+    )  # fmt: skip
+    working.add_argument(
+        "--backoff", type=_seconds, default=10.0, metavar="SECONDS",
+        help="wait before the 2nd resume of a crashed turn, doubling after (10)",
+    )  # fmt: skip
+    working.add_argument("--quiet", action="store_true", help="log errors only")
     args = parser.parse_args(argv)
 
     try:
+        if args.command == "worker":
+            return _worker(args)
         store = _open(args.db, args.d1)
         if args.action == "list":
             return asyncio.run(_list_sessions(store, args.limit, args.cursor, args.json))
@@ -88,6 +125,72 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be 1 or more")
     return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 86400 * 366:
+        raise argparse.ArgumentTypeError("must be 0 or more seconds")
+    return value
+
+
+# -- the worker -----------------------------------------------------------------------------
+
+
+def _worker(args: argparse.Namespace) -> int:
+    if not args.poll > 0:
+        raise CommandError("--poll must be more than 0 seconds")
+    store = _open(args.db, None)
+    if str(Path.cwd()) not in sys.path and "" not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # --app's module may be a file here
+    try:
+        runner = worker.load_runner(args.app)
+    except ConfigurationError as exc:
+        raise CommandError(str(exc)) from None
+    logging.basicConfig(
+        level=logging.ERROR if args.quiet else logging.INFO,
+        format="durable-agents worker: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.once:
+        return asyncio.run(_work_once(runner, store, args))
+    asyncio.run(_serve(runner, store, args))
+    return 0
+
+
+async def _work_once(runner: worker.Runner[Any], store: SQLiteStore, args: Any) -> int:
+    try:
+        report = await worker.work_once(
+            runner, store, limit=args.limit, max_resumes=args.max_resumes,
+            backoff_seconds=args.backoff,
+        )  # fmt: skip
+    except DurableAgentsError as exc:  # the store could not be listed
+        raise CommandError(_store_problem(exc)) from None
+    finally:
+        await store.close()
+    worker.log_report(report)
+    return 1 if report.errors else 0
+
+
+async def _serve(runner: worker.Runner[Any], store: SQLiteStore, args: Any) -> None:
+    """Passes until SIGTERM or SIGINT: the turn under way finishes first (a second
+    SIGINT interrupts it; a turn cut short is resumed by the next worker)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        stop.set()
+        loop.remove_signal_handler(signum)  # the next one acts as usual
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await worker.serve(
+            runner, store, poll=args.poll, stop=stop, limit=args.limit,
+            max_resumes=args.max_resumes, backoff_seconds=args.backoff,
+        )  # fmt: skip
+    finally:
+        await store.close()
 
 
 # -- where the sessions are -----------------------------------------------------------------

@@ -484,9 +484,17 @@ SELECT_DUE_SCHEDULES = (
     f"SELECT session_id, {_SCHEDULE_COLUMNS} FROM agent_schedules WHERE due_at < ? "
     "ORDER BY due_at, session_id, schedule_id LIMIT ?"
 )
-# Params (now_ms, limit): sessions whose run lease expired: their turn's process died.
+# Params (now_ms, limit): the leases that expired, (session_id, owner, expires_at), longest
+# expired first: their turn's process died. The second, params (now_ms, len(prefix),
+# prefix, limit), also lists the unexpired leases whose owner begins with `prefix` (a
+# host's, "host/"), after those: the caller checks which of their processes are gone.
 SELECT_EXPIRED_LEASES = (
-    "SELECT session_id FROM agent_leases WHERE expires_at <= ? ORDER BY expires_at LIMIT ?"
+    "SELECT session_id, owner, expires_at FROM agent_leases WHERE expires_at <= ? "
+    "ORDER BY expires_at LIMIT ?"
+)
+SELECT_EXPIRED_OR_HOST_LEASES = (
+    "SELECT session_id, owner, expires_at FROM agent_leases WHERE expires_at <= ? "
+    "OR substr(owner, 1, ?) = ? ORDER BY expires_at LIMIT ?"
 )
 
 # delete_idle: up to `?` sessions idle since before `?`, oldest first. Every

@@ -202,12 +202,23 @@ class SQLiteStore:
         rows = await self._call(lambda c: c.execute(_sql.SELECT_DUE_SCHEDULES, params).fetchall())
         return [(str(row[0]), _sql.row_schedule(row[1:])) for row in rows]
 
-    async def expired_leases(self, *, limit: int = 100) -> list[str]:
-        """Sessions whose run lease has expired, longest expired first: a run took it
-        and never released it, so its turn did not finish (its process died)."""
-        params = _sql.idle_params(int(self._clock() * 1000), limit)
-        rows = await self._call(lambda c: c.execute(_sql.SELECT_EXPIRED_LEASES, params).fetchall())
-        return [str(row[0]) for row in rows]
+    async def expired_leases(
+        self, *, limit: int = 100, host: str | None = None
+    ) -> list[tuple[str, LeaseHolder]]:
+        """(session id, holder) of up to `limit` run leases that expired, longest expired
+        first: a run took the lease and never released it, so its turn did not finish
+        (its process died). With `host`, also the unexpired leases of that host's
+        processes (owners `host/pid/...`), after those: the caller checks which of
+        their processes are gone (what `durable-agents worker` resumes)."""
+        now_ms, bound = _sql.idle_params(int(self._clock() * 1000), limit)
+        params: tuple[int | str, ...]
+        if host is None:
+            sql, params = _sql.SELECT_EXPIRED_LEASES, (now_ms, bound)
+        else:
+            prefix = f"{host}/"
+            sql, params = _sql.SELECT_EXPIRED_OR_HOST_LEASES, (now_ms, len(prefix), prefix, bound)
+        rows = await self._call(lambda c: c.execute(sql, params).fetchall())
+        return [(str(row[0]), LeaseHolder(str(row[1]), int(row[2]))) for row in rows]
 
     async def load_timeline(
         self, session_id: str, *, start: int = 0, limit: int | None = None
