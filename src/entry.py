@@ -38,6 +38,7 @@ from durable_agents.cloudflare.app import (
     error_reply,
     handle_request,
     internal_error,
+    resume_left_turn,
     run_retention,
     serve_alarm,
     serve_session,
@@ -130,14 +131,17 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
         # LLM), and the turn now running, for /events and /cancel.
         self.live = LiveSession()
         # The object's alarm: it resumes a turn a reset cut short and fires schedules.
-        self.alarm_state = ObjectAlarm(ctx.storage, watch_seconds=self_resume_seconds(env))
+        self.alarm_state = ObjectAlarm(
+            storage_of=lambda: self.ctx.storage, watch_seconds=self_resume_seconds(env)
+        )
 
     async def fetch(self, request: Any) -> Any:
         try:
             command = Command.from_json(await request.text())
         except ValueError as exc:
             return _response(error_reply(400, "invalid-command", str(exc)))
-        await self.alarm_state.adopt()  # a turn the instance before this one left unfinished?
+        # A turn the instance before this one left unfinished goes on first.
+        await resume_left_turn(self.alarm_state)
         return _response(await self.serve(command))
 
     async def alarm(self, *info: Any) -> None:

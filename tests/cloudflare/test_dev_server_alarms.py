@@ -67,24 +67,54 @@ def _final(messages: list[dict[str, Any]]) -> bool:
 def test_a_turn_killed_while_slack_holds_its_post_finishes_by_itself_after_a_restart(
     dev_worker: Callable[..., DevWorker], services: FakeServices
 ) -> None:
+    """Two sessions killed mid-post: nothing is sent to "heal" (its alarm finishes it);
+    a client reconnects to the /events of "watched" (its object resumes the turn first,
+    and the client follows it to its end)."""
     worker = _started(dev_worker, services)
     services.hold_posts = True
-    turn = worker.start_post("/sessions/heal/messages", {"message": "Triage issue 7"})
-    assert services.post_received.wait(90), "the post never reached the webhook"
-    worker.kill()  # Slack has the post; the Worker dies before its answer
+    turns = []
+    for name in ("heal", "watched"):
+        services.post_received.clear()
+        turns.append(worker.start_post(f"/sessions/{name}/messages", {"message": "Triage issue 7"}))
+        assert services.post_received.wait(90), "the post never reached the webhook"
+    worker.kill()  # Slack has the posts; the Worker dies before its answers
     services.release_posts.set()
-    with pytest.raises((OSError, http.client.HTTPException)):
-        turn.result(30)
-    worker.restart()  # and nothing is sent to the session: its alarm finishes the turn
+    for turn in turns:
+        with pytest.raises((OSError, http.client.HTTPException)):
+            turn.result(30)
+    worker.restart()
+
+    # A client following "watched" reconnects to its /events (as EventSource does) until
+    # the turn it follows has ended: its first request wakes the object, whose alarm
+    # resumes the turn at once.
+    seen: list[Any] = []
+    for _ in range(20):
+        with worker.stream("GET", f"/sessions/watched/events?after={3 + len(seen)}") as events:
+            got = list(events)
+        seen += [e for e in got if e.event == "message"]
+        if got and got[-1].event == "done" and got[-1].data["status"] != "interrupted":
+            seen.append(got[-1])
+            break
+        time.sleep(0.5)
+    assert seen[-1].event == "done", seen
+    assert seen[-1].data["status"] == "complete"
+    assert seen[-1].data["response"] == DURABILITY_REPLY
+    stored = [e.data for e in seen if e.event == "message"]
+    assert [m["role"] for m in stored] == ["tool", "assistant"], stored
+    assert all(m.get("origin") == "self-resumed" for m in stored), stored
 
     started = time.monotonic()
-    messages = _wait_for(
-        lambda: (m := _stored(worker, "heal")) and _final(m) and m,
-        90,
-        "the turn finishing by itself",
-    )
+    try:
+        messages = _wait_for(
+            lambda: (m := _stored(worker, "heal")) and _final(m) and m,
+            90,
+            "the turn finishing by itself",
+        )
+    except AssertionError:
+        print("\n".join(worker.lines[-80:]), _stored(worker, "heal"))
+        raise
     print(f"finished by itself {time.monotonic() - started:.1f} s after the restart")
-    assert len(services.posts) == 1  # exactly one side effect
+    assert len(services.posts) == 2  # exactly one side effect per session
     results = [m for m in messages if m["role"] == "tool" and m["tool_name"] == "post_slack"]
     assert [json.loads(r["content"])["kind"] for r in results] == ["tool-durability-error"]
     assert results[0]["origin"] == "self-resumed"
@@ -95,9 +125,7 @@ def test_a_turn_killed_while_slack_holds_its_post_finishes_by_itself_after_a_res
     # /resume now: the turn is finished, so it answers its reply and runs nothing.
     again = worker.post("/sessions/heal/resume")
     assert (again.status, again.body["response"]) == (200, DURABILITY_REPLY), again.text
-    assert len(services.posts) == 1
-    listed = worker.get("/sessions").body["sessions"][0]
-    assert listed["name"] == "heal"
+    assert len(services.posts) == 2
 
 
 def _schedule(worker: DevWorker, name: str, **when: Any) -> dict[str, Any]:

@@ -15,10 +15,11 @@ turn's end clears the mark. The alarm ends up in `on_alarm`:
     schedules due (the session's store) -> each runs its message as a turn, once
 
 then arms the alarm for what comes next (a mark's check, the earliest schedule),
-or deletes it. The first request a new instance serves looks for a mark left by
-the instance before it and, if it finds one, sets the alarm for now: a turn cut
-short by a deploy goes on as soon as anyone talks to its object, or within
-`SELF_RESUME_SECONDS` (a setting, default 30) otherwise.
+or deletes it. The first request a new instance serves looks for a client's turn
+the instance before it left, and sets the alarm for now: a turn cut short by a
+deploy goes on as soon as anyone talks to its object, or within
+`SELF_RESUME_SECONDS` (a setting, default 30) otherwise. A client following
+/events reconnects (Last-Event-ID) and follows the resumed turn to its end.
 
 Every turn goes through the object's lock (`LiveSession`), so the alarm never
 runs a second copy of a turn that a client's POST /resume runs, or the reverse.
@@ -49,25 +50,33 @@ BLOCKED_RETRY_SECONDS = 60.0
 
 class ObjectAlarm:
     """The object's alarm and its turn mark, in `storage` (the object's `ctx.storage`:
-    `get`/`put`/`delete` of a key, `setAlarm`/`deleteAlarm`). `instance` tells this
+    `get`/`put`/`delete` of a key, `setAlarm`/`deleteAlarm`), or in what `storage_of()`
+    returns each time: a Durable Object's storage is read from its `ctx` per request,
+    since one held from another request's handler is refused by workerd ("Cannot perform
+    I/O on behalf of a different request"). `instance` tells this
     instance of the object from the one before a reset (default: drawn now, when the
     object is built). `key`: where the mark is kept (one per object)."""
 
     def __init__(
         self,
-        storage: Any,
+        storage: Any = None,
         instance: str | None = None,
         *,
+        storage_of: Callable[[], Any] | None = None,
         clock: Callable[[], float] = time.time,
         watch_seconds: float = DEFAULT_SELF_RESUME_SECONDS,
         key: str = TURN_KEY,
     ) -> None:
-        self.storage = storage
+        self._storage_of = storage_of or (lambda: storage)
         self.key = key
         self.instance = instance or uuid.uuid4().hex
         self.clock = clock
         self.watch_ms = int(watch_seconds * 1000)
         self.adopted = False  # looked for a mark of the instance before this one
+
+    @property
+    def storage(self) -> Any:
+        return self._storage_of()
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -84,7 +93,14 @@ class ObjectAlarm:
 
     async def turn_started(self, origin: str | None) -> None:
         """Mark a turn as running and arm the alarm to check on it. A self-resume counts
-        one more resume than the mark it found; any other turn starts from none."""
+        one more resume than the mark it found; any other turn starts from none. Best
+        effort: a turn whose mark cannot be written runs all the same (unwatched)."""
+        try:
+            await self._mark_started(origin)
+        except Exception as exc:
+            print(f"durable-agents: the turn runs unwatched ({exc})", file=sys.stderr)
+
+    async def _mark_started(self, origin: str | None) -> None:
         previous = await self.mark()
         resumes = int(previous.get("resumes", 0)) if previous else 0
         if origin == "self-resumed":
@@ -98,10 +114,14 @@ class ObjectAlarm:
 
     async def turn_ended(self, store: Store, session_id: str, *, keep_watch: bool) -> None:
         """Clear the mark (unless `keep_watch`: the turn failed for a cause that may pass,
-        a store down, so the alarm tries it again) and arm for what comes next."""
-        if not keep_watch:
-            await self.storage.delete(self.key)
-        await self.arm(store, session_id)
+        a store down, so the alarm tries it again) and arm for what comes next. Best
+        effort: a mark left behind only makes the alarm find a finished turn."""
+        try:
+            if not keep_watch:
+                await self.storage.delete(self.key)
+            await self.arm(store, session_id)
+        except Exception as exc:
+            print(f"durable-agents: the turn's mark was not cleared ({exc})", file=sys.stderr)
 
     async def arm(self, store: Store, session_id: str, *, not_before: int | None = None) -> None:
         """Set the alarm to the earliest of the mark's check and the first schedule (no
@@ -119,20 +139,18 @@ class ObjectAlarm:
             await self.storage.deleteAlarm()
 
     async def adopt(self) -> bool:
-        """Once per instance: if the instance before this one left a turn marked as running,
-        set the alarm for now, so that turn goes on at once. True if it did."""
+        """Once per instance: whether the instance before this one left a client's turn
+        marked as running (never self-resumed: one that was waits its back-off). The
+        object then sets its alarm for now (`app.resume_left_turn`)."""
         if self.adopted:
             return False
         self.adopted = True
         try:
             mark = await self.mark()
-            if mark is None or mark.get("instance") == self.instance or mark.get("resumes"):
-                return False  # (a turn whose self-resume crashed keeps its back-off)
-            await self.storage.setAlarm(self.now_ms())
+            return not (mark is None or mark.get("instance") == self.instance or mark["resumes"])
         except Exception as exc:  # never in the way of the request: the alarm comes anyway
             print(f"durable-agents: could not check the turn mark: {exc}", file=sys.stderr)
             return False
-        return True
 
 
 def self_resume_seconds(env: Any) -> float:
@@ -163,8 +181,8 @@ async def on_alarm(
     run_turn: TurnRunner,
 ) -> None:
     """The object's alarm fired: resume or stop a turn left unfinished, fire due schedules,
-    arm for what comes next. Never raises (an alarm handler that raises is retried by the
-    platform on its own schedule; this one keeps its own)."""
+    arm for what comes next. On a failure it sets the alarm to try again later, and
+    raises only when it cannot (the platform then retries the alarm itself)."""
     now = alarm.now_ms()
     try:
         if live.current is not None:  # a turn of this instance runs: it ends by itself
@@ -206,8 +224,12 @@ async def on_alarm(
         )
         try:
             await alarm.storage.setAlarm(alarm.now_ms() + alarm.watch_ms)
-        except Exception as again:
-            print(f"durable-agents: could not set the alarm: {again}", file=sys.stderr)
+        except Exception:
+            # Not even the alarm can be set (workerd refuses the object's storage to an
+            # alarm that began while the isolate was still starting for another request:
+            # "Cannot perform I/O on behalf of a different request"). Raise: the platform
+            # runs a failed alarm again, with its own back-off.
+            raise exc from None
 
 
 def _overdue(mark: dict[str, Any], alarm: ObjectAlarm, now: int) -> bool:

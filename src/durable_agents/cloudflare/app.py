@@ -135,6 +135,7 @@ __all__ = [
     "error_reply",
     "handle_request",
     "internal_error",
+    "resume_left_turn",
     "run_retention",
     "serve_alarm",
     "serve_dev_stub",
@@ -916,7 +917,7 @@ async def serve_session(
     """
     try:
         if command.action in ("schedule", "schedules", "unschedule"):
-            return await _schedules(command, session_id, store, alarm)
+            return await _schedules(command, session_id, store, alarm, agent)
         if command.action == "events":
             return await _events(command, session_id, store, live)
         if command.action == "cancel":
@@ -1377,8 +1378,19 @@ async def serve_alarm(
     await on_alarm(alarm, store, session_id, live, run_turn)
 
 
+async def resume_left_turn(alarm: ObjectAlarm) -> None:
+    """Before a new instance serves its first request: if the instance before it left a
+    client's turn unfinished (`ObjectAlarm.adopt`), set the alarm for now, so the turn
+    goes on at once (in the alarm's own invocation, as every self-resume)."""
+    if await alarm.adopt():
+        try:
+            await alarm.storage.setAlarm(alarm.now_ms())
+        except Exception as exc:  # the alarm set when the turn began comes anyway
+            print(f"durable-agents: could not set the alarm: {exc}", file=sys.stderr)
+
+
 async def _schedules(
-    command: Command, session_id: str, store: Store, alarm: ObjectAlarm | None
+    command: Command, session_id: str, store: Store, alarm: ObjectAlarm | None, agent: Agent
 ) -> Reply:
     """List, make or cancel the session's schedules (see `durable_agents.schedules`);
     then arm the object's alarm for the earliest."""
@@ -1417,6 +1429,7 @@ async def _schedules(
         now_ms=alarm.now_ms(),
         delay_seconds=spec.get("delay_seconds"),
         at=spec.get("at"),
+        max_message_bytes=agent.max_message_bytes,
     )
     await store.append_messages_atomic(session_id, info.message_count, [], schedules=[made])
     await alarm.arm(store, session_id)
