@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 from worker_fakes import PROJECT, START_TIMEOUT_S, TRIAGE_AGENT, FakeServices, durable_object_id
 
-from durable_agents import Agent, LLMResponse, ToolCall, Usage, run, tool
+from durable_agents import Agent, LLMResponse, ToolCall, Usage, run, schedule, stop_turn, tool
 from durable_agents.stores import sqlite_store
 from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
 from durable_agents.testing.conformance import ticking_clock
@@ -284,3 +284,31 @@ def test_show_names_a_call_waiting_for_approval(tmp_path: Path) -> None:
     )
     page = cli("sessions", "show", "r", "--db", str(db), "--html", "-").stdout
     assert 'data-kind="pending-approval"' in page
+
+
+def test_show_marks_scheduled_self_resumed_and_stopped_turns(tmp_path: Path) -> None:
+    async def make(path: Path) -> None:
+        agent = Agent("cli-test", "Send when asked.", [send])
+        async with sqlite_store(path) as store:
+            await run(agent, llm=ScriptedLLM([LLMResponse("Hi.")]), message="hi",
+                      session_id="m", store=store)  # fmt: skip
+            reminder = await schedule(store, "m", "Send the reminder", delay_seconds=0)
+            await run(agent, llm=ScriptedLLM([LLMResponse("Sent.")]), message=reminder.message,
+                      request_key=reminder.request_key, origin="scheduled", session_id="m",
+                      store=store)  # fmt: skip
+            llm = ScriptedLLM([LLMResponse("", [ToolCall("s1", "send", {"to": "ops"})])])
+            with pytest.raises(SimulatedCrash):
+                await run(agent, llm=llm, message="send it", session_id="m",
+                          store=crash_on_write(store, 1, when="after"))  # fmt: skip
+            await stop_turn(agent, store=store, session_id="m", reason="It kept crashing.")
+
+    db = tmp_path / "marks.db"
+    asyncio.run(make(db))
+    shown = cli("sessions", "show", "m", "--db", str(db))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert any(re.search(r'\[scheduled\] user "Send the reminder"', line) for line in lines)
+    assert any(re.search(r'\[scheduled\] assistant "Sent\."', line) for line in lines)
+    assert any(re.search(r"\[stopped\] assistant \"It kept crashing\.\"", line) for line in lines)
+    assert any("send result = tool-durability-error" in line for line in lines)
+    assert re.search(r"state stopped", shown.stdout)

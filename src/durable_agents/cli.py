@@ -388,6 +388,13 @@ def _store_problem(exc: DurableAgentsError) -> str:
 
 
 def _describe(message: Message) -> str:
+    """One line for a message; `[scheduled]`, `[self-resumed]` or `[stopped]` first for one
+    no client wrote (a schedule's turn, a resume nobody asked for, the kit's stop note)."""
+    text = _describe_content(message)
+    return text if message.origin is None else f"[{message.origin}] {text}"
+
+
+def _describe_content(message: Message) -> str:
     if message.role in ("user", "system"):
         return f'{message.role} "{_short(message.content, 60)}"'
     if message.role == "assistant":
