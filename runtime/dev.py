@@ -77,7 +77,7 @@ SNAPSHOT = PROJECT / ".cache" / "pyodide-bundle" / "baseline.bin"
 KIT_SETTINGS = (
     "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
     "CHAT_PAGE", "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "MAX_CONTEXT_TOKENS",
-    "RETENTION_DAYS", "SESSION_STORE",
+    "RETENTION_DAYS", "SESSION_STORE", "SELF_RESUME_SECONDS",
 )  # fmt: skip
 # wrangler's output that says nothing to a user of this server (it runs offline on purpose).
 NOISE = re.compile(
