@@ -376,8 +376,8 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
 
 
 def _session_json(s: SessionInfo) -> dict[str, Any]:
-    """A session as `GET /sessions` lists it, and its state."""
-    return {**s.to_dict(), "state": s.state}
+    """A session as `GET /sessions` lists it (with its state)."""
+    return s.to_dict()
 
 
 def _store_problem(exc: DurableAgentsError) -> str:

@@ -57,6 +57,8 @@ def due_time(
     if delay_seconds is not None:
         if isinstance(delay_seconds, bool) or not isinstance(delay_seconds, int | float):
             raise ScheduleError(f"delay_seconds must be a number, got {delay_seconds!r}")
+        if isinstance(delay_seconds, int) and delay_seconds < 0:  # (any size: no isfinite)
+            raise ScheduleError("delay_seconds must be 0 or more, got a negative number")
         if isinstance(delay_seconds, int) and delay_seconds > MAX_DELAY_SECONDS:
             # (before isfinite: an int past a double's range would be an OverflowError)
             raise ScheduleError(

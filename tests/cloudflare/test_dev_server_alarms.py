@@ -24,6 +24,7 @@ from durable_agents.testing.worker import DevWorker
 
 pytestmark = pytest.mark.slow
 WATCH_S = 3  # SELF_RESUME_SECONDS: how long a turn may go unfinished before its alarm checks
+SECRET = "s" * 40  # SESSION_TOKEN_SECRET: at least 32 bytes
 
 
 @pytest.fixture
@@ -33,7 +34,13 @@ def services() -> Iterator[FakeServices]:
 
 
 def _started(dev_worker: Callable[..., DevWorker], services: FakeServices) -> DevWorker:
-    return dev_worker(settings={**services.worker_env(), "SELF_RESUME_SECONDS": str(WATCH_S)})
+    return dev_worker(
+        settings={
+            **services.worker_env(),
+            "SELF_RESUME_SECONDS": str(WATCH_S),
+            "SESSION_TOKEN_SECRET": SECRET,
+        }
+    )
 
 
 def _stored(worker: DevWorker, name: str) -> list[dict[str, Any]]:
@@ -166,6 +173,7 @@ def test_a_schedule_runs_once_and_a_deleted_one_never(
     )
     again = worker.request("DELETE", f"/sessions/never/schedules/{cancelled['schedule_id']}")
     assert (again.status, again.body["error"]["code"]) == (404, "schedule-not-found")
+    _refusals_over_http(worker)
 
     turns = _wait_for(lambda: _scheduled_turns(worker, "soon"), 30, "the scheduled turn")
     _wait_for(lambda: _final(_stored(worker, "soon")), 30, "its reply")
@@ -177,6 +185,60 @@ def test_a_schedule_runs_once_and_a_deleted_one_never(
     assert len(services.posts) == posts_before + 1
     assert worker.get("/sessions/soon/schedules").body["schedules"] == []
     assert _scheduled_turns(worker, "never") == []
+
+
+def _refusals_over_http(worker: DevWorker) -> None:
+    """The schedules endpoints refuse on real workerd too (while "soon" waits to fire): no
+    session, a bad body (nothing stored), a session token (reads only), an unknown id."""
+    started = time.monotonic()
+
+    def error(reply: Any) -> tuple[int, str]:
+        return reply.status, reply.body["error"]["code"]
+
+    ghost = worker.post("/sessions/ghost/schedules", {"message": "x", "delay_seconds": 5})
+    assert error(ghost) == (404, "session-not-found"), ghost.text
+    assert error(worker.get("/sessions/ghost/schedules")) == (404, "session-not-found")
+
+    json_type = {"content-type": "application/json"}
+    bad = [
+        worker.request("POST", "/sessions/never/schedules", b"{", headers=json_type),
+        worker.post("/sessions/never/schedules", {"message": "x", "delay_seconds": -1}),
+        worker.post("/sessions/never/schedules", {"message": "x", "at": "2030-01-01T09:00"}),
+        worker.post("/sessions/never/schedules", {"message": "", "delay_seconds": 5}),
+        worker.post("/sessions/never/schedules", {"message": "x", "delay_seconds": 5, "y": 1}),
+    ]
+    assert [error(r) for r in bad] == [
+        (400, "invalid-json"),
+        (422, "invalid-schedule"),
+        (422, "invalid-schedule"),
+        (422, "invalid-body"),
+        (422, "invalid-body"),
+    ], [r.text for r in bad]
+    assert worker.get("/sessions/never/schedules").body["schedules"] == []  # nothing stored
+
+    minted = worker.post("/sessions/never/token", {"ttl_seconds": 120})
+    assert minted.status == 200, minted.text
+    token = minted.body["token"]
+    listed = worker.get("/sessions/never/schedules", token=token)
+    assert (listed.status, listed.body["schedules"]) == (200, []), listed.text
+    made = worker.post(
+        "/sessions/never/schedules", {"message": "x", "delay_seconds": 5}, token=token
+    )
+    assert error(made) == (403, "forbidden")
+    gone = worker.request("DELETE", "/sessions/soon/schedules/sch_1", token=token)
+    assert error(gone) == (403, "forbidden")  # another session's, and a cancel
+    mine = worker.request("DELETE", "/sessions/never/schedules/sch_1", token=token)
+    assert error(mine) == (403, "forbidden")
+    assert worker.get("/sessions/soon/schedules", token=token).status == 403
+
+    for schedule_id in ("sch_" + "0" * 32, "a%20b", "x" * 101):
+        unknown = worker.request("DELETE", f"/sessions/soon/schedules/{schedule_id}")
+        assert error(unknown) == (404, "schedule-not-found"), unknown.text
+    wrong = worker.request("PUT", "/sessions/soon/schedules", b"{}", headers=json_type)
+    allow = {k.lower(): v for k, v in wrong.headers.items()}.get("allow")
+    assert (wrong.status, allow) == (405, "GET, POST"), wrong.text
+    assert worker.get("/sessions/never").status == 200  # the server still answers
+    print(f"refusals over HTTP: {time.monotonic() - started:.1f} s")
 
 
 def test_a_schedule_due_while_the_server_is_down_runs_once_after_the_restart(

@@ -364,7 +364,7 @@ def _valid_schedule(value: Any) -> bool:
     return (
         isinstance(message, str)
         and bool(message.strip())
-        and ("delay_seconds" in value) != ("at" in value)
+        and (value.get("delay_seconds") is None) != (value.get("at") is None)
     )
 
 

@@ -31,12 +31,15 @@ class SessionInfo:
     output_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """The session as `GET /sessions` lists it (times as ISO 8601 UTC, to the ms)."""
+        """The session as `GET /sessions` lists it (times as ISO 8601 UTC, to the ms).
+        `state` is what it waits for: "idle", "awaiting_llm", "awaiting_tool_results",
+        or "stopped" (a turn whose resumes kept crashing was ended by the kit)."""
         return {
             "name": self.name,
             "session_id": self.id,
             "agent": self.agent_name,
             "message_count": self.message_count,
+            "state": self.state,
             "created_at": _iso_time(self.created_at),
             "updated_at": _iso_time(self.updated_at),
             "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens},
