@@ -141,6 +141,23 @@ def _agent(world: _World) -> Agent[Any]:
     return Agent("alarm-sweeper", "Follow the plan.", tools, max_steps=6)
 
 
+_Instance = tuple[LiveSession, ObjectAlarm, Callable[[Command], Any]]
+
+
+def _instance(session_id: str, store: Store, agent: Agent[Any], alarm: ObjectAlarm) -> _Instance:
+    """A new instance of the session's object, as after a reset: its own lock and alarm
+    state over the same storage and store, and how it serves a command."""
+    live = LiveSession()
+
+    async def serve(command: Command) -> Any:
+        return await serve_session(
+            command, session_id=session_id, store=store, env={}, live=live, agent=agent,
+            make_deps=lambda env, http: None, llm=FunctionLLM(policy), alarm=alarm,
+        )  # fmt: skip
+
+    return live, alarm, serve
+
+
 @dataclass
 class Outcome:
     crash: Crash | None
@@ -163,18 +180,9 @@ async def play(
         else crash_on_write(store, 10**9)  # fmt: skip
     key = f"durable-agents:turn:{session_id}"
 
-    def instance() -> tuple[LiveSession, ObjectAlarm, Callable[[Command], Any]]:
-        live = LiveSession()
+    def instance() -> _Instance:
         alarm = ObjectAlarm(_CrashingStorage(storage, world), key=key, watch_seconds=1)
-
-        async def serve(command: Command) -> Any:
-            return await serve_session(
-                command, session_id=session_id, store=appends, env={}, live=live,
-                agent=agent, make_deps=lambda env, http: None, llm=FunctionLLM(policy),
-                alarm=alarm,
-            )  # fmt: skip
-
-        return live, alarm, serve
+        return _instance(session_id, appends, agent, alarm)
 
     live, alarm, serve = instance()
     try:
@@ -300,17 +308,9 @@ async def crash_loop(store: Store, storage: Any, session_id: str) -> dict[str, A
     agent = Agent(plain.name, plain.instructions, tools, max_steps=6)
     key = f"durable-agents:turn:{session_id}"
 
-    def instance() -> tuple[LiveSession, ObjectAlarm, Callable[[Command], Any]]:
-        live = LiveSession()
+    def instance() -> _Instance:
         alarm = ObjectAlarm(storage, key=key, watch_seconds=30, clock=lambda: now[0])
-
-        async def serve(command: Command) -> Any:
-            return await serve_session(
-                command, session_id=session_id, store=store, env={}, live=live, agent=agent,
-                make_deps=lambda env, http: None, llm=FunctionLLM(policy), alarm=alarm,
-            )  # fmt: skip
-
-        return live, alarm, serve
+        return _instance(session_id, store, agent, alarm)
 
     live, alarm, serve = instance()
     try:

@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 import pytest
+from test_app import Recorder
 
 from durable_agents import Agent, Message
 from durable_agents.cloudflare import d1_store
@@ -40,17 +41,6 @@ ENV = {"API_TOKEN": TOKEN, "SESSION_TOKEN_SECRET": SECRET}
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 PATH = "/sessions/a/schedules"
 SOON = datetime.datetime.fromtimestamp(NOW + 3600, datetime.UTC).isoformat()
-
-
-class Recorder:
-    """A dispatch that records what reached the 'Durable Object' and answers 200."""
-
-    def __init__(self) -> None:
-        self.commands: list[tuple[str, Command]] = []
-
-    async def __call__(self, name: str, command: Command) -> Reply:
-        self.commands.append((name, command))
-        return Reply(200, {"ok": True})
 
 
 async def call(

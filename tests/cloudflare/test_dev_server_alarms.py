@@ -76,20 +76,26 @@ def test_a_turn_killed_while_slack_holds_its_post_finishes_by_itself_after_a_res
 ) -> None:
     """Two sessions killed mid-post: nothing is sent to "heal" (its alarm finishes it);
     a client reconnects to the /events of "watched" (its object resumes the turn first,
-    and the client follows it to its end)."""
+    and the client follows it to its end). And a schedule of a third session falls due
+    while the server is down: it runs once after the restart."""
     worker = _started(dev_worker, services)
+    assert worker.post("/sessions/later/messages", {"message": "Triage issue 2"}).status == 200
     services.hold_posts = True
     turns = []
     for name in ("heal", "watched"):
         services.post_received.clear()
         turns.append(worker.start_post(f"/sessions/{name}/messages", {"message": "Triage issue 7"}))
         assert services.post_received.wait(90), "the post never reached the webhook"
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2)
+    made = _schedule(worker, "later", at=at.isoformat())
     worker.kill()  # Slack has the posts; the Worker dies before its answers
+    services.hold_posts = False
     services.release_posts.set()
     for turn in turns:
         with pytest.raises((OSError, http.client.HTTPException)):
             turn.result(30)
-    worker.restart()
+    time.sleep(max(0.0, (at - datetime.datetime.now(datetime.UTC)).total_seconds() + 1))
+    worker.restart()  # the schedule fell due while nothing ran
 
     # A client following "watched" reconnects to its /events (as EventSource does) until
     # the turn it follows has ended: its first request wakes the object, whose alarm
@@ -121,7 +127,13 @@ def test_a_turn_killed_while_slack_holds_its_post_finishes_by_itself_after_a_res
         print("\n".join(worker.lines[-80:]), _stored(worker, "heal"))
         raise
     print(f"finished by itself {time.monotonic() - started:.1f} s after the restart")
-    assert len(services.posts) == 2  # exactly one side effect per session
+    _wait_for(lambda: _final(_stored(worker, "later")) and _scheduled_turns(worker, "later"),
+              60, "the overdue schedule")  # fmt: skip
+    turns_later = _scheduled_turns(worker, "later")
+    assert [t["request_key"] for t in turns_later] == [f"schedule:{made['schedule_id']}"]
+    assert _llm_saw(services, "Triage issue 42") == 1
+    # Exactly one side effect per turn: heal's, watched's, later's first and its schedule's.
+    assert len(services.posts) == 4
     results = [m for m in messages if m["role"] == "tool" and m["tool_name"] == "post_slack"]
     assert [json.loads(r["content"])["kind"] for r in results] == ["tool-durability-error"]
     assert results[0]["origin"] == "self-resumed"
@@ -132,7 +144,7 @@ def test_a_turn_killed_while_slack_holds_its_post_finishes_by_itself_after_a_res
     # /resume now: the turn is finished, so it answers its reply and runs nothing.
     again = worker.post("/sessions/heal/resume")
     assert (again.status, again.body["response"]) == (200, DURABILITY_REPLY), again.text
-    assert len(services.posts) == 2
+    assert len(services.posts) == 4
 
 
 def _schedule(worker: DevWorker, name: str, **when: Any) -> dict[str, Any]:
@@ -239,21 +251,3 @@ def _refusals_over_http(worker: DevWorker) -> None:
     assert (wrong.status, allow) == (405, "GET, POST"), wrong.text
     assert worker.get("/sessions/never").status == 200  # the server still answers
     print(f"refusals over HTTP: {time.monotonic() - started:.1f} s")
-
-
-def test_a_schedule_due_while_the_server_is_down_runs_once_after_the_restart(
-    dev_worker: Callable[..., DevWorker], services: FakeServices
-) -> None:
-    worker = _started(dev_worker, services)
-    assert worker.post("/sessions/later/messages", {"message": "Triage issue 2"}).status == 200
-    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)
-    made = _schedule(worker, "later", at=at.isoformat())
-    worker.kill()
-    time.sleep(5)  # it falls due while nothing runs
-    worker.restart()
-    _wait_for(lambda: _final(_stored(worker, "later")) and _scheduled_turns(worker, "later"),
-              60, "the overdue schedule")  # fmt: skip
-    time.sleep(3)
-    turns = _scheduled_turns(worker, "later")
-    assert [t["request_key"] for t in turns] == [f"schedule:{made['schedule_id']}"]
-    assert _llm_saw(services, "Triage issue 42") == 1
