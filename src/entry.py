@@ -38,6 +38,7 @@ from durable_agents.cloudflare.app import (
     error_reply,
     handle_request,
     internal_error,
+    plan_budget,
     resume_left_turn,
     run_retention,
     serve_alarm,
@@ -142,15 +143,17 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             return _response(error_reply(400, "invalid-command", str(exc)))
         # A turn the instance before this one left unfinished goes on first.
         await resume_left_turn(self.alarm_state)
-        return _response(await self.serve(command))
+        return _response(await self.serve(command, plan_budget(self.env)))
 
     async def alarm(self, *info: Any) -> None:
         """The object's alarm: resume a turn left unfinished, fire due schedules."""
         store, _ = session_stores(self.env, self.ctx.storage)
         session_id = str(self.ctx.id.toString())
-        await serve_alarm(session_id, store, self.live, self.alarm_state, self.serve)
+        spent = plan_budget(self.env)  # one budget for all the alarm's turns
+        await serve_alarm(session_id, store, self.live, self.alarm_state,
+                          lambda command: self.serve(command, spent))  # fmt: skip
 
-    async def serve(self, command: Command) -> Reply:
+    async def serve(self, command: Command, budget: Any = None) -> Reply:
         store, index = session_stores(self.env, self.ctx.storage)  # SESSION_STORE
         return await serve_session(
             command,
@@ -164,6 +167,7 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             make_llm=SERVED.make_llm,
             keep_alive=self.keep_alive,
             alarm=self.alarm_state,
+            budget=budget,
         )
 
     def keep_alive(self, task: Any) -> None:

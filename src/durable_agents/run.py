@@ -48,6 +48,7 @@ from typing import Any, Literal
 import httpx
 
 from . import _json, _timeouts, context
+from . import budget as _budget
 from .agent import Agent
 from .approvals import (
     ApprovalState,
@@ -92,10 +93,21 @@ from .stores.memory import memory_store
 from .tools import DepsT, Handler, Tool, ToolContext
 
 RunStatus = Literal[
-    "complete", "max_steps", "error", "awaiting_approval", "cancelled", "budget_exceeded"
+    "complete",
+    "max_steps",
+    "error",
+    "awaiting_approval",
+    "cancelled",
+    "budget_exceeded",
+    "deferred",
 ]
 
 _log = logging.getLogger("durable_agents")
+# The reason stored with a call the kit deferred to a fresh Workers invocation.
+DEFERRED_REASON = (
+    "deferred by durable-agents: over what this Workers invocation may still fetch; "
+    "it runs in the next invocation"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +121,11 @@ class RunResult:
     are in `pending`, see `durable_agents.approvals`) or `"cancelled"` (its
     `CancelToken` was cancelled; it stopped at a step boundary) or
     `"budget_exceeded"` (the session's stored usage reached
-    `agent.max_session_tokens` before an LLM call; `error` says how far).
+    `agent.max_session_tokens` before an LLM call; `error` says how far) or
+    `"deferred"` (inside a Workers invocation, `durable_agents.budget`: a step's
+    calls did not all fit what the invocation may still fetch; those that did ran,
+    the others are recorded as not started, and `message=None` in a fresh
+    invocation runs them: the session's Durable Object does that at once).
     With `"error"`, `error_code` says which: `"llm-error"` (the call failed)
     or `"llm-response-too-large"` (the reply is over the store's limit for one
     message, `MAX_ROW_BYTES`, so it was not kept). In every
@@ -515,6 +531,11 @@ class _Session:
         self.origin: MessageOrigin | None = None  # stamped on every message it stores
         self.clock: Callable[[], float] = time.time
         self.tokens_used: int | None = None  # the session's, for max_session_tokens
+        # The Workers invocation's budget (None on CPython): a step's calls that do not
+        # fit it are deferred to a fresh invocation (`durable_agents.budget`).
+        self.budget = _budget.current()
+        self.deferred_left = False  # settle() left deferred calls for another invocation
+        self.unstarted: list[ToolCall] = []  # dispatch(budgeted=True) did not start these
         # What this step's handlers scheduled: stored with their results (write #2).
         self.scheduled: list[Schedule] = []
 
@@ -551,6 +572,8 @@ class _Session:
             waiting = await self.settle(orphans, message)
             if waiting:
                 return self.result("awaiting_approval", "", 0, Usage(), pending=waiting)
+            if self.deferred_left:
+                return self.result("deferred", "", 0, Usage())
         if message is None and self.history[-1].is_final_reply:
             return self.result("complete", self.history[-1].content, 0, Usage())
 
@@ -611,9 +634,14 @@ class _Session:
             unstored = []
             if not calls:
                 return self.result("complete", response.text, steps, usage)
+            deferred: list[ToolCall] = []
             if free:  # write #2 (of the calls that need no approval, when some do)
-                last = steps >= self.agent.max_steps or bool(gated)
-                await self.append(await self.dispatch(free), release=last)
+                results = await self.dispatch(free, budgeted=True)
+                deferred = self.unstarted  # over the invocation's budget: never started
+                last = steps >= self.agent.max_steps or bool(gated) or bool(deferred)
+                await self.append(results, release=last, approvals=self.deferral(deferred))
+            if deferred and not gated:
+                return self.result("deferred", "", steps, usage)
             if gated:
                 pending = [
                     PendingApproval(c.id, c.name, dict(c.arguments), gated[c.id].digest)
@@ -749,19 +777,62 @@ class _Session:
         decided = {
             c.id: states[c.id] for c in orphans if c.id in states and not states[c.id].claimed
         }
-        runnable = [
+        runnable, later = self.split_to_fit([
             c
             for c in orphans
             if c.id in decided
             and decided[c.id].decision == "approved"
             and approval_digest(self.session_id, c.id, c.name, c.arguments) == decided[c.id].digest
-        ]
+        ])  # fmt: skip
+        if later and message is not None:  # the turn before is not done: its calls go first
+            raise SessionBusyError(self.session_id, "the turn before, running its deferred calls",
+                                   0, 0.0)  # fmt: skip
         if runnable:  # the claim: from here on, a crash leaves them as orphans
             claims = [ApprovalChange(c.id, "claimed", decided[c.id].digest) for c in runnable]
             await self.append([], approvals=claims, hold=self.step_seconds(runnable))
         claimed = {c.id for c in runnable}
-        await self.append(await self.dispatch(orphans, resuming=True, decided=decided, run=claimed))
+        # (Approved calls left for a later invocation stay as they are: no result yet.)
+        answer = [c for c in orphans if c not in later]
+        if answer:
+            await self.append(
+                await self.dispatch(answer, resuming=True, decided=decided, run=claimed)
+            )
+        self.deferred_left = bool(later)
         return []
+
+    def split_to_fit(self, calls: Sequence[ToolCall]) -> tuple[list[ToolCall], list[ToolCall]]:
+        """`calls` as (run now, defer): in a Workers invocation, the calls whose handlers
+        its budget cannot start are deferred (a call that runs no handler never is)."""
+        if self.budget is None:
+            return list(calls), []
+        room = self.budget.calls_that_fit()
+        now: list[ToolCall] = []
+        later: list[ToolCall] = []
+        for call in calls:
+            runs = not isinstance(call, MalformedToolCall) and call.name in self.tools
+            if runs and room <= 0:
+                later.append(call)
+                continue
+            room -= runs
+            now.append(call)
+        return now, later
+
+    def deferral(self, calls: Sequence[ToolCall]) -> list[ApprovalChange]:
+        """The events recording `calls` as deferred: requested and approved by the kit, so
+        a later run claims each before it starts it, as an approved call (`settle`): a
+        deferred call without a claim is known never to have started."""
+        digests = [approval_digest(self.session_id, c.id, c.name, c.arguments) for c in calls]
+        # Requests first, then decisions: two runs, each one packed statement for D1.
+        return [
+            *(
+                ApprovalChange(c.id, "requested", d, tool_name=c.name)
+                for c, d in zip(calls, digests, strict=True)
+            ),
+            *(
+                ApprovalChange(c.id, "approved", d, reason=DEFERRED_REASON)
+                for c, d in zip(calls, digests, strict=True)
+            ),
+        ]
 
     def step_seconds(self, calls: Sequence[ToolCall]) -> float:
         """How long a step's handlers may run, as far as their tools declare it."""
@@ -837,26 +908,45 @@ class _Session:
         resuming: bool = False,
         decided: Mapping[str, ApprovalState] | None = None,
         run: set[str] | None = None,
+        budgeted: bool = False,
     ) -> list[Message]:
         """One result per call, in call order. Handlers of one step run concurrently.
 
         With `decided` (calls a person decided on): those in `run` (claimed just
-        now) run as new calls, the others get their `tool-denied` result."""
+        now) run as new calls, the others get their `tool-denied` result. With
+        `budgeted`, inside a Workers invocation (`durable_agents.budget`), a handler
+        starts only while the invocation can still fetch (one subrequest counted for
+        each handler in flight); the calls never started get no result and are left in
+        `self.unstarted`, in call order."""
         decided, run = decided or {}, run or set()
         over = self.beyond_cap()
         slots = asyncio.Semaphore(self.agent.tool_concurrency)
+        limit = self.budget if budgeted else None
+        in_flight = 0
 
-        async def answer(call: ToolCall) -> str:
+        async def answer(call: ToolCall) -> str | None:
+            nonlocal in_flight
             if call.id in decided and call.id not in run:
                 return await _denied(call, decided[call.id])
             async with slots:
-                return await self.result_content(
-                    call, resuming and call.id not in run, call.id in over
-                )
+                if limit is not None and limit.calls_that_fit() - in_flight <= 0:
+                    return None  # not started: deferred to a fresh invocation
+                in_flight += 1
+                try:
+                    return await self.result_content(
+                        call, resuming and call.id not in run, call.id in over
+                    )
+                finally:
+                    in_flight -= 1
 
         jobs = [answer(call) for call in calls]
         contents = [await jobs[0]] if len(jobs) == 1 else await _all_or_crash(jobs)
-        return [Message.tool_result(c, text) for c, text in zip(calls, contents, strict=True)]
+        self.unstarted = [c for c, text in zip(calls, contents, strict=True) if text is None]
+        return [
+            Message.tool_result(c, text)
+            for c, text in zip(calls, contents, strict=True)
+            if text is not None
+        ]
 
     def beyond_cap(self) -> set[str]:
         """The calls of the last step past `max_tool_calls_per_step`: answered, never run."""
@@ -1077,7 +1167,7 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-async def _all_or_crash(jobs: list[Coroutine[Any, Any, str]]) -> list[str]:
+async def _all_or_crash(jobs: list[Coroutine[Any, Any, str | None]]) -> list[str | None]:
     """Run the jobs concurrently. Ordinary errors are already results; anything
     that escapes is a BaseException (a crash, a cancellation): stop the
     siblings and let it propagate, so no result of this step is written."""

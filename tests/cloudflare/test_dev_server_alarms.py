@@ -251,3 +251,65 @@ def _refusals_over_http(worker: DevWorker) -> None:
     assert (wrong.status, allow) == (405, "GET, POST"), wrong.text
     assert worker.get("/sessions/never").status == 200  # the server still answers
     print(f"refusals over HTTP: {time.monotonic() - started:.1f} s")
+
+
+class ManyPosts(FakeServices):
+    """A model that answers "post N" with N post_slack calls in one step (each a real
+    fetch to the fake webhook), then says how many results it got."""
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self.llm_requests.append(body)
+        messages = body["messages"]
+        start = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        ask, turn = messages[start]["content"], messages[start:]
+        results = [m for m in turn if m["role"] == "tool"]
+        message: dict[str, Any] = {"role": "assistant", "content": f"Posted: {len(results)}."}
+        if not results and ask.startswith("post "):
+            message = {"role": "assistant", "content": "Posting.", "tool_calls": [
+                {"id": f"p_{n}", "type": "function", "function": {
+                    "name": "post_slack",
+                    "arguments": json.dumps({"channel": "#many", "text": f"post {n}"}),
+                }}
+                for n in range(int(ask.split()[1]))
+            ]}  # fmt: skip
+        finish = "tool_calls" if "tool_calls" in message else "stop"
+        usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        return {"id": "chatcmpl-many", "object": "chat.completion", "model": "fake",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": usage}  # fmt: skip
+
+
+def test_a_step_of_120_fetching_calls_completes_on_the_free_plan(
+    dev_worker: Callable[..., DevWorker],
+) -> None:
+    """Issue 20, item 5: WORKERS_PLAN=free (50 subrequests an invocation, enforced by the
+    dev server as by Cloudflare): the first invocation runs the calls that fit and
+    defers the rest; the object's alarm runs them in fresh invocations, each claimed
+    first; every call is answered once, and every call that runs posts once."""
+    with ManyPosts() as services:
+        worker = dev_worker(settings={**services.worker_env(), "WORKERS_PLAN": "free"})
+        started = time.monotonic()
+        first = worker.post("/sessions/many/messages", {"message": "post 120"})
+        assert (first.status, first.body.get("status")) == (202, "deferred"), first.text
+        messages = _wait_for(
+            lambda: (m := _stored(worker, "many")) and m[-1]["content"] == "Posted: 120." and m,
+            90,
+            "the deferred calls",
+        )
+        print(f"120 calls in {time.monotonic() - started:.1f} s")
+        results = [m for m in messages if m["role"] == "tool"]
+        assert len(results) == 120  # every call answered, once
+        kinds = [json.loads(m["content"]).get("kind") for m in results]
+        # The agent's max_tool_calls_per_step (100) answers the last 20 without running them;
+        # the 100 it runs take three invocations (47, 48, then 5 and the final reply).
+        assert kinds == [None] * 100 + ["too-many-calls"] * 20, kinds
+        keys = [headers.get("idempotency-key") for headers, _ in services.posts]
+        assert len(keys) == 100
+        assert len(set(keys)) == 100  # each call posted once
+        texts = sorted(int(body["text"].split()[1]) for _, body in services.posts)
+        assert texts == list(range(100))
+        claimed = worker.count("SELECT * FROM agent_approvals WHERE event = 'claimed'")
+        deferred = worker.count("SELECT * FROM agent_approvals WHERE event = 'approved'")
+        assert 0 < claimed == deferred < 100  # the first invocation's calls needed no claim
+        assert worker.get("/sessions/many").status == 200

@@ -103,7 +103,9 @@ class ObjectAlarm:
     async def _mark_started(self, origin: str | None) -> None:
         previous = await self.mark()
         resumes = int(previous.get("resumes", 0)) if previous else 0
-        if origin == "self-resumed":
+        if previous and previous.get("continues"):
+            pass  # going on with a deferred step is no resume of a crash: not counted
+        elif origin == "self-resumed":
             resumes += 1
         elif origin != "stopped":
             resumes = 0
@@ -122,6 +124,19 @@ class ObjectAlarm:
             await self.arm(store, session_id)
         except Exception as exc:
             print(f"durable-agents: the turn's mark was not cleared ({exc})", file=sys.stderr)
+
+    async def turn_continues(self) -> None:
+        """The turn stopped at its invocation's budget with calls deferred (run status
+        "deferred"): mark it to go on at once, and set the alarm for now; the alarm is a
+        fresh invocation, with a fresh budget."""
+        try:
+            mark = await self.mark() or {"resumes": 0}
+            now = self.now_ms()
+            mark.update(instance=self.instance, check_at=now, continues=True)
+            await self.storage.put(self.key, json.dumps(mark))
+            await self.storage.setAlarm(now)
+        except Exception as exc:  # the mark of the turn's start stays: its check resumes it
+            print(f"durable-agents: the deferred step waits for its check ({exc})", file=sys.stderr)
 
     async def arm(self, store: Store, session_id: str, *, not_before: int | None = None) -> None:
         """Set the alarm to the earliest of the mark's check and the first schedule (no
@@ -193,8 +208,9 @@ async def on_alarm(
             resumes = int(mark.get("resumes", 0))
             if resumes >= MAX_SELF_RESUMES:
                 await run_turn("stop", {"reason": stop_reason(resumes)})
-            else:
-                await run_turn("resume", {})
+            elif _deferred(await run_turn("resume", {})):
+                return  # this invocation's budget is spent: the next alarm goes on
+
         blocked = False
         for schedule in await store.load_schedules(session_id):
             if schedule.due_at > now:
@@ -202,6 +218,8 @@ async def on_alarm(
             reply = await run_turn(
                 "message", {"message": schedule.message, "request_key": schedule.request_key}
             )
+            if _deferred(reply):
+                return  # the schedule's turn goes on in the next alarm; so do the others
             if _blocked(reply):
                 blocked = True
                 continue
@@ -248,6 +266,11 @@ def stop_reason(resumes: int) -> str:
         "running out of memory or time). Nothing more of it was run; calls without a result "
         "are marked as lost (tool-durability-error). Send a new message to go on."
     )
+
+
+def _deferred(reply: Any) -> bool:
+    body = getattr(reply, "body", None)
+    return isinstance(body, dict) and body.get("status") == "deferred"
 
 
 def _is_result(reply: Any) -> bool:

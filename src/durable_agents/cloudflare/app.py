@@ -84,6 +84,7 @@ from .._http_json import refuse_deep_json
 from .._timeouts import timeout
 from ..agent import Agent
 from ..approvals import approval_states, approve, pending_approvals, waiting_calls
+from ..budget import PLANS, InvocationBudget, invocation
 from ..errors import (
     ApprovalAlreadyDecidedError,
     ApprovalDigestMismatchError,
@@ -135,6 +136,7 @@ __all__ = [
     "error_reply",
     "handle_request",
     "internal_error",
+    "plan_budget",
     "resume_left_turn",
     "run_retention",
     "serve_alarm",
@@ -893,6 +895,7 @@ async def serve_session(
     keep_alive: Callable[[asyncio.Task[Any]], None] | None = None,
     index: SessionIndex | None = None,
     alarm: ObjectAlarm | None = None,
+    budget: InvocationBudget | None = None,
 ) -> Reply:
     """Carry out a command in the session's Durable Object; never raises for expected errors.
 
@@ -913,7 +916,9 @@ async def serve_session(
 
     `alarm` (the object's `ObjectAlarm`, see `alarms.py`) marks each turn as running
     while it runs, so that a turn cut short by a reset is resumed by the alarm, and is
-    armed for the session's next schedule.
+    armed for the session's next schedule. `budget` is the invocation's (`budget.py`,
+    `plan_budget`): a step whose calls do not all fit it ends this invocation's part of
+    the turn ("deferred", HTTP 202) and the alarm goes on with it at once.
     """
     try:
         if command.action in ("schedule", "schedules", "unschedule"):
@@ -962,7 +967,9 @@ async def serve_session(
                         command, session_id, store, env, agent, llm, make_llm, make_deps,
                         http_client, turn,
                     )  # fmt: skip
-                    if alarm is not None:
+                    if alarm is not None and _status(reply) == "deferred":
+                        await alarm.turn_continues()
+                    elif alarm is not None:
                         # A store down or a bug (a 5xx that is no result): the mark stays,
                         # so the alarm tries the turn again later.
                         failed = reply.status in (500, 503) and not _is_result(reply)
@@ -980,7 +987,8 @@ async def serve_session(
         turn.end(reply)
         return reply
 
-    task = asyncio.ensure_future(one_turn())
+    with invocation(budget):  # the turn's task (and what it starts) counts on it
+        task = asyncio.ensure_future(one_turn())
     live.tasks.add(task)
     task.add_done_callback(live.tasks.discard)
     if keep_alive is not None:
@@ -1089,6 +1097,20 @@ def session_stores(env: Any, storage: Any) -> tuple[Store, SessionIndex | None]:
     if session_store_kind(env) == "durable-object":
         return durable_object_store(storage), d1
     return d1, None
+
+
+def _status(reply: Reply) -> Any:
+    return reply.body.get("status") if isinstance(reply.body, dict) else None
+
+
+def plan_budget(env: Any) -> InvocationBudget:
+    """A fresh budget for one invocation, per the setting WORKERS_PLAN (free, the
+    default, or paid)."""
+    raw = setting(env, "WORKERS_PLAN")
+    plan = "free" if raw is None or str(raw).strip() == "" else str(raw).strip()
+    if plan not in PLANS:
+        raise ConfigurationError(f"WORKERS_PLAN must be free or paid, got {raw!r}")
+    return InvocationBudget.for_plan(plan)
 
 
 def _is_result(reply: Reply | None) -> bool:
@@ -1514,6 +1536,8 @@ def _result_reply(session_id: str, result: RunResult) -> Reply:
         return Reply(502, body)
     if result.status == "budget_exceeded":
         body["error"] = {"code": "budget-exceeded", "message": result.error}
+    if result.status == "deferred":  # the object goes on with it: GET .../events follows
+        return Reply(202, body)
     return Reply(200, body)
 
 

@@ -34,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from .. import budget
 from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
@@ -165,7 +166,7 @@ class D1Store:
             )
         ]  # fmt: skip
         try:
-            await self._db.batch(statements)
+            await self._batch(statements)
         except Exception as exc:
             if _sql.is_conflict(str(exc)) or _sql.is_approval_conflict(str(exc)):
                 raise SessionConflictError(session_id, expected_seq, _d1_message(exc)) from exc
@@ -197,6 +198,7 @@ class D1Store:
     ) -> LeaseHolder | None:
         params = _sql.acquire_lease_params(session_id, owner, self._now_ms(), ttl_ms, take_from)
         try:
+            budget.spend(queries=1)
             result = await self._prepare(_sql.ACQUIRE_LEASE, params, session_id).run()
         except Exception as exc:
             raise StoreError(
@@ -212,6 +214,7 @@ class D1Store:
 
     async def release_lease(self, session_id: str, owner: str) -> None:
         try:
+            budget.spend(queries=1)
             await self._db.prepare(_sql.RELEASE_LEASE).bind(session_id, owner).run()
         except Exception as exc:
             raise StoreError(
@@ -239,6 +242,7 @@ class D1Store:
 
     async def delete_schedule(self, session_id: str, schedule_id: str) -> bool:
         try:
+            budget.spend(queries=1)
             result = await self._prepare(
                 _sql.DELETE_SCHEDULE, (session_id, schedule_id), session_id
             ).run()
@@ -263,7 +267,7 @@ class D1Store:
         """One batch: each statement picks the same idle sessions (see `_sql.DELETE_IDLE`)."""
         params = _sql.idle_params(before_ms, limit)
         try:
-            results = await self._db.batch([self._prepare(sql, params) for sql in _sql.DELETE_IDLE])
+            results = await self._batch([self._prepare(sql, params) for sql in _sql.DELETE_IDLE])
         except Exception as exc:
             raise StoreError(
                 f"D1 failed to delete sessions idle since {before_ms}: {_d1_message(exc)}"
@@ -283,6 +287,7 @@ class D1Store:
         index row here: one write, so listing and retention see it."""
         params = _sql.session_summary_params(info)
         try:
+            budget.spend(queries=1)
             await self._prepare(_sql.PUT_SESSION_SUMMARY, params, info.id).run()
         except Exception as exc:
             raise StoreError(
@@ -291,7 +296,7 @@ class D1Store:
 
     async def delete_session(self, session_id: str) -> bool:
         try:
-            results = await self._db.batch(
+            results = await self._batch(
                 [
                     self._db.prepare(_sql.DELETE_MESSAGES).bind(session_id),
                     self._db.prepare(_sql.DELETE_LEASE).bind(session_id),
@@ -308,6 +313,11 @@ class D1Store:
         deleted_messages, *_, deleted_session = results
         return any(int(r["meta"]["changes"]) > 0 for r in (deleted_messages, deleted_session))
 
+    async def _batch(self, statements: Sequence[Any]) -> Any:
+        """`db.batch(statements)`: each statement a query of the invocation (`budget`)."""
+        budget.spend(queries=len(statements))
+        return await self._db.batch(list(statements))
+
     def _prepare(
         self, sql: str, params: Sequence[Any], session_id: str | None = None
     ) -> D1PreparedStatement:
@@ -318,6 +328,7 @@ class D1Store:
     async def _read(self, sql: str, params: Sequence[Any], what: str) -> Sequence[Sequence[Any]]:
         statement = self._prepare(sql, params)
         try:
+            budget.spend(queries=1)
             return await statement.raw()
         except Exception as exc:
             raise StoreError(f"D1 failed to {what}: {_d1_message(exc)}") from exc

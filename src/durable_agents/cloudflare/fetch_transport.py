@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from .. import budget
 from .._timeouts import timeout
 
 __all__ = ["FetchTransport", "InvocationLimitError"]
@@ -67,6 +68,7 @@ class FetchTransport(httpx.AsyncBaseTransport):
         from pyodide.ffi import JsException, to_js  # type: ignore[import-not-found]
 
         fetch = self._fetch or js.fetch
+        budget.spend(subrequests=1)  # the invocation's count (`durable_agents.budget`)
         body = await request.aread()
         headers = [
             [name, value]
