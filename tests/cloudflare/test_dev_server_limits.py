@@ -263,7 +263,7 @@ def test_the_kits_worker_free_refuses_a_tools_51st_fetch(target: Target, tmp_pat
     worker = DevWorker(ROOT, tmp_path / "state", {"TARGET_URL": target.at("kit")}, agent=agent)
     try:
         worker.start()
-        assert "dev: WORKERS_PLAN=free (the default): per invocation" in "\n".join(worker.lines)
+        assert "dev: WORKERS_PLAN=free ([vars]): per invocation" in "\n".join(worker.lines)
         reply = worker.post("/sessions/sixty/messages", {"message": "fetch"}, timeout=120)
     finally:
         worker.close()
