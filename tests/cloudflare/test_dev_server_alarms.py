@@ -15,11 +15,13 @@ import http.client
 import json
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from worker_fakes import DURABILITY_REPLY, FakeServices, durable_object_id
 
+from durable_agents.testing.pytest_plugin import find_project
 from durable_agents.testing.worker import DevWorker
 
 pytestmark = pytest.mark.slow
@@ -27,10 +29,56 @@ WATCH_S = 3  # SELF_RESUME_SECONDS: how long a turn may go unfinished before its
 SECRET = "s" * 40  # SESSION_TOKEN_SECRET: at least 32 bytes
 
 
+class ManyPosts(FakeServices):
+    """The fakes, with a model that answers "post N" with N post_slack calls in one step
+    (each a real fetch to the fake webhook), then says how many results it got; every
+    other turn it plays as FakeServices does (the triage bot)."""
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body["messages"]
+        start = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        ask, turn = messages[start]["content"], messages[start:]
+        if not ask.startswith("post "):
+            return super().chat(body)
+        with self._lock:
+            self.llm_requests.append(body)
+        results = [m for m in turn if m["role"] == "tool"]
+        message: dict[str, Any] = {"role": "assistant", "content": f"Posted: {len(results)}."}
+        if not results and ask.startswith("post "):
+            message = {"role": "assistant", "content": "Posting.", "tool_calls": [
+                {"id": f"p_{n}", "type": "function", "function": {
+                    "name": "post_slack",
+                    "arguments": json.dumps({"channel": "#many", "text": f"post {n}"}),
+                }}
+                for n in range(int(ask.split()[1]))
+            ]}  # fmt: skip
+        finish = "tool_calls" if "tool_calls" in message else "stop"
+        usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        return {"id": "chatcmpl-many", "object": "chat.completion", "model": "fake",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": usage}  # fmt: skip
+
+
 @pytest.fixture
 def services() -> Iterator[FakeServices]:
     with FakeServices() as fake:
         yield fake
+
+
+@pytest.fixture(scope="module")
+def shared(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[DevWorker, ManyPosts]]:
+    """One dev server for the tests that do not kill it (the free plan: the template's)."""
+    project = find_project(Path(str(request.config.rootpath)))
+    with ManyPosts() as fake:
+        settings = {**fake.worker_env(), "SELF_RESUME_SECONDS": str(WATCH_S),
+                    "SESSION_TOKEN_SECRET": SECRET}  # fmt: skip
+        worker = DevWorker(project, tmp_path_factory.mktemp("alarms"), settings)
+        try:
+            yield worker.start(), fake
+        finally:
+            worker.close()
 
 
 def _started(dev_worker: Callable[..., DevWorker], services: FakeServices) -> DevWorker:
@@ -163,9 +211,9 @@ def _llm_saw(services: FakeServices, text: str) -> int:
 
 
 def test_a_schedule_runs_once_and_a_deleted_one_never(
-    dev_worker: Callable[..., DevWorker], services: FakeServices
+    shared: tuple[DevWorker, ManyPosts],
 ) -> None:
-    worker = _started(dev_worker, services)
+    worker, services = shared
     for name in ("soon", "never"):
         first = worker.post(f"/sessions/{name}/messages", {"message": "Triage issue 1"})
         assert first.status == 200, first.text
@@ -253,63 +301,37 @@ def _refusals_over_http(worker: DevWorker) -> None:
     print(f"refusals over HTTP: {time.monotonic() - started:.1f} s")
 
 
-class ManyPosts(FakeServices):
-    """A model that answers "post N" with N post_slack calls in one step (each a real
-    fetch to the fake webhook), then says how many results it got."""
-
-    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        with self._lock:
-            self.llm_requests.append(body)
-        messages = body["messages"]
-        start = max(i for i, m in enumerate(messages) if m["role"] == "user")
-        ask, turn = messages[start]["content"], messages[start:]
-        results = [m for m in turn if m["role"] == "tool"]
-        message: dict[str, Any] = {"role": "assistant", "content": f"Posted: {len(results)}."}
-        if not results and ask.startswith("post "):
-            message = {"role": "assistant", "content": "Posting.", "tool_calls": [
-                {"id": f"p_{n}", "type": "function", "function": {
-                    "name": "post_slack",
-                    "arguments": json.dumps({"channel": "#many", "text": f"post {n}"}),
-                }}
-                for n in range(int(ask.split()[1]))
-            ]}  # fmt: skip
-        finish = "tool_calls" if "tool_calls" in message else "stop"
-        usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
-        return {"id": "chatcmpl-many", "object": "chat.completion", "model": "fake",
-                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": usage}  # fmt: skip
-
-
 def test_a_step_of_120_fetching_calls_completes_on_the_free_plan(
-    dev_worker: Callable[..., DevWorker],
+    shared: tuple[DevWorker, ManyPosts],
 ) -> None:
     """Issue 20, item 5: WORKERS_PLAN=free (50 subrequests an invocation, enforced by the
     dev server as by Cloudflare): the first invocation runs the calls that fit and
     defers the rest; the object's alarm runs them in fresh invocations, each claimed
     first; every call is answered once, and every call that runs posts once."""
-    with ManyPosts() as services:
-        worker = dev_worker(settings={**services.worker_env(), "WORKERS_PLAN": "free"})
-        started = time.monotonic()
-        first = worker.post("/sessions/many/messages", {"message": "post 120"})
-        assert (first.status, first.body.get("status")) == (202, "deferred"), first.text
-        messages = _wait_for(
-            lambda: (m := _stored(worker, "many")) and m[-1]["content"] == "Posted: 120." and m,
-            90,
-            "the deferred calls",
-        )
-        print(f"120 calls in {time.monotonic() - started:.1f} s")
-        results = [m for m in messages if m["role"] == "tool"]
-        assert len(results) == 120  # every call answered, once
-        kinds = [json.loads(m["content"]).get("kind") for m in results]
-        # The agent's max_tool_calls_per_step (100) answers the last 20 without running them;
-        # the 100 it runs take three invocations (47, 48, then 5 and the final reply).
-        assert kinds == [None] * 100 + ["too-many-calls"] * 20, kinds
-        keys = [headers.get("idempotency-key") for headers, _ in services.posts]
-        assert len(keys) == 100
-        assert len(set(keys)) == 100  # each call posted once
-        texts = sorted(int(body["text"].split()[1]) for _, body in services.posts)
-        assert texts == list(range(100))
-        claimed = worker.count("SELECT * FROM agent_approvals WHERE event = 'claimed'")
-        deferred = worker.count("SELECT * FROM agent_approvals WHERE event = 'approved'")
-        assert 0 < claimed == deferred < 100  # the first invocation's calls needed no claim
-        assert worker.get("/sessions/many").status == 200
+    worker, services = shared  # (the plan: wrangler.toml's, free)
+    posts_before = len(services.posts)
+    started = time.monotonic()
+    first = worker.post("/sessions/many/messages", {"message": "post 120"})
+    assert (first.status, first.body.get("status")) == (202, "deferred"), first.text
+    messages = _wait_for(
+        lambda: (m := _stored(worker, "many")) and m[-1]["content"] == "Posted: 120." and m,
+        90,
+        "the deferred calls",
+    )
+    print(f"120 calls in {time.monotonic() - started:.1f} s")
+    results = [m for m in messages if m["role"] == "tool"]
+    assert len(results) == 120  # every call answered, once
+    kinds = [json.loads(m["content"]).get("kind") for m in results]
+    # The agent's max_tool_calls_per_step (100) answers the last 20 without running them;
+    # the 100 it runs take three invocations (47, 48, then 5 and the final reply).
+    assert kinds == [None] * 100 + ["too-many-calls"] * 20, kinds
+    posts = services.posts[posts_before:]
+    keys = [headers.get("idempotency-key") for headers, _ in posts]
+    assert len(keys) == 100
+    assert len(set(keys)) == 100  # each call posted once
+    texts = sorted(int(body["text"].split()[1]) for _, body in posts)
+    assert texts == list(range(100))
+    claimed = worker.count("SELECT * FROM agent_approvals WHERE event = 'claimed'")
+    deferred = worker.count("SELECT * FROM agent_approvals WHERE event = 'approved'")
+    assert 0 < claimed == deferred < 100  # the first invocation's calls needed no claim
+    assert worker.get("/sessions/many").status == 200
