@@ -344,3 +344,60 @@ async def crash_loop(store: Store, storage: Any, session_id: str) -> dict[str, A
         "mark": await alarm.mark(),
         "schedules": len(await store.load_schedules(session_id)),
     }
+
+
+async def deferred_step_meets_a_client(
+    store: Store, storage: Any, session_id: str
+) -> dict[str, Any]:
+    """A step over its invocation's budget is deferred ("continues" mark, alarm for now);
+    a client's message arriving before the alarm is refused (409) and leaves the mark as
+    it was; then the alarm, a fresh invocation each time, runs the rest to the end."""
+    from durable_agents.budget import InvocationBudget, spend
+
+    ran: list[str] = []
+
+    async def post(args: dict[str, Any], ctx: ToolContext) -> str:
+        spend(subrequests=1)  # as a fetch does
+        ran.append(ctx.tool_call_id)
+        return "posted"
+
+    def many(messages: list[Message], tools: Sequence[ToolSpec] = ()) -> LLMResponse:
+        last_user = max(i for i, m in enumerate(messages) if m.role == "user")
+        if any(m.role == "assistant" for m in messages[last_user:]):
+            return LLMResponse("all posted")
+        return LLMResponse("", [ToolCall(f"p{i}", "post", {"n": i}) for i in range(10)])
+
+    agent = Agent("poster", "Post.", [tool(name="post", description="Post.",
+                                           input={"type": "object"}, handler=post)])  # fmt: skip
+    alarm = ObjectAlarm(storage, key=f"durable-agents:turn:{session_id}", watch_seconds=30)
+    live = LiveSession()
+
+    async def serve(command: Command) -> Any:
+        return await serve_session(
+            command, session_id=session_id, store=store, env={}, live=live, agent=agent,
+            make_deps=lambda env, http: None, llm=FunctionLLM(many), alarm=alarm,
+            budget=InvocationBudget(subrequests=6, queries=1_000),
+        )  # fmt: skip
+
+    first = await serve(Command("message", "post ten"))
+    after_first = await alarm.mark()
+    client = await serve(Command("message", "something else"))
+    after_client = await alarm.mark()
+    alarms = 0
+    while (await alarm.mark()) is not None and alarms < 10:
+        alarms += 1
+        await serve_alarm(session_id, store, live, alarm, serve)
+    history = await store.load_messages(session_id)
+    return {
+        "first": [first.status, first.body.get("status")],
+        "client": [client.status, client.body.get("error", {}).get("code")],
+        "continues": [
+            bool((after_first or {}).get("continues")),
+            bool((after_client or {}).get("continues")),
+        ],
+        "alarms": alarms,
+        "ran": ran,
+        "results": len([m for m in history if m.role == "tool"]),
+        "last": history[-1].content,
+        "users": [m.content for m in history if m.role == "user"],
+    }

@@ -6,7 +6,7 @@ import json
 
 from workers import DurableObject
 
-from alarm_sweep import crash_loop, sweep
+from alarm_sweep import crash_loop, deferred_step_meets_a_client, sweep
 from durable_agents.cloudflare import d1_store, durable_object_store
 
 
@@ -28,6 +28,12 @@ class AlarmProbe(DurableObject):
         outcome["last"] = [history[-1].role, history[-1].origin, history[-1].content]
         outcome["results"] = [[m.tool_name, m.content] for m in history if m.role == "tool"]
         outcome["effects"] = [e.tool_name for e in outcome["effects"]]
+        return json.dumps(outcome)
+
+    async def deferred(self):
+        store = durable_object_store(self.ctx.storage)
+        outcome = await deferred_step_meets_a_client(store, self.ctx.storage, "deferring")
+        await self.ctx.storage.deleteAlarm()
         return json.dumps(outcome)
 
     async def alarm(self, *info):
@@ -67,3 +73,15 @@ async def test_a_turn_whose_resumes_keep_crashing_is_stopped_after_three_with_ba
     assert outcome["state"] == "stopped"
     assert outcome["mark"] is None
     assert outcome["effects"] == ["post", "remind"]  # each once, never again
+
+
+async def test_a_deferred_step_goes_on_by_alarm_and_a_client_message_meanwhile_waits(env):
+    outcome = json.loads(await _probe(env).deferred())
+    assert outcome["first"] == [202, "deferred"], outcome  # room for 4 calls: 4 ran
+    assert outcome["client"] == [409, "session-busy"], outcome
+    assert outcome["continues"] == [True, True], outcome  # the client left the mark alone
+    assert outcome["ran"] == [f"p{i}" for i in range(10)], outcome  # each once, in order
+    assert outcome["results"] == 10
+    assert outcome["last"] == "all posted"
+    assert outcome["users"] == ["post ten"]  # the refused message was never stored
+    assert outcome["alarms"] == 2  # 4 + 4 + 2: two alarms after the first invocation

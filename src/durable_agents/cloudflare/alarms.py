@@ -104,7 +104,9 @@ class ObjectAlarm:
         previous = await self.mark()
         resumes = int(previous.get("resumes", 0)) if previous else 0
         if previous and previous.get("continues"):
-            pass  # going on with a deferred step is no resume of a crash: not counted
+            if origin != "self-resumed":
+                return  # a client's request while a deferred step waits: leave its mark
+            # (going on with a deferred step is no resume of a crash: not counted)
         elif origin == "self-resumed":
             resumes += 1
         elif origin != "stopped":
@@ -119,7 +121,9 @@ class ObjectAlarm:
         a store down, so the alarm tries it again) and arm for what comes next. Best
         effort: a mark left behind only makes the alarm find a finished turn."""
         try:
-            if not keep_watch:
+            mark = await self.mark()
+            waiting = mark is not None and bool(mark.get("continues"))  # (a deferred step)
+            if not keep_watch and not waiting:
                 await self.storage.delete(self.key)
             await self.arm(store, session_id)
         except Exception as exc:
