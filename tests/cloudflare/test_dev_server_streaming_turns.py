@@ -156,7 +156,8 @@ def test_kill_9_mid_stream_then_events_from_the_last_id_replay_what_is_stored(
         # The replay ends at what is stored (the post step has no result yet), or, when the
         # object's alarm resumed the turn first (the request woke it), follows that to its end.
         if replay[-1].data["status"] == "interrupted":
-            assert positions[-1] == last_seen
+            # (what the client missed of the stream before the kill is in it)
+            assert positions[-1] >= last_seen
         else:
             assert replay[-1].data["status"] == "complete", replay[-1]
             assert positions[-1] == len(history) - 1
