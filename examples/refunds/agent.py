@@ -222,7 +222,9 @@ def payments_stub(
     method: str, path: str, body: bytes, headers: Mapping[str, str]
 ) -> tuple[int, Any]:
     """`GET /orders/{id}` (every order exists, paid 49.99 USD) and `POST /refunds`
-    (a repeated Idempotency-Key returns the first refund, as Stripe does)."""
+    (a repeated Idempotency-Key returns the first refund, as Stripe does). A query
+    string (`?expand=...`) is ignored."""
+    path, _, _query = path.partition("?")
     order = re.fullmatch(r"/orders/([^/]+)", path)
     if method == "GET" and order is not None:
         order_id = unquote(order.group(1))

@@ -727,11 +727,16 @@ async def test_a_dev_stub_answers_its_settings_path_without_auth() -> None:
     recorder = Recorder()
     env = {**ENV, "DEV_STUBS": "on"}
     headers = {"idempotency-key": "k1"}
-    for path, seen in (("/__dev/TEST_API_URL/items/7", "/items/7"),
-                       ("/__dev/TEST_API_URL", "/"), ("/__dev/TEST_API_URL/", "/")):  # fmt: skip
+    for path, query, seen in (
+        ("/__dev/TEST_API_URL/items/7", "", "/items/7"),
+        ("/__dev/TEST_API_URL", "", "/"), ("/__dev/TEST_API_URL/", "", "/"),
+        ("/__dev/TEST_API_URL/slots", "date=2026-12-03&n=2", "/slots?date=2026-12-03&n=2"),
+        ("/__dev/TEST_API_URL", "q=%C3%A9", "/?q=%C3%A9"),  # as sent: still percent-encoded
+    ):  # fmt: skip
         reply = await handle_request(
-            "post", path, headers, b'{"a": 1}', env=env, dispatch=recorder, dev_stubs=stubs
-        )
+            "post", path, headers, b'{"a": 1}', env=env, dispatch=recorder, dev_stubs=stubs,
+            query=query,
+        )  # fmt: skip
         assert (reply.status, reply.body) == (201, [{"ok": True}])
         assert calls[-1] == ("POST", seen, b'{"a": 1}', headers)
     assert recorder.commands == []

@@ -106,6 +106,11 @@ def test_the_refund_examples_dev_stub_and_an_agent_outside_the_project(
         )
         status, _, order = stubbed.request("GET", "/__dev/PAYMENTS_API_URL/orders/7", token=None)
         assert (status, order["refunded_cents"]) == (200, 4999)
+        # The stub gets the query string with its path (and this one ignores it).
+        status, _, order = stubbed.request(
+            "GET", "/__dev/PAYMENTS_API_URL/orders/7?expand=refunds", token=None
+        )
+        assert (status, order["id"], order["refunded_cents"]) == (200, "7", 4999)
 
         echo.start()
         out = "\n".join(echo.lines)

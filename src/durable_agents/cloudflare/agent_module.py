@@ -20,8 +20,9 @@ A Worker built on the kit serves one agent, defined in one module that
                                       answers requests there with `stub`.
 
 A stub is `stub(method, path, body, headers) -> (status, json_body)`, sync
-or async: `path` is what follows `/__dev/<name>` ("/orders/42", or "/" for
-the URL itself), `body` the raw request body, `headers` the request's
+or async: `path` is what follows `/__dev/<name>`, with the query string if
+the request had one ("/orders/42", "/slots?date=2026-12-03", or "/" for the
+URL itself), `body` the raw request body, `headers` the request's
 headers with lower-case names (an `Idempotency-Key` arrives as
 `headers["idempotency-key"]`). The Worker serves `/__dev/...` only while
 its setting `DEV_STUBS` is `"on"`, which only the dev server sets; on

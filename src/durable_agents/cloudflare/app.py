@@ -450,7 +450,7 @@ async def handle_request(
     Unix seconds, for session tokens.
     """
     if dev_stubs and path.startswith(DEV_STUB_PREFIX) and setting(env, "DEV_STUBS") == "on":
-        return await serve_dev_stub(method, path, headers, body, dev_stubs)
+        return await serve_dev_stub(method, path, headers, body, dev_stubs, query)
     if path == "/" and method.upper() in ("GET", "HEAD") and setting(env, "CHAT_PAGE") == "on":
         from .chat_page import CHAT_PAGE_HTML
 
@@ -840,8 +840,10 @@ async def serve_dev_stub(
     headers: Mapping[str, str],
     body: bytes | BodyReader,
     stubs: Mapping[str, DevStub],
+    query: str = "",
 ) -> Reply:
-    """Answer `/__dev/<NAME>/...` with the stub for setting NAME (see `agent_module`)."""
+    """Answer `/__dev/<NAME>/...` with the stub for setting NAME (see `agent_module`); the
+    stub's `path` carries the request's query string (`query`, without "?"), if any."""
     name, _, rest = path[len(DEV_STUB_PREFIX) :].partition("/")
     stub = stubs.get(name)
     if stub is None:
@@ -856,7 +858,7 @@ async def serve_dev_stub(
             400, "invalid-json", f"the body nests deeper than {_json.MAX_DEPTH} levels"
         )
     try:
-        answer = stub(method.upper(), "/" + rest, raw, headers)
+        answer = stub(method.upper(), "/" + rest + (f"?{query}" if query else ""), raw, headers)
         result = await answer if inspect.isawaitable(answer) else answer
         status, payload = result
         if not isinstance(status, int) or not 100 <= status <= 599:
