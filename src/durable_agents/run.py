@@ -333,9 +333,10 @@ async def stop_turn(
     """End the session's unfinished turn without running anything more, in one write:
     each call of its last step still without a result is answered as lost (a
     `tool-durability-error`, safe_to_retry or not: running them again is what kept
-    failing), then an assistant message with origin "stopped" says why (`reason`).
-    For a turn whose resumes keep crashing; the next message starts a new turn.
-    A turn that has ended already is left as it is (status "complete")."""
+    failing), or as not run (`tool-denied`) if it only waited for a person's decision;
+    then an assistant message with origin "stopped" says why (`reason`, e.g.
+    `stop_reason(n)`). For a turn whose resumes keep crashing; the next message starts
+    a new turn. A turn that has ended already is left as it is (status "complete")."""
     lease = None
     if lease_seconds is not None:
         lease = await _take_lease(store, session_id, _random_id(), lease_seconds, wait_seconds)
@@ -346,10 +347,7 @@ async def stop_turn(
         session = _Session(
             agent, store, session_id, history, {}, None, _random_id, lease, base=base
         )
-        if history[-1].is_final_reply:
-            if lease is not None:
-                await store.release_lease(session_id, lease.owner)
-                lease.released = True
+        if history[-1].is_final_reply:  # (the lease goes in `finally`)
             return session.result("complete", history[-1].content, 0, Usage())
         states = approval_states(await store.load_approvals(session_id))
         lost = [
@@ -363,6 +361,17 @@ async def stop_turn(
         if lease is not None and not lease.released:
             with contextlib.suppress(Exception):
                 await store.release_lease(session_id, lease.owner)
+
+
+def stop_reason(resumes: int) -> str:
+    """The note `stop_turn` stores when the kit gives up on a turn after `resumes`
+    self-resumes (the session's Durable Object alarm, or `durable-agents worker`)."""
+    return (
+        f"This turn was stopped by durable-agents: it was resumed {resumes} times and each "
+        "time the process running it stopped before the turn ended (a crash, a reset or "
+        "running out of memory or time). Nothing more of it was run; calls without a result "
+        "are marked as lost (tool-durability-error). Send a new message to go on."
+    )
 
 
 def _stopped(call: ToolCall, approval: ApprovalState | None) -> str:

@@ -78,7 +78,7 @@ from .errors import (
     SessionNotFoundError,
 )
 from .llm.base import LLM
-from .run import RunStatus, _died_on_this_host, _lease_owner, run, stop_turn
+from .run import RunStatus, _died_on_this_host, _lease_owner, run, stop_reason, stop_turn
 from .stores.base import LeaseHolder, Schedule, Store
 from .tools import DepsT, Handler
 
@@ -381,14 +381,9 @@ class _Pass:
             return item("error", _describe(exc))
 
     async def stop(self, session_id: str, attempts: int) -> WorkItem:
-        reason = (
-            f"This turn was stopped by durable-agents: it was resumed {attempts} times and "
-            "each time the worker running it stopped before the turn ended (a crash, or "
-            "running out of memory). Nothing more of it was run; calls without a result are "
-            "marked as lost (tool-durability-error). Send a new message to go on."
-        )
         result = await stop_turn(
-            self.runner.agent, store=self.store, session_id=session_id, reason=reason,
+            self.runner.agent, store=self.store, session_id=session_id,
+            reason=stop_reason(attempts),
             lease_seconds=self.runner.lease_seconds, wait_seconds=0,
         )  # fmt: skip
         if result.error_code != "turn-stopped":  # another run finished it meanwhile

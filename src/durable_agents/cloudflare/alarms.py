@@ -34,10 +34,11 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from .._json import loads
 from ..errors import ConfigurationError
+from ..run import stop_reason
 from ..stores.base import Store
 from .live import LiveSession
 
@@ -189,7 +190,20 @@ def self_resume_seconds(env: Any) -> float:
     return value
 
 
-TurnRunner = Callable[[str, dict[str, Any]], Awaitable[Any]]
+class TurnReply(Protocol):
+    """What `on_alarm` reads of a turn's answer (`app.Reply`)."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def run_status(self) -> str | None: ...
+
+    @property
+    def error_code(self) -> str | None: ...
+
+
+TurnRunner = Callable[[str, dict[str, Any]], Awaitable[TurnReply]]
 
 
 async def on_alarm(
@@ -212,7 +226,7 @@ async def on_alarm(
             resumes = int(mark.get("resumes", 0))
             if resumes >= MAX_SELF_RESUMES:
                 await run_turn("stop", {"reason": stop_reason(resumes)})
-            elif _deferred(await run_turn("resume", {})):
+            elif (await run_turn("resume", {})).run_status == "deferred":
                 return  # this invocation's budget is spent: the next alarm goes on
 
         blocked = False
@@ -222,14 +236,14 @@ async def on_alarm(
             reply = await run_turn(
                 "message", {"message": schedule.message, "request_key": schedule.request_key}
             )
-            if _deferred(reply):
+            if reply.run_status == "deferred":
                 return  # the schedule's turn goes on in the next alarm; so do the others
             if _blocked(reply):
                 blocked = True
                 continue
             # Refused for good (a message over the agent's limit, a bug): dropped, so the
             # alarm does not fire it forever.
-            refused = getattr(reply, "status", 200) >= 400 and not _is_result(reply)
+            refused = reply.status >= 400 and reply.run_status is None
             if refused and await store.delete_schedule(session_id, schedule.schedule_id):
                 print(
                     f"durable-agents: schedule {schedule.schedule_id} of session "
@@ -263,28 +277,6 @@ def _overdue(mark: dict[str, Any], alarm: ObjectAlarm, now: int) -> bool:
     return mark.get("instance") != alarm.instance and int(mark.get("resumes", 0)) == 0
 
 
-def stop_reason(resumes: int) -> str:
-    return (
-        f"This turn was stopped by durable-agents: it was resumed {resumes} times and each "
-        "time the process running it stopped before the turn ended (a crash, a reset or "
-        "running out of memory or time). Nothing more of it was run; calls without a result "
-        "are marked as lost (tool-durability-error). Send a new message to go on."
-    )
-
-
-def _deferred(reply: Any) -> bool:
-    body = getattr(reply, "body", None)
-    return isinstance(body, dict) and body.get("status") == "deferred"
-
-
-def _is_result(reply: Any) -> bool:
-    body = getattr(reply, "body", None)
-    return isinstance(body, dict) and "status" in body
-
-
-def _blocked(reply: Any) -> bool:
+def _blocked(reply: TurnReply) -> bool:
     """Whether a scheduled turn could not start yet (and should be tried again later)."""
-    body = getattr(reply, "body", None)
-    error = body.get("error") if isinstance(body, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    return code in ("approval-pending", "session-busy", "store")
+    return reply.error_code in ("approval-pending", "session-busy", "store")

@@ -245,6 +245,20 @@ class Reply:
     def all_headers(self) -> dict[str, str]:
         return {**_JSON, **self.headers}
 
+    @property
+    def run_status(self) -> str | None:
+        """The status of the turn this answers (`RunResult.status`), or None when it is
+        no turn's result (an error before one began, a read)."""
+        status = self.body.get("status") if isinstance(self.body, dict) else None
+        return status if isinstance(status, str) else None
+
+    @property
+    def error_code(self) -> str | None:
+        """The `error.code` of the body, if it has one."""
+        error = self.body.get("error") if isinstance(self.body, dict) else None
+        code = error.get("code") if isinstance(error, dict) else None
+        return code if isinstance(code, str) else None
+
 
 def error_reply(status: int, code: str, message: str, **headers: str) -> Reply:
     """The one error shape: `{"error": {"code", "message"}}`."""
@@ -969,12 +983,12 @@ async def serve_session(
                         command, session_id, store, env, agent, llm, make_llm, make_deps,
                         http_client, turn,
                     )  # fmt: skip
-                    if alarm is not None and _status(reply) == "deferred":
+                    if alarm is not None and reply.run_status == "deferred":
                         await alarm.turn_continues()
                     elif alarm is not None:
                         # A store down or a bug (a 5xx that is no result): the mark stays,
                         # so the alarm tries the turn again later.
-                        failed = reply.status in (500, 503) and not _is_result(reply)
+                        failed = reply.status in (500, 503) and reply.run_status is None
                         await alarm.turn_ended(store, session_id, keep_watch=failed)
                 finally:
                     live.turn = None
@@ -1003,7 +1017,7 @@ async def serve_session(
     except TimeoutError:
         first = None
     ended = first is not None and first[0] == "end" and turn.reply is not None
-    if ended and turn.reply is not None and not _is_result(turn.reply):
+    if ended and turn.reply is not None and turn.reply.run_status is None:
         return turn.reply  # failed before it began: a status, not a stream
     return Reply(200, None, SSE_HEADERS, stream=_prepend(first, follow(queue, after=-1)))
 
@@ -1101,10 +1115,6 @@ def session_stores(env: Any, storage: Any) -> tuple[Store, SessionIndex | None]:
     return d1, None
 
 
-def _status(reply: Reply) -> Any:
-    return reply.body.get("status") if isinstance(reply.body, dict) else None
-
-
 def plan_budget(env: Any) -> InvocationBudget:
     """A fresh budget for one invocation, per the setting WORKERS_PLAN (free, the
     default, or paid)."""
@@ -1113,10 +1123,6 @@ def plan_budget(env: Any) -> InvocationBudget:
     if plan not in PLANS:
         raise ConfigurationError(f"WORKERS_PLAN must be free or paid, got {raw!r}")
     return InvocationBudget.for_plan(plan)
-
-
-def _is_result(reply: Reply | None) -> bool:
-    return reply is not None and isinstance(reply.body, dict) and "status" in reply.body
 
 
 async def _prepend(
