@@ -323,7 +323,7 @@ def test_a_step_of_120_fetching_calls_completes_on_the_free_plan(
     assert len(results) == 120  # every call answered, once
     kinds = [json.loads(m["content"]).get("kind") for m in results]
     # The agent's max_tool_calls_per_step (100) answers the last 20 without running them;
-    # the 100 it runs take three invocations (47, 48, then 5 and the final reply).
+    # the others run in the first invocation as far as it can fetch, then in the alarm's.
     assert kinds == [None] * 100 + ["too-many-calls"] * 20, kinds
     posts = services.posts[posts_before:]
     keys = [headers.get("idempotency-key") for headers, _ in posts]
