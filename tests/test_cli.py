@@ -14,7 +14,17 @@ import pytest
 from pydantic import BaseModel
 from worker_fakes import PROJECT, START_TIMEOUT_S, TRIAGE_AGENT, FakeServices, durable_object_id
 
-from durable_agents import Agent, LLMResponse, ToolCall, Usage, run, schedule, stop_turn, tool
+from durable_agents import (
+    Agent,
+    LLMResponse,
+    ToolCall,
+    Usage,
+    approve,
+    run,
+    schedule,
+    stop_turn,
+    tool,
+)
 from durable_agents.stores import sqlite_store
 from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
 from durable_agents.testing.conformance import ticking_clock
@@ -312,3 +322,45 @@ def test_show_marks_scheduled_self_resumed_and_stopped_turns(tmp_path: Path) -> 
     assert any(re.search(r"\[stopped\] assistant \"It kept crashing\.\"", line) for line in lines)
     assert any("send result = tool-durability-error" in line for line in lines)
     assert re.search(r"state stopped", shown.stdout)
+
+
+def test_show_lists_approval_decisions(tmp_path: Path) -> None:
+    async def make(path: Path) -> None:
+        agent = Agent("refunds", "Refund when asked.", [refund])
+        calls = [ToolCall("r1", "refund", {"to": "ann"}), ToolCall("r2", "refund", {"to": "bo"})]
+        llm = ScriptedLLM([LLMResponse("", calls), LLMResponse("One refunded, one not.")])
+        async with sqlite_store(path, clock=ticking_clock()) as store:
+            waiting = await run(agent, llm=llm, message="refund both", session_id="d", store=store)
+            digests = {p.tool_call_id: p.digest for p in waiting.pending}
+            await approve(store, "d", "r1", digest=digests["r1"], approved=True)
+            await approve(
+                store, "d", "r2", digest=digests["r2"], approved=False, reason="not \x1b[31mtheirs"
+            )
+            done = await run(agent, llm=llm, session_id="d", store=store)
+            assert done.status == "complete"
+
+    db = tmp_path / "decisions.db"
+    asyncio.run(make(db))
+    shown = cli("sessions", "show", "d", "--db", str(db))
+    assert shown.returncode == 0, shown.stderr
+    after = shown.stdout.split("\napprovals\n", 1)[1].splitlines()
+    events = [line.strip().split("  ", 1)[1] for line in after if line.startswith("      ")]
+    assert events[:2] == [
+        f"refund (call r1) needs approval (digest {digests_of(db)['r1'][:12]}…)",
+        f"refund (call r2) needs approval (digest {digests_of(db)['r2'][:12]}…)",
+    ]
+    assert "refund (call r1) approved" in events
+    assert "refund (call r2) denied: not \\x1b[31mtheirs" in events  # escaped, never raw
+    assert "refund (call r1) started (claimed: its handler runs once)" in events
+    as_json = json.loads(cli("sessions", "show", "d", "--db", str(db), "--json").stdout)
+    decided = {(a["tool_call_id"], a["event"]) for a in as_json["approvals"]}
+    assert {("r1", "approved"), ("r2", "denied"), ("r1", "claimed")} <= decided
+
+
+def digests_of(db: Path) -> dict[str, str]:
+    async def read() -> dict[str, str]:
+        async with sqlite_store(db) as store:
+            events = await store.load_approvals("d")
+        return {e.tool_call_id: e.digest for e in events if e.event == "requested"}
+
+    return asyncio.run(read())

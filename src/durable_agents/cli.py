@@ -42,6 +42,7 @@ from .errors import (
     ToolDurabilityError,
 )
 from .messages import Message, ToolErrorKind, pending_tool_calls, tool_error
+from .run import DEFERRED_REASON
 from .stores.base import ApprovalEvent, SessionInfo
 from .stores.sqlite import SQLiteStore, sqlite_store
 from .timeline import render_timeline
@@ -355,7 +356,11 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
             print(f"wrote {html_out} (session {_printable(name)}, {len(timeline)} messages)")
         return 0
     if as_json:
-        data = {**_session_json(info), "messages": [m.to_dict() for _, m in timeline]}
+        data = {
+            **_session_json(info),
+            "messages": [m.to_dict() for _, m in timeline],
+            "approvals": [_approval_json(e) for e in approvals],
+        }
         print(json.dumps(data, ensure_ascii=False, indent=2))
         return 0
     print(f"session {_printable(name)}")
@@ -366,6 +371,13 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
           f"{info.output_tokens:,} out")  # fmt: skip
     for seq, (ms, m) in enumerate(timeline):
         print(f"{seq:>4}  {_time(ms)[11:]}  {_printable(_describe(m))}")
+    # A call the kit deferred is stored as requested and approved by the kit: one line.
+    deferred = {e.tool_call_id for e in approvals if e.reason == DEFERRED_REASON}
+    shown = [e for e in approvals if e.event != "requested" or e.tool_call_id not in deferred]
+    if shown:
+        print("approvals")
+    for e in shown:
+        print(f"      {_time(e.created_at)[11:]}  {_printable(_describe_approval(e))}")
     states = approval_states(approvals)
     for call in pending_tool_calls([m for _, m in timeline]):
         state = states.get(call.id)
@@ -378,6 +390,26 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
 def _session_json(s: SessionInfo) -> dict[str, Any]:
     """A session as `GET /sessions` lists it (with its state)."""
     return s.to_dict()
+
+
+def _approval_json(e: ApprovalEvent) -> dict[str, Any]:
+    return {
+        "tool_call_id": e.tool_call_id, "tool_name": e.tool_name, "event": e.event,
+        "digest": e.digest, "reason": e.reason, "created_at": e.created_at,
+    }  # fmt: skip
+
+
+def _describe_approval(e: ApprovalEvent) -> str:
+    """One line for an approval event: who decided what about which call."""
+    call = f"{e.tool_name} (call {e.tool_call_id})"
+    if e.event == "requested":
+        return f"{call} needs approval (digest {e.digest[:12]}…)"
+    if e.event == "claimed":
+        return f"{call} started (claimed: its handler runs once)"
+    if e.event == "approved" and e.reason == DEFERRED_REASON:
+        return f"{call} deferred by the kit to a fresh invocation (its fetch budget ran out)"
+    reason = f": {_short(e.reason, 60)}" if e.reason else ""
+    return f"{call} {e.event}{reason}"
 
 
 def _store_problem(exc: DurableAgentsError) -> str:
