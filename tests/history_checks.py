@@ -162,13 +162,18 @@ def assert_well_formed(
       then a final reply (an assistant message without tool calls). A user
       message appears only at the start of a turn, so none is duplicated.
     - A step is an assistant message with tool calls followed *directly* by
-      exactly one result per call, in call order, each naming its call's tool.
+      exactly one result per call, each naming its call's tool, in the order
+      the kit stored them: in call order within one write, but the results of
+      calls that waited for a person's decision (or were deferred) come in a
+      later write than the step's other results, so in any order overall.
     - Tool call ids are non-empty and unique across the session.
 
     `turns`: the exact number of turns expected. `user_messages`: their exact
     texts. `allow_unfinished`: the last turn may lack its final reply, and its
-    last step may have no results yet (all or none: write #2 is atomic), as a
-    history read between a crash and the resume that repairs it does.
+    last step some of its results (none, after a crash between write #1 and
+    write #2; only those of the calls that needed no decision, while others
+    wait for one), as a history read between a crash and the resume that
+    repairs it, or while a call awaits approval, does.
     """
     where = f"\nhistory:\n{format_history(messages)}"
     for seq, m in enumerate(messages):
@@ -201,25 +206,33 @@ def assert_well_formed(
                 assert call.id, f"message {i - 1}: a stored tool call has no id{where}"
                 assert call.id not in seen_ids, f"tool call id {call.id!r} is reused{where}"
                 seen_ids.add(call.id)
-            results = messages[i : i + len(m.tool_calls)]
-            if not results and i == len(messages) and allow_unfinished:
-                steps.append(Step(m, ()))
-                break
-            assert len(results) == len(m.tool_calls), (
-                f"message {i - 1}: {len(m.tool_calls)} calls but only {len(results)} "
-                f"messages follow{where}"
-            )
-            for call, r in zip(m.tool_calls, results, strict=True):
-                assert (r.role, r.tool_call_id) == ("tool", call.id), (
-                    f"the results of message {i - 1} must follow it directly, one per call "
-                    f"in call order; expected the result of {call.id!r}, got {r.role} "
-                    f"{r.tool_call_id!r}{where}"
+            calls = {c.id: c for c in m.tool_calls}
+            step = i - 1
+            results: list[Message] = []
+            while i < len(messages) and messages[i].role == "tool":
+                r = messages[i]
+                call = calls.get(r.tool_call_id or "")
+                assert call is not None, (
+                    f"message {i}: the result of {r.tool_call_id!r} follows message {step}, "
+                    f"which made no such call: the results of a step must follow it "
+                    f"directly{where}"
+                )
+                assert all(r.tool_call_id != done.tool_call_id for done in results), (
+                    f"message {i}: a second result for {r.tool_call_id!r}{where}"
                 )
                 assert r.tool_name == call.name, (
                     f"the result of {call.id!r} names tool {r.tool_name!r}, "
                     f"the call {call.name!r}{where}"
                 )
-            i += len(results)
+                results.append(r)
+                i += 1
+            if len(results) < len(calls) and i == len(messages) and allow_unfinished:
+                steps.append(Step(m, tuple(results)))  # its other results are still to come
+                break
+            assert len(results) == len(m.tool_calls), (
+                f"message {step}: {len(m.tool_calls)} calls but only {len(results)} "
+                f"results follow it directly{where}"
+            )
             steps.append(Step(m, tuple(results)))
         if reply is None:
             assert allow_unfinished, f"turn {len(result)} (at {start}) has no final reply{where}"

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import re
 from collections.abc import Sequence
+from datetime import date
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from durable_agents import Agent, ConfigurationError, Message, ToolContext, tool
+from durable_agents import Agent, ConfigurationError, Message, ToolCall, ToolContext, tool
 from durable_agents.stores import Store, sqlite_store
 from durable_agents.testing import check_agent, check_agent_async
 from durable_agents.testing.check_agent import CheckEnv
@@ -212,17 +214,42 @@ class Sku(BaseModel):
     sku: str = Field(pattern=r"^[A-Z]{3}-\d+$")
 
 
-def test_a_tool_testllm_cannot_call_is_a_failure_until_given_arguments() -> None:
+class Coupon(BaseModel):
+    model_config = ConfigDict(regex_engine="python-re")  # lookarounds need Python's re
+    code: str = Field(pattern=r"^(?=.*\d)[A-Z0-9]{8}$")  # a digit somewhere: a lookahead
+    note: str = ""
+
+
+def test_patterned_arguments_are_made_to_match_and_the_rest_is_said_by_name() -> None:
     @tool
     async def order(args: Sku, ctx: ToolContext) -> str:
         """Order a SKU."""
         return args.sku
 
-    module = agent_module(order)
-    with pytest.raises(AssertionError, match=r"never reached its handler.*arguments="):
+    report = check_agent(agent_module(order), config=None, turns=1)
+    assert report.unsafe_tools == ("order",)  # "AAA-1" reached the handler
+
+    @tool
+    async def redeem(args: Coupon, ctx: ToolContext) -> str:
+        """Redeem a coupon."""
+        return args.code
+
+    module = agent_module(redeem)
+    with pytest.raises(ConfigurationError) as failure:
         check_agent(module, config=None)
-    report = check_agent(module, config=None, arguments={"order": {"sku": "ABC-1"}})
-    assert report.unsafe_tools == ("order",)
+    text = str(failure.value)
+    assert "tool 'redeem'" in text
+    assert "$.code: its pattern '^(?=.*\\d)[A-Z0-9]{8}$': a lookahead '(?='" in text
+    assert 'arguments={"redeem": {"code": ..., "note": ""}}' in text
+    report = check_agent(module, config=None, turns=1, arguments={"redeem": {"code": "ABCD1234"}})
+    assert report.unsafe_tools == ("redeem",)
+
+    with pytest.raises(AssertionError) as wrong:  # arguments given by hand that do not fit
+        check_agent(module, config=None, turns=1, arguments={"redeem": {"code": "nope"}})
+    assert "your agent broke a rule: TestLLM's call of tool 'redeem' never reached" in str(
+        wrong.value
+    )
+    assert "the arguments= given for it do not fit its input schema" in str(wrong.value)
     with pytest.raises(ConfigurationError, match="nope"):
         check_agent(module, config=None, arguments={"nope": {}})
 
@@ -241,6 +268,8 @@ def test_fails_on_a_tool_marked_safe_that_posts_without_its_key() -> None:
         check_agent(agent_module(lookup, charge), config=None)
     text = str(failure.value)
     assert "re-sent POST https://pay.example/charges without its idempotency key" in text
+    assert "your agent broke a rule: tool 'charge' is declared safe_to_retry" in text
+    assert "the kit broke a rule" not in text
     assert "stored history:" in text
     assert "a crash before append #" in text  # the crash point, named
     assert "write #2" in text
@@ -292,6 +321,7 @@ def test_fails_on_a_store_that_acknowledges_write_one_before_it_is_durable() -> 
         )
     text = str(failure.value)
     assert "unsafe tool 'post' ran 2 times in turn 1" in text
+    assert "the kit, or the store given as store=, broke a rule" in text
     assert "a crash before append #2 (turn 1 step 1 write #2: 2 result(s))" in text
     requests = text.split("  requests:\n")[1].splitlines()
     posts = [line for line in requests if line.strip().startswith("POST https://api.example/posts")]
@@ -328,8 +358,13 @@ def test_fails_if_the_kit_ran_unsafe_orphans_again(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(run_module._Session, "dispatch", forgetful)
     # First found: a crash right after write #1, then the resume ran the post's orphan.
-    with pytest.raises(AssertionError, match=r"unsafe call post#\S+ lost its result in a crash"):
+    with pytest.raises(AssertionError) as failure:
         check_agent(agent_module(lookup, post), config=None)
+    assert re.search(
+        r"the kit broke a rule: unsafe call post#\S+ lost its result in a crash.* — please "
+        "report this",
+        str(failure.value),
+    )
 
 
 # -- approvals ----------------------------------------------------------------------
@@ -469,3 +504,154 @@ def test_fails_if_the_kit_ran_an_approved_call_twice(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(run_module._Session, "dispatch", twice)
     with pytest.raises(AssertionError, match=r"approved call refund#\S+ ran 2 times"):
         check_agent(agent_module(lookup, refund), config=None, turns=1, decide="approve")
+
+
+# -- approval-gated tools wherever they are declared (issue 22) -----------------------
+#
+# A dentist's booking agent: a read, a booking a person approves, an SMS. The kit stores
+# a step's results in the order it has them: the calls needing no decision in write #2,
+# the approved (or denied) ones after the decision. So a gated tool declared first or in
+# the middle is answered last, and the check must take that order as the kit's own.
+
+
+class Day(BaseModel):
+    date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")  # no default: TestLLM fills it
+
+
+class Booking(BaseModel):
+    slot: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$")
+    patient: str = Field(min_length=2, max_length=80)
+
+
+class Sms(BaseModel):
+    to: str = Field(pattern=r"^\+\d{8,15}$")
+    text: str = Field(min_length=1, max_length=160)
+
+
+@tool(safe_to_retry=True)
+async def find_slots(args: Day, ctx: ToolContext) -> list[str]:
+    """Free slots on a day."""
+    day = date.fromisoformat(args.date)  # a real date, or the handler fails
+    response = await ctx.deps.http.get(f"https://clinic.example/slots?date={day}")
+    return [f"{day}T09:00"] if response.status_code == 200 else []
+
+
+@tool(requires_approval=True)
+async def book_slot(args: Booking, ctx: ToolContext) -> dict[str, Any]:
+    """Book a slot (a person approves first)."""
+    response = await ctx.deps.http.post(
+        "https://clinic.example/bookings",
+        json={"slot": args.slot, "patient": args.patient},
+        headers={"Idempotency-Key": ctx.idempotency_key},
+    )
+    return {"status": response.status_code}
+
+
+@tool
+async def send_sms(args: Sms, ctx: ToolContext) -> dict[str, Any]:
+    """Text the patient, keyed."""
+    response = await ctx.deps.http.post(
+        "https://sms.example/messages",
+        json={"to": args.to, "text": args.text},
+        headers={"Idempotency-Key": ctx.idempotency_key},
+    )
+    return {"status": response.status_code}
+
+
+@tool(requires_approval=True)
+async def charge_deposit(args: Booking, ctx: ToolContext) -> dict[str, Any]:
+    """Take a deposit (a person approves first)."""
+    response = await ctx.deps.http.post(
+        "https://pay.example/deposits",
+        json={"patient": args.patient},
+        headers={"Idempotency-Key": ctx.idempotency_key},
+    )
+    return {"status": response.status_code}
+
+
+@pytest.mark.parametrize(
+    "tools",
+    [
+        (book_slot, find_slots, send_sms),
+        (find_slots, book_slot, send_sms),
+        (find_slots, send_sms, book_slot),
+    ],
+    ids=["gated-first", "gated-middle", "gated-last"],
+)
+def test_a_gated_tool_passes_wherever_it_is_declared(tools: tuple[Any, ...]) -> None:
+    sent: list[httpx.Request] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json={})
+
+    report = check_agent(agent_module(*tools), config=None, respond=respond)
+    assert report.approval_tools == ("book_slot",)
+    assert report.approved > 0
+    assert report.denied > 0
+    assert report.durability_errors > 0
+    assert report.safe_reinvocations > 0
+    # TestLLM's arguments reached the handlers: a real date, a booking, an SMS.
+    assert any(r.url.path == "/slots" and r.url.params["date"] == "1111-11-11" for r in sent)
+    assert any(r.url.path == "/bookings" for r in sent)
+    assert any(r.url.path == "/messages" for r in sent)
+
+
+def test_two_gated_tools_in_one_step_with_mixed_decisions() -> None:
+    def decide(pending: Any) -> bool:  # the booking approved, the deposit denied
+        return bool(pending.tool_name == "book_slot")
+
+    module = agent_module(charge_deposit, find_slots, book_slot, send_sms)
+    mixed = check_agent(module, config=None, decide=decide)
+    assert mixed.approval_tools == ("book_slot", "charge_deposit")
+    assert mixed.approved > 0
+    assert mixed.denied > 0
+    both = check_agent(module, config=None, turns=1)  # all approved, then all denied
+    assert both.approved > 0
+    assert both.denied > 0
+
+
+def _refused(monkeypatch: pytest.MonkeyPatch, method: str, replace: Any) -> str:
+    """check_agent's failure on the dentist's agent (gated tool first) with one method of
+    the run loop replaced by `replace(original)`."""
+    run_module = importlib.import_module("durable_agents.run")
+    original = getattr(run_module._Session, method)
+    monkeypatch.setattr(run_module._Session, method, replace(original))
+    with pytest.raises(AssertionError) as failure:
+        check_agent(
+            agent_module(book_slot, find_slots, send_sms), config=None, turns=1, decide="approve"
+        )
+    monkeypatch.undo()
+    return str(failure.value)
+
+
+def test_a_bad_history_is_still_refused_and_blamed_on_the_kit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (A result stored twice never gets that far: the store refuses it.)
+    def forgets_decided_calls(settle: Any) -> Any:  # the approved call is never answered
+        async def wrapped(self: Any, orphans: Any, message: Any) -> Any:
+            return []
+
+        return wrapped
+
+    text = _refused(monkeypatch, "settle", forgets_decided_calls)
+    assert re.search(
+        r"the kit broke a rule: message 1: 3 calls, but only 2 results follow it directly "
+        r"\(none for book_slot#\S+\); message 4 \(assistant\) comes next — please report this",
+        text,
+    )
+    assert "your agent" not in text
+
+    def strays(dispatch: Any) -> Any:  # write #2 also answers a call of no step
+        async def wrapped(self: Any, calls: Any, **kw: Any) -> Any:
+            results = await dispatch(self, calls, **kw)
+            if kw.get("budgeted") and results:
+                stray = Message.tool_result(ToolCall("call_stray", "send_sms", {}), "{}")
+                return [*results, stray]
+            return results
+
+        return wrapped
+
+    text = _refused(monkeypatch, "dispatch", strays)
+    assert "the kit broke a rule: message 4: the result of send_sms#call_stray follows" in text

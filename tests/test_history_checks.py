@@ -50,17 +50,30 @@ def test_a_good_history_passes_and_is_split_into_turns() -> None:
     assert runs == {"c1": 2, "c2": 1}
 
 
+def test_results_in_the_order_the_kit_stores_them_pass() -> None:
+    # A gated call declared first is answered last: the other calls' results land in
+    # write #2, its own after the decision. Any order of one result per call is the
+    # kit's to choose.
+    history = [good()[0], good()[1], good()[3], good()[2], good()[4]]
+    (turn,) = assert_well_formed(history, turns=1)
+    assert [r.tool_call_id for r in turn.steps[0].results] == ["c2", "c1"]
+
+
+OTHER = ToolCall("c3", "post", {})
+
+
 @pytest.mark.parametrize(
     ("history", "error"),
     [
         (good()[:-1], "no final reply"),
         ([*good(), Message.user("hi"), Message.user("again")], "expected an assistant"),
-        ([good()[0], good()[1], good()[3], good()[2], good()[4]], "call order"),
-        ([*good()[:2], good()[2], Message.assistant("x"), good()[3]], "must follow it directly"),
+        ([*good()[:2], good()[2], Message.assistant("x"), good()[3]], "results follow it direct"),
+        ([*good()[:3], good()[2], *good()[3:]], "a second result for 'c1'"),
+        ([*good()[:3], Message.tool_result(OTHER, "{}"), *good()[3:]], "made no such call"),
         ([*good(), Message.user("2"), good()[1], *good()[2:]], "reused"),
         ([good()[1], *good()[1:]], "start with a user message"),
     ],
-    ids=["no-reply", "two-users", "order", "interleaved", "reused-id", "no-user"],
+    ids=["no-reply", "two-users", "interleaved", "twice", "stranger", "reused-id", "no-user"],
 )
 def test_malformed_histories_are_caught(history: list[Message], error: str) -> None:
     with pytest.raises(AssertionError, match=error):
@@ -74,6 +87,11 @@ def test_unfinished_last_turn_is_allowed_only_when_asked() -> None:
     (turn,) = assert_well_formed(cut, allow_unfinished=True)
     assert turn.reply is None
     assert turn.steps[0].results == ()
+    waiting = good()[:3]  # the lookup answered, the post waits for a person's decision
+    (turn,) = assert_well_formed(waiting, allow_unfinished=True)
+    assert [r.tool_call_id for r in turn.steps[0].results] == ["c1"]
+    with pytest.raises(AssertionError, match="only 1 results"):
+        assert_well_formed(waiting)
 
 
 def test_durability_error_on_a_safe_tool_is_caught() -> None:

@@ -17,9 +17,9 @@ served offline agent streams visibly.
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import json
-import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -34,6 +34,7 @@ from ..messages import (
     ToolSpec,
     Usage,
 )
+from ._schema_values import example_arguments
 
 ModelFunction = Callable[[list[Message], list[ToolSpec]], LLMResponse | Awaitable[LLMResponse]]
 
@@ -91,19 +92,26 @@ class TestLLM:
     """Calls each tool once per turn, then replies with text (no network, no key).
 
     In a turn's first step it calls every tool the agent has (or those named
-    in `call_tools`), all at once, with arguments generated from each input
-    schema (`arguments_for`): the first `enum` value or `const`, a `default`,
-    the smallest number the bounds allow, a string of `minLength` "a"s (or a
-    valid date, uuid, email, url... for a `format`), `minItems` elements,
-    every property of an object. With `one_per_step=True` it calls
-    them one step after another instead. Then it answers `text`, or a JSON
-    summary of the results by tool name. Tool failures are results like any
-    other: it does not retry them.
+    in `call_tools`), all at once, with arguments made from each input
+    schema (`arguments_for`): a `default` or the first `enum` value or
+    `const` that fits, the smallest number the bounds allow, a string that
+    fits its `minLength`/`maxLength`, its `format` (a valid date, uuid,
+    email, url...) and its `pattern` (an example string of the regex), the
+    items `minItems` asks for (all different under `uniqueItems`), every
+    property of an object. `arguments={tool name: arguments}` gives a tool's
+    arguments by hand instead. With `one_per_step=True` it calls them one
+    step after another instead. Then it answers `text`, or a JSON summary of
+    the results by tool name. Tool failures are results like any other: it
+    does not retry them.
+
+    A schema it cannot fill (a pattern with a lookahead, say) makes `chat()`
+    raise `ConfigurationError` naming the tool and each field by its JSON
+    path, so `run()` ends with status "error" saying so: give the field a
+    default, or pass `arguments=`.
 
     Use it to run any agent offline (`LLM_PROVIDER=demo` does) and to check
-    an agent's durability (`testing.check_agent`). Arguments a schema's
-    `pattern` constrains are not generated to match it: give such fields a
-    `default`, or use `FunctionLLM`.
+    an agent's durability (`testing.check_agent`); `FunctionLLM` for a model
+    written for one agent.
     """
 
     __test__ = False  # not a pytest test class, despite its name
@@ -116,11 +124,13 @@ class TestLLM:
         one_per_step: bool = False,
         text: str | None = None,
         delta_delay: float = 0.0,
+        arguments: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.call_tools = list(call_tools) if call_tools is not None else None
         self.one_per_step = one_per_step
         self.text = text
         self.delta_delay = delta_delay
+        self.arguments = {name: dict(value) for name, value in (arguments or {}).items()}
         self.calls = 0
 
     async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
@@ -133,11 +143,18 @@ class TestLLM:
         if due:
             batch = due[:1] if self.one_per_step else due
             calls = [
-                ToolCall(f"test_{len(messages)}_{i}", t.name, arguments_for(t.input_schema))
+                ToolCall(f"test_{len(messages)}_{i}", t.name, self.arguments_of(t))
                 for i, t in enumerate(batch)
             ]
             return LLMResponse("", calls, usage)
         return LLMResponse(self._reply(turn), [], usage)
+
+    def arguments_of(self, spec: ToolSpec) -> dict[str, Any]:
+        """The arguments it calls `spec`'s tool with: those given, else made from its schema."""
+        given = self.arguments.get(spec.name)
+        if given is not None:
+            return copy.deepcopy(given)
+        return example_arguments(spec.input_schema, tool_name=spec.name)
 
     async def stream(
         self, messages: list[Message], tools: list[ToolSpec]
@@ -162,127 +179,23 @@ def _current_turn(messages: Sequence[Message]) -> list[Message]:
     return list(messages)
 
 
-def arguments_for(schema: Mapping[str, Any]) -> dict[str, Any]:
+def arguments_for(
+    schema: Mapping[str, Any],
+    *,
+    tool_name: str | None = None,
+    validate: Callable[[dict[str, Any]], object] | None = None,
+) -> dict[str, Any]:
     """Arguments that satisfy a tool's input schema, as `TestLLM` makes them.
 
-    Handles what pydantic writes for a model: `$ref`/`$defs`, `anyOf`
-    (`Optional`), `const`/`enum` (`Literal`, `Enum`), `default`, number
-    bounds and `multipleOf`, string lengths and the common `format`s
-    (date-time, date, time, duration, uuid, email, uri, ipv4, ipv6),
-    `minItems`, `uniqueItems` and `prefixItems` (tuples). A `pattern` is
-    not followed.
+    Handles what pydantic writes for a model: `$ref`/`$defs`, `anyOf`/`oneOf`
+    (`Optional`, unions), `allOf`, `const`/`enum` (`Literal`, `Enum`),
+    `default`, number bounds and `multipleOf`, string lengths, `pattern`
+    (an example string of the regex) and the common `format`s (date-time,
+    date, time, duration, uuid, email, uri, hostname, ipv4, ipv6, ...),
+    `minItems`/`maxItems`, `uniqueItems` and `prefixItems` (tuples),
+    `additionalProperties`, `minProperties`. The result is checked against
+    the schema and, given `validate` (say the tool's pydantic
+    `model_validate`), against that; what cannot be filled raises
+    `ConfigurationError` naming `tool_name` and each field by its JSON path.
     """
-    value = _example(schema, schema.get("$defs") or schema.get("definitions") or {}, depth=0)
-    return value if isinstance(value, dict) else {}
-
-
-# A valid value for each string format pydantic emits (datetime, UUID, HttpUrl, ...).
-_FORMATS: Mapping[str, str] = {
-    "date-time": "2000-01-01T00:00:00Z",
-    "date": "2000-01-01",
-    "time": "00:00:00",
-    "duration": "PT0S",
-    "uuid": "00000000-0000-4000-8000-000000000000",
-    "email": "user@example.com",
-    "idn-email": "user@example.com",
-    "uri": "https://example.com/",
-    "iri": "https://example.com/",
-    "uri-reference": "https://example.com/",
-    "hostname": "example.com",
-    "ipv4": "127.0.0.1",
-    "ipv6": "::1",
-}
-
-
-def _example(schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> Any:
-    if depth > 32:  # a recursive schema: stop somewhere
-        return None
-    if "$ref" in schema:
-        target = defs.get(str(schema["$ref"]).rsplit("/", 1)[-1], {})
-        return _example(target, defs, depth + 1)
-    for key in ("const", "default"):
-        if key in schema:
-            return schema[key]
-    if schema.get("enum"):
-        return schema["enum"][0]
-    for key in ("anyOf", "oneOf", "allOf"):
-        if schema.get(key):
-            options = [s for s in schema[key] if s.get("type") != "null"] or schema[key]
-            return _example(options[0], defs, depth + 1)
-    kind = schema.get("type", "object")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "null")
-    if kind == "object":
-        properties: Mapping[str, Any] = schema.get("properties") or {}
-        return {name: _example(sub, defs, depth + 1) for name, sub in properties.items()}
-    if kind == "array":
-        return _array(schema, defs, depth)
-    if kind in ("integer", "number"):
-        return _number(schema, integer=kind == "integer")
-    if kind == "string":
-        if schema.get("format") in _FORMATS:
-            return _FORMATS[schema["format"]]
-        length = max(1, int(schema.get("minLength", 1)))
-        if "maxLength" in schema:
-            length = min(length, int(schema["maxLength"]))
-        return "a" * length
-    if kind == "boolean":
-        return False
-    return None
-
-
-def _array(schema: Mapping[str, Any], defs: Mapping[str, Any], depth: int) -> list[Any]:
-    prefix = schema.get("prefixItems") or []
-    item = schema.get("items")
-    if not isinstance(item, Mapping):  # absent, or a draft-4 tuple list
-        item = {}
-    count = max(len(prefix), int(schema.get("minItems", 0)))
-    values = [
-        _example(prefix[i] if i < len(prefix) else item, defs, depth + 1) for i in range(count)
-    ]
-    if schema.get("uniqueItems"):
-        enum = item.get("enum")
-        for i in range(1, len(values)):
-            if enum and i < len(enum):
-                values[i] = enum[i]
-            elif isinstance(values[i], bool):
-                values[i] = i == 1
-            elif isinstance(values[i], int | float):
-                values[i] += i * item.get("multipleOf", 1)
-            elif isinstance(values[i], str):
-                values[i] = f"{values[i]}{i}"
-    return values
-
-
-def _number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
-    """The smallest value the bounds allow (or one inside them), else 1; a multiple
-    of `multipleOf` when given."""
-    low, low_open = _bound(schema, "minimum", "exclusiveMinimum", max)
-    high, high_open = _bound(schema, "maximum", "exclusiveMaximum", min)
-    value: float
-    if integer:
-        lo = None if low is None else (math.floor(low) + 1 if low_open else math.ceil(low))
-        hi = None if high is None else (math.ceil(high) - 1 if high_open else math.floor(high))
-        value = lo if lo is not None else (min(1, hi) if hi is not None else 1)
-    elif low is None:
-        value = 1.0 if high is None else min(1.0, high - 1 if high_open else high)
-    elif high is None:
-        value = low + 1 if low_open else low
-    else:
-        value = (low + high) / 2 if low_open else low
-    step = schema.get("multipleOf")
-    if step:
-        value = math.ceil(value / step) * step
-    return int(value) if integer else float(value)
-
-
-def _bound(
-    schema: Mapping[str, Any], closed: str, open_: str, tighter: Callable[[float, float], float]
-) -> tuple[float | None, bool]:
-    """One side's bound and whether it is exclusive (the tighter of the two keywords)."""
-    inclusive, exclusive = schema.get(closed), schema.get(open_)
-    if exclusive is None or isinstance(exclusive, bool):  # draft-4 booleans: ignore
-        return inclusive, False
-    if inclusive is None or tighter(inclusive, exclusive) == exclusive:
-        return exclusive, True
-    return inclusive, False
+    return example_arguments(schema, tool_name=tool_name, validate=validate)

@@ -11,9 +11,12 @@ What it does, for an agent module written against the protocol of
 `DEV_STUBS`; `make_llm` and `SETTINGS` are not used):
 
 - drives the agent with `TestLLM` (every tool called once per turn, with
-  arguments made from its input schema), in both of its modes: all tools in
-  one step, and one tool per step (more steps, so more crash points); two
-  turns each, on a real SQLite file (`sqlite_store`);
+  arguments made from its input schema, patterns and formats included, and
+  checked against the tool's model first: a field it cannot fill is a
+  `ConfigurationError` naming the tool and the field's JSON path; pass
+  `arguments=` for it), in both of its modes: all tools in one step, and one
+  tool per step (more steps, so more crash points); two turns each, on a
+  real SQLite file (`sqlite_store`);
 - first without a crash, counting the atomic appends; then once per append
   and per side of it: the process "dies" right before the append lands and,
   in another session, right after (`crash_on_write`), and the turn is
@@ -40,9 +43,11 @@ point, with the stored history and the requests, on the first breach):
   its idempotency key in a header (the same key on every re-invocation,
   e.g. `Idempotency-Key: ctx.idempotency_key`); else the re-invocation
   repeated a side effect, and the tool is not safe to retry;
-- every history is well formed: only user, assistant and tool messages;
-  each turn's user message stored once, in order; every call followed
-  directly by exactly one result, in call order; each turn ending with a
+- every history is well formed: only user, assistant and tool messages (and
+  the kit's summaries); each turn's user message stored once, in order; a
+  step's calls followed directly by exactly one result each, in the order
+  the kit stores them (those of calls that waited for a decision after the
+  others, wherever the gated tool is declared); each turn ending with a
   final reply; call ids unique; every handler run was for a stored call;
 - an unsafe call left without a result by a crash (an orphan) ends with a
   `tool-durability-error` result; a safe orphan is run again and gets a
@@ -60,6 +65,15 @@ point, with the stored history and the requests, on the first breach):
   approved one ran at most once (unless `safe_to_retry`: then a claimed
   orphan runs again, as any safe orphan); a denied one never ran and has a
   `tool-denied` result; every stored decision is the one `decide` gave.
+
+Each failure says whose rule broke. "your agent broke a rule: ..." is about
+what the agent decides: a tool declared `safe_to_retry` whose re-invocation
+repeats a side effect, `make_deps` failing, a setting that stops the turn, a
+tool TestLLM's call never reaches, a run that writes differently each time.
+"the kit broke a rule: ... — please report this" is about what the kit alone
+is responsible for: the stored history, when a call runs (at most once, only
+once approved and claimed), what answers an orphan. (With `store=`, the store
+given may be the culprit as well: the message says so.)
 
 `check_agent` runs its own event loop; in async code, `await check_agent_async(...)`.
 """
@@ -89,8 +103,8 @@ from .._http_json import refuse_deep_json
 from ..agent import Agent
 from ..approvals import ApprovalState, PendingApproval, approval_digest, approval_states, approve
 from ..errors import ConfigurationError, ToolDurabilityError
-from ..llm.offline import TestLLM
-from ..messages import LLMResponse, Message, ToolCall, ToolErrorKind, ToolSpec, tool_error
+from ..llm.offline import TestLLM, arguments_for
+from ..messages import Message, ToolErrorKind, tool_error
 from ..run import pending_tool_calls, run
 from ..stores.base import ApprovalChange, Store
 from ..tools import Tool, ToolContext
@@ -107,6 +121,16 @@ _HANDLER_NOT_CALLED = frozenset(
 )
 _SIDES: tuple[Literal["before", "after"], ...] = ("before", "after")
 _MAX_RUNS_PER_TURN = 50  # resumes of one turn before giving up (max_steps agents resume)
+# Statuses only the agent's own code or settings can cause with TestLLM, and where to look.
+_AGENT_STATUSES = {
+    "error": ": TestLLM does not fail, so something of the agent's did (its "
+    "history_processor or summarize)",
+    "budget_exceeded": ": the agent's max_session_tokens is too small for the check's turns",
+}
+
+
+class _AgentBreach(AssertionError):
+    """A check failed on something the agent decides (a tool's declaration, a handler)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +312,7 @@ class _Checker:
         respond: Responder | None,
         arguments: Mapping[str, Mapping[str, Any]],
         stubs: Mapping[str, Callable[..., Any]],
+        own_store: bool = False,
     ) -> None:
         self.agent = agent
         self.decide: Decide = lambda pending: True
@@ -297,7 +322,9 @@ class _Checker:
         self.store = store
         self.messages = [f"check_agent turn {i + 1}" for i in range(turns)]
         self.respond = respond
+        self.own_store = own_store
         self.arguments = {name: dict(value) for name, value in arguments.items()}
+        self.given = set(self.arguments)
         self.tools = {t.name: t for t in agent.tools}
         unknown = sorted(set(self.arguments) - set(self.tools))
         if unknown:
@@ -310,6 +337,12 @@ class _Checker:
                 f"tools {missing} of agent {agent.name!r} have no handler; an agent module's "
                 "AGENT must carry its handlers"
             )
+        for name, t in self.tools.items():  # made once, checked against the tool's model
+            if name not in self.arguments:
+                validate = t.input_model.model_validate if t.input_model else t.parse_arguments
+                self.arguments[name] = arguments_for(
+                    t.input_schema, tool_name=name, validate=validate
+                )
         self.handlers = {name: self._recording(t) for name, t in self.tools.items()}
         self.scenario: _Scenario | None = None
         self.runs = 0
@@ -382,23 +415,8 @@ class _Checker:
 
     # -- playing ------------------------------------------------------------------
 
-    def llm(self, one_per_step: bool) -> Any:
-        model = TestLLM(one_per_step=one_per_step)
-        if not self.arguments:
-            return model
-
-        class WithArguments:
-            async def chat(self_, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
-                response = await model.chat(messages, tools)
-                calls = [
-                    ToolCall(c.id, c.name, dict(self.arguments[c.name]))
-                    if c.name in self.arguments
-                    else c
-                    for c in response.tool_calls
-                ]
-                return LLMResponse(response.text, calls, response.usage)
-
-        return WithArguments()
+    def llm(self, one_per_step: bool) -> TestLLM:
+        return TestLLM(one_per_step=one_per_step, arguments=self.arguments)
 
     async def play(self, scenario: _Scenario, one_per_step: bool) -> list[Message]:
         """Play every turn on the scenario's session, crashing once, resuming until done."""
@@ -425,23 +443,30 @@ class _Checker:
                         await self._note_orphans(scenario, session_id)
                     continue
                 if status != "max_steps":
+                    agents = status in _AGENT_STATUSES
                     raise self._breach(
                         scenario,
                         f"run() ended with status {status!r} (error: {error}); with TestLLM "
-                        "every turn should complete",
+                        "every turn should complete" + (_AGENT_STATUSES[status] if agents else ""),
                         await self.store.load_messages(session_id),
+                        blame="agent" if agents else "kit",
                     )
             else:
                 raise self._breach(
                     scenario,
-                    f"turn {turn + 1} did not complete in {_MAX_RUNS_PER_TURN} runs",
+                    f"turn {turn + 1} did not complete in {_MAX_RUNS_PER_TURN} runs (each "
+                    f"ran up to max_steps={self.agent.max_steps} steps)",
                     await self.store.load_messages(session_id),
                 )
         if scenario.crash is not None and not scenario.crashed:
             raise self._breach(
                 scenario,
-                "the crash point was never reached: the agent wrote less than without a crash",
+                "the crash point was never reached: it wrote less than without a crash. Does "
+                "it behave differently from one run to the next (state kept between runs, the "
+                "clock, randomness in a handler or in make_deps)? If not, the kit broke a rule "
+                "here; please report this",
                 await self.store.load_messages(session_id),
+                blame="agent",
             )
         return await self.store.load_messages(session_id)
 
@@ -464,7 +489,8 @@ class _Checker:
                 deps = self.make_deps(self.env, http)
             except Exception as exc:
                 raise AssertionError(
-                    f"make_deps(env, http) raised {type(exc).__name__}: {exc}\n"
+                    f"your agent broke a rule: make_deps(env, http) raised "
+                    f"{type(exc).__name__}: {exc}\n"
                     f"env: {self.env!r}; pass the settings it needs as "
                     "check_agent(..., env={...})"
                 ) from exc
@@ -481,7 +507,7 @@ class _Checker:
             except SimulatedCrash:
                 scenario.crashed = True
                 return "crashed", None
-            except Exception as exc:
+            except Exception as exc:  # the check controls the call: the kit's to answer for
                 raise self._breach(
                     scenario,
                     f"run() raised {type(exc).__name__}: {exc}",
@@ -539,6 +565,8 @@ class _Checker:
             _assert_well_formed(history, self.messages)
             self._assert_approvals(scenario, history, states)
             self._assert_calls(scenario, history)
+        except _AgentBreach as exc:
+            raise self._breach(scenario, str(exc), history, blame="agent") from None
         except AssertionError as exc:
             raise self._breach(scenario, str(exc), history) from None
 
@@ -683,21 +711,40 @@ class _Checker:
             if request.method in _NON_IDEMPOTENT and not request.carries(
                 request.idempotency_key or "\x00"
             ):
-                raise AssertionError(
-                    f"safe_to_retry tool {request.tool_name!r} ran again for call "
-                    f"{call_id!r} and re-sent {request.method} {request.url} without its "
-                    "idempotency key in a header: the re-invocation repeats that side effect. "
+                raise _AgentBreach(
+                    f"tool {request.tool_name!r} is declared safe_to_retry, so the kit ran "
+                    f"call {call_id!r} again after a crash, and it re-sent {request.method} "
+                    f"{request.url} without its idempotency key in a header: the "
+                    "re-invocation repeats that side effect. "
                     "Send ctx.idempotency_key (e.g. an Idempotency-Key header) to a server "
                     "that deduplicates by it, or drop safe_to_retry. Requests of the call: "
                     f"{[str(r) for r in sent]}"
                 )
 
-    def _breach(self, scenario: _Scenario, what: str, history: list[Message]) -> AssertionError:
+    def _breach(
+        self,
+        scenario: _Scenario,
+        what: str,
+        history: list[Message],
+        *,
+        blame: Literal["agent", "kit"] = "kit",
+    ) -> AssertionError:
+        """The failure, saying whose rule broke: the agent's (its tools, their
+        declarations, make_deps) or the kit's (what it stores, and when it runs a call)."""
         where = f"after {scenario.crash}" if scenario.crash else "without a crash"
         requests = "\n".join(f"    {r}" for r in scenario.requests) or "    (none)"
+        if blame == "agent":
+            rule = f"your agent broke a rule: {what}"
+        elif self.own_store:
+            rule = (
+                "the kit, or the store given as store=, broke a rule (check_agent cannot tell "
+                f"them apart): {what} — please report this if that store is the kit's own"
+            )
+        else:
+            rule = f"the kit broke a rule: {what} — please report this"
         return AssertionError(
             f"check_agent: agent {self.agent.name!r}, TestLLM({scenario.mode}), {where}, "
-            f"session {scenario.name!r}:\n  {what}\n"
+            f"session {scenario.name!r}:\n  {rule}\n"
             f"  stored history:\n{format_history(history)}\n  requests:\n{requests}"
         )
 
@@ -735,12 +782,23 @@ def _label_appends(
 
 
 def _assert_well_formed(history: Sequence[Message], user_messages: Sequence[str]) -> None:
-    """The shape every stored session must have: turns of user, steps, final reply."""
+    """The shape every stored session must have: turns of user, steps, final reply.
+
+    A step is an assistant message with calls, followed directly by exactly one
+    result per call, in the order the kit stored them: a step's write #2 holds the
+    results of the calls that need no decision, in call order; those of calls that
+    waited for a person's decision (or that the kit deferred, or that a crash left
+    as orphans) come in a later write, after them. So a gated call declared first
+    is answered last, and any order of one result per call is well formed. A
+    summary (`durable_agents.context`) may stand between a turn's steps or before
+    its user message."""
     users = []
     seen: set[str] = set()
     i = 0
     assert history, "the history is empty"
     while i < len(history):
+        while i < len(history) - 1 and history[i].is_summary:
+            i += 1
         user = history[i]
         assert user.role == "user", (
             f"message {i}: expected a turn's user message, got {user.role!r}"
@@ -750,6 +808,9 @@ def _assert_well_formed(history: Sequence[Message], user_messages: Sequence[str]
         reply = None
         while i < len(history):
             message = history[i]
+            if message.is_summary:  # stored at a step boundary, before the next LLM call
+                i += 1
+                continue
             assert message.role == "assistant", (
                 f"message {i}: expected an assistant message, got {message.role!r} (a user "
                 "message may only follow a final reply)"
@@ -758,25 +819,37 @@ def _assert_well_formed(history: Sequence[Message], user_messages: Sequence[str]
             if not message.tool_calls:
                 reply = message
                 break
+            calls = {}
             for call in message.tool_calls:
                 assert call.id, f"message {i - 1}: a stored tool call has no id"
                 assert call.id not in seen, f"message {i - 1}: tool call id {call.id!r} is reused"
                 seen.add(call.id)
-            results = history[i : i + len(message.tool_calls)]
-            for call, result in zip(message.tool_calls, results, strict=False):
-                assert (result.role, result.tool_call_id, result.tool_name) == (
-                    "tool",
-                    call.id,
-                    call.name,
-                ), (
-                    f"the results of message {i - 1} must follow it directly, one per call in "
-                    f"call order: expected the result of {call.name}#{call.id}, got "
-                    f"{result.role} {result.tool_name}#{result.tool_call_id}"
+                calls[call.id] = call
+            step, answered = i - 1, set[str]()
+            while i < len(history) and history[i].role == "tool":
+                result = history[i]
+                call_id = result.tool_call_id or ""
+                answers = calls.get(call_id)
+                assert answers is not None, (
+                    f"message {i}: the result of {result.tool_name}#{call_id} follows message "
+                    f"{step}, which made no such call (each result must follow its own step)"
                 )
-            assert len(results) == len(message.tool_calls), (
-                f"message {i - 1}: {len(message.tool_calls)} calls, {len(results)} results"
+                assert call_id not in answered, (
+                    f"message {i}: a second result for {answers.name}#{call_id} (a call gets "
+                    "exactly one)"
+                )
+                assert result.tool_name == answers.name, (
+                    f"message {i}: the result of call {call_id} names tool "
+                    f"{result.tool_name!r}, the call {answers.name!r}"
+                )
+                answered.add(call_id)
+                i += 1
+            missing = [f"{c.name}#{c.id}" for c in message.tool_calls if c.id not in answered]
+            assert not missing, (
+                f"message {step}: {len(calls)} calls, but only {len(answered)} results follow it "
+                f"directly (none for {', '.join(missing)})"
+                + (f"; message {i} ({history[i].role}) comes next" if i < len(history) else "")
             )
-            i += len(results)
         assert reply is not None, f"turn {len(users)} has no final reply"
     assert users == list(user_messages), (
         f"the stored user messages are {users!r}; sent (each once): {list(user_messages)!r}"
@@ -890,6 +963,7 @@ async def check_agent_async(
                 respond=respond,
                 arguments=arguments or {},
                 stubs=answering,
+                own_store=store is not None,
             )
             for policy, decider in _policies(agent, decide):
                 checker.decide = decider
@@ -951,12 +1025,17 @@ async def _sweep(checker: _Checker, one_per_step: bool, policy: str = "approve")
     }
     for name in sorted(set(checker.tools) - ran - denied):
         result = next((m.content for m in history if m.tool_name == name), "no call")
+        hint = (
+            "the arguments= given for it do not fit its input schema"
+            if name in checker.given
+            else "see why in its result"
+        )
         raise checker._breach(
             baseline,
             f"TestLLM's call of tool {name!r} never reached its handler ({result}); so it "
-            "would go unchecked. Give its constrained input fields a default, or pass "
-            f"check_agent(..., arguments={{{name!r}: {{...}}}})",
+            f"would go unchecked: {hint}",
             history,
+            blame="agent",
         )
     labels = _label_appends(baseline.appends, baseline.approval_writes)
     for n, label in enumerate(labels, 1):
@@ -989,8 +1068,9 @@ def check_agent(
     above the module); `env`: settings added or overriding them. `turns`: turns per session.
     `respond(request) -> httpx.Response` answers the handlers' requests
     (default: the module's `DEV_STUBS` for the settings they serve, else
-    `200 {}`). `arguments`: `{tool name: arguments}` for tools whose schema
-    `TestLLM` cannot satisfy (a `pattern` or `format`). `store(dir)`: the
+    `200 {}`). `arguments`: `{tool name: arguments}` for tools whose arguments
+    `TestLLM` cannot make from the schema (it says which field, e.g. a pattern
+    with a lookahead), or that you want fixed. `store(dir)`: the
     store to run on (default: a SQLite file in a temporary directory).
     `decide`: how waiting calls of `requires_approval` tools are decided:
     `"both"` (default: one sweep approving them all, one denying them all),
