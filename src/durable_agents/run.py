@@ -7,7 +7,8 @@ One turn, as stored (every arrow is one atomic, conditional append):
       LLM call
       ├─ tool calls ─► write #1: [user message of the turn, if not yet stored] + assistant(calls)
       │                handlers run (concurrently)
-      │                write #2: every result of the step, in call order
+      │                write #2: the results of the calls that ran, in call order (a call
+      │                that waits for approval is answered by a later write, after its decision)
       └─ text only ──► final write: [user message, if not yet stored] + assistant(text)
 
 Leases. Two runs of one session at once cannot both store a step (every

@@ -10,7 +10,7 @@ How the neutral conversation maps onto the wire:
 - every `system` message → the top-level `system` string (joined);
 - an assistant message → one `assistant` turn: its text block (if any),
   then one `tool_use` block per call;
-- tool results → `tool_result` blocks (in call order, `is_error` set when the
+- tool results → `tool_result` blocks (in the order stored, `is_error` set when the
   content is the run loop's `{"error": ...}` JSON) in one `user` turn, and a
   user message right after them joins that same turn, since the API wants
   user and assistant turns to alternate.
