@@ -5,7 +5,7 @@
 
     result = await run(agent, llm=llm, message="...", session_id="s1", store=sqlite_store("a.db"))
 
-See README.md for the contract and the crash-window table.
+See docs/contract.md for the contract and the crash-window table.
 """
 
 from .agent import Agent

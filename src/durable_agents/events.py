@@ -17,7 +17,7 @@ reported once, with its `position` in the session (0 for the first), after
 the append that stored it. Reporting costs no write. A turn is stopped with
 `token.cancel()`: it ends at the next step boundary with status
 `"cancelled"`, never between a step's write #1 and its handlers (see the
-crash-window table in README.md).
+crash-window table in docs/contract.md).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ A-Z a-z 0-9 _ -, so it needs no encoding), the expiry in Unix seconds, and
 HMAC-SHA256 over both, keyed by the secret setting `SESSION_TOKEN_SECRET`
 (url-safe base64, no padding). Nothing is stored: the signature is the
 proof, checked in constant time. A browser holds such a token instead of
-the master `API_TOKEN` (see README.md, "Scoped access").
+the master `API_TOKEN` (see docs/operating.md, "Scoped access").
 """
 
 from __future__ import annotations
