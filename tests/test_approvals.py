@@ -112,7 +112,7 @@ async def resume(store: Store, effects: Effects, llm: ScriptedLLM | None = None)
 
 
 def test_the_digest_is_exactly_the_documented_encoding() -> None:
-    # Another program computes it from the README's definition alone.
+    # Another program computes it from the definition in docs/approvals.md alone.
     arguments = {"order_id": "Å-1", "amount_cents": 1500, "note": None, "items": [2, 1]}
     text = json.dumps(
         [SESSION, "r1", "issue_refund", arguments],

@@ -2,7 +2,7 @@
 requires approval) and a payments API on 127.0.0.1. One dev server for the module.
 
 - `GET /sessions/{name}/approvals` lists the waiting call, with the digest anyone can
-  compute from the README's definition; a new message while it waits is 409
+  compute from the definition in docs/approvals.md; a new message while it waits is 409
   `approval-pending`; an unknown call is 404 `approval-not-found`.
 - A wrong digest is 409 `approval-digest-mismatch` and no refund reaches the payments API;
   the right one refunds exactly once (with its Idempotency-Key); a second decision is 409
@@ -70,7 +70,7 @@ def test_waiting_calls_are_listed_and_block_a_new_message(
 ) -> None:
     before = len(payments.refund_requests)
     body, pending = _waiting(worker, "listed")
-    # The digest is the README's: sha256 of [session_id, tool_call_id, tool_name, arguments].
+    # The digest is docs/approvals.md's: sha256 of [session_id, tool_call_id, tool_name, arguments].
     assert pending["digest"] == approval_digest(
         body["session_id"], pending["tool_call_id"], "issue_refund", pending["arguments"]
     )
