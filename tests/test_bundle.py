@@ -72,14 +72,14 @@ def test_the_worker_starts_and_serves_a_turn_from_its_bundle_alone(bundle: Any) 
     wanted = [*getattr(agent, "SETTINGS", ()), *getattr(agent, "DEV_STUBS", {})]
     echo = {name: bundle_size.ECHO for name in wanted if name.endswith("_URL")}
     ran = bundle_size.run_from_bundle(bundle, CONFIG, bundle_size.check_vars(CONFIG, echo))
-    assert (ran["status"], ran["body"].get("status")) == (200, "complete"), (
+    # src/agent.py is the user's: whatever agent it holds, its turn runs from the bundle
+    # (offline, its tools' URLs pointed at a local echo server) to an answer, or to a
+    # call that waits for a person's approval.
+    assert ran["status"] == 200, f"{ran['body']}\n{ran['output'][-3000:]}"
+    assert ran["body"].get("status") in ("complete", "awaiting_approval"), (
         f"{ran['body']}\n{ran['output'][-3000:]}"
     )
-    # The triage turn ran its tools from the bundle: a read of the issue, a Slack post,
-    # both to the local echo server, then the reply (3 LLM steps).
-    assert ran["body"]["steps"] == 3, ran["body"]
-    assert [r.split(" ")[0] for r in ran["echoed"]] == ["GET", "POST"], ran["echoed"]
-    assert ran["echoed"][0].endswith("/issues/42"), ran["echoed"]
+    assert ran["body"]["steps"] >= 1, ran["body"]
     assert "D1 migrations: 0001_init.sql" in ran["output"]  # applied to the bundle's D1
     assert ran["start_s"] > 0
 

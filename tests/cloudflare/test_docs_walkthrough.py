@@ -11,7 +11,8 @@ runs).
 The server a page talks to is the one its own text starts: a `scripts/dev` line in
 one of its shell blocks, `--agent FILE` if given; a bare `scripts/dev` on a page that
 has a `src/agent.py` block serves that block (the page replaced the template's agent);
-no `scripts/dev` line: the template's agent. Pages that share a server run on one
+no `scripts/dev` line: the template's agent as shipped, examples/triage/agent.py
+(never src/agent.py itself, which is the user's to replace). Pages that share a server run on one
 start of it, the template's first, each server stopped before the next starts.
 """
 
@@ -34,6 +35,8 @@ from durable_agents.testing.worker import DevWorker
 
 pytestmark = pytest.mark.slow
 
+# What src/agent.py starts as: the pages that talk to the template's agent talk to this.
+TEMPLATE_AGENT = ROOT / "examples" / "triage" / "agent.py"
 TOKEN = "dev-token"  # what the docs send: scripts/dev's API_TOKEN when none is set
 COMMAND_TIMEOUT_S = 120.0
 CRASH_LINE_TIMEOUT_S = 90.0
@@ -50,7 +53,7 @@ def _starts_the_server(line: str) -> bool:
 @dataclass
 class Page:
     path: Path
-    agent: str | None  # None: the template's src/agent.py
+    agent: str  # the agent module the page's server serves
     blocks: list[Block] = field(default_factory=list)
 
 
@@ -65,7 +68,7 @@ def _pages(directory: Path) -> list[Page]:
         ]
         if not runnable:
             continue
-        agent: str | None = None
+        agent = str(TEMPLATE_AGENT)
         starts = [
             line
             for b in page_blocks
@@ -83,7 +86,7 @@ def _pages(directory: Path) -> list[Page]:
                 agent = str(module)
         pages.append(Page(path, agent, runnable))
     # The template's pages first; one server per agent.
-    return sorted(pages, key=lambda p: (p.agent is not None, p.agent or ""))
+    return sorted(pages, key=lambda p: (p.agent != str(TEMPLATE_AGENT), p.agent))
 
 
 class Shell:

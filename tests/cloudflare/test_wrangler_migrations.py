@@ -148,9 +148,11 @@ def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -
             f"VALUES ('{OLD}', 3, 'user', 'gap', 3000)"
         )
 
-    # The Worker (src/agent.py, the triage bot, offline) on that state.
+    # The Worker (the triage example, offline; src/agent.py is the user's) on that state.
     none = tmp_path / "no.dev.vars"
-    with dev_process.DevServer(["--persist-to", str(state), "--dev-vars", str(none)]) as server:
+    triage = PROJECT / "examples" / "triage" / "agent.py"
+    args = ["--persist-to", str(state), "--dev-vars", str(none), "--agent", str(triage)]
+    with dev_process.DevServer(args) as server:
         # Its D1 is the database wrangler migrated: nothing left to apply.
         assert "D1 migrations: up to date" in server.output, server.output
         url = server.url
