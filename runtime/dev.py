@@ -15,11 +15,25 @@ nothing of the Worker's runtime is ours):
   `python_workers_development` and the same Pyodide assembled from npm
   (scripts/pyodide_bundle.py); runtime/workerd gives it the bundle's folder and
   workerd's baseline snapshot of it. The banner says which bundle runs.
-- Settings. For this kit's Worker: [vars], then .dev.vars, then environment variables of
-  the kit's settings and the agent module's SETTINGS and DEV_STUBS (later wins), handed to
-  wrangler as one env file; API_TOKEN defaults to "dev-token", CHAT_PAGE to "on"; an empty
-  setting of DEV_STUBS points at `<this server>/__dev/<NAME>`, served by the Worker's stub.
-  The banner lists the agent's settings (values only from [vars], never secrets).
+- Settings. For this kit's Worker: [vars], then .dev.vars (read as wrangler reads it), then
+  environment variables of the kit's settings and the agent module's SETTINGS and
+  DEV_STUBS (later wins), handed to wrangler as one env file, wrangler.toml untouched;
+  API_TOKEN defaults to "dev-token", CHAT_PAGE to "on"; an empty setting of DEV_STUBS
+  points at `<this server>/__dev/<NAME>`, served by the Worker's stub. The banner names
+  the session store and each setting with its source ([vars], .dev.vars, environment,
+  the default, dev stub); values only where they are not secrets: from [vars] and
+  defaults, and of the kit's settings other than API_TOKEN, LLM_API_KEY and
+  SESSION_TOKEN_SECRET.
+- Fail fast: the agent's model is made once at start, on CPython, from these settings (its
+  make_llm, or llm_from_env): a setting it needs and lacks (LLM_API_KEY for
+  LLM_PROVIDER=anthropic, ...) stops the server, saying where to set it.
+- Reload. For this kit's Worker this server stages the Worker itself (build_worker.py, in
+  its process, into its staging folder) and restages it when a file under src/, the
+  --agent file (wherever it is) or the config changes: wrangler, given a copy of the
+  config without [build], reloads workerd on the staged change (~3 s from the edit to a
+  request served by the new code, nearly all of it workerd starting Python and importing
+  the Worker). State under --persist-to (D1, Durable Objects) stays. Another Python
+  Worker: its main module's folder is followed the same way.
 - D1 migrations: `wrangler d1 migrations apply --local` for each database with a
   migrations folder, while the Worker starts.
 - Cron: GET /cdn-cgi/handler/scheduled?cron=... runs the Worker's scheduled() (as
@@ -37,6 +51,7 @@ import argparse
 import atexit
 import contextlib
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -49,10 +64,13 @@ import sys
 import threading
 import time
 import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import dev_limits  # runtime/, beside this file
+from deploy_check import SECRET_SETTINGS, config_bindings, load_agent, model_problem
 
 PROJECT = Path(__file__).resolve().parent.parent
 # The project's wrangler on its Node, with runtime/workerd as its workerd.
@@ -77,7 +95,7 @@ SNAPSHOT = PROJECT / ".cache" / "pyodide-bundle" / "baseline.bin"
 KIT_SETTINGS = (
     "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
     "CHAT_PAGE", "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "MAX_CONTEXT_TOKENS",
-    "RETENTION_DAYS", "SESSION_STORE", "SELF_RESUME_SECONDS",
+    "RETENTION_DAYS", "SESSION_STORE", "SELF_RESUME_SECONDS", "WORKERS_PLAN",
 )  # fmt: skip
 # wrangler's output that says nothing to a user of this server (it runs offline on purpose).
 NOISE = re.compile(
@@ -94,7 +112,7 @@ NOISE = re.compile(
 )  # fmt: skip
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     print(f"dev: {message}", file=sys.stderr, flush=True)
     sys.exit(1)
 
@@ -144,107 +162,168 @@ def find_config() -> Path:
         if (PROJECT / name).is_file():
             return PROJECT / name
     fail(f"no wrangler.json, wrangler.jsonc or wrangler.toml in {PROJECT}; pass --config")
-    raise AssertionError
 
 
 # -- settings ------------------------------------------------------------------------------
 
 
+# The npm `dotenv` package's line (wrangler reads .dev.vars and env files with it).
+DOTENV_LINE = re.compile(
+    r"""^\s*(?:export\s+)?([\w.-]+)(?:\s*=\s*?|:\s+?)(\s*'(?:\\'|[^'])*'|\s*"(?:\\"|[^"])*"|"""
+    r"""\s*`(?:\\`|[^`])*`|[^#\r\n]+)?\s*(?:#.*)?$""",
+    re.M | re.A,
+)
+
+
 def read_dotenv(file: Path) -> dict[str, str]:
-    """.dev.vars: KEY=value lines, # comments, optional quotes and `export`."""
+    """.dev.vars as wrangler reads it (dotenv's parse, no $-expansion): KEY=value lines,
+    `export`, # comments; a value in single, double or back quotes is literal and may span
+    lines (in double quotes the escapes backslash-n and backslash-r are a line feed and a
+    carriage return); an unquoted one ends at #."""
     values: dict[str, str] = {}
     if not file.is_file():
         return values
-    for line in file.read_text().splitlines():
-        match = re.match(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$", line)
-        if not match:
-            continue
-        value = match.group(2)
-        quoted = re.match(r"^([\"'])(.*)\1$", value, re.S)
-        if quoted and quoted.group(1) == '"':
-            value = quoted.group(2).replace("\\n", "\n")
-        elif quoted:
-            value = quoted.group(2)
-        else:
-            value = re.sub(r"\s+#.*$", "", value)
+    text = re.sub(r"\r\n?", "\n", file.read_text())
+    for match in DOTENV_LINE.finditer(text):
+        value = (match.group(2) or "").strip()
+        quote = value[:1]
+        value = re.sub(r"^(['\"`])([\s\S]*)\1$", r"\2", value, flags=re.M)
+        if quote == '"':
+            value = value.replace("\\n", "\n").replace("\\r", "\r")
         values[match.group(1)] = value
     return values
 
 
 def dotenv_line(name: str, value: str) -> str:
-    """A line wrangler's dotenv (with its $-expansion) reads back as exactly `value`."""
-    escaped = value.replace("\\", "\\\\").replace("$", "\\$").replace('"', '\\"')
-    escaped = escaped.replace("\n", "\\n")
-    return f'{name}="{escaped}"\n'
+    """A line wrangler's dotenv, then its $-expansion, reads back as exactly `value`: in
+    quotes the value does not hold (see read_dotenv), each `$` escaped with a backslash
+    (dotenv-expand's literal `$`). ValueError for a value no quoting carries."""
+    escaped = value.replace("$", "\\$")
+    for quote in ("'", "`"):
+        if quote not in value and "\r" not in value:  # dotenv reads a CR as a line end
+            return f"{name}={quote}{escaped}{quote}\n"
+    if '"' not in value and not re.search(r"\\[nr]", value):
+        escaped = escaped.replace("\n", "\\n").replace("\r", "\\r")
+        return f'{name}="{escaped}"\n'
+    raise ValueError(f"{name}: wrangler's dotenv cannot carry this value (it holds ', \" and `)")
 
 
-def describe_agent(agent_file: Path) -> dict[str, Any]:
-    """Import the agent module on CPython (the kit is the same there) and read its names."""
-    sys.path.insert(0, str(PROJECT / "src"))
-    spec = importlib.util.spec_from_file_location("agent", agent_file)
-    if spec is None or spec.loader is None:
-        fail(f"cannot load {agent_file} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["agent"] = module
+def describe_agent(agent_file: Path) -> Any:
+    """The agent module, imported on CPython (the kit is the same there) and checked as the
+    Worker checks it (`AgentModule`); a module that does not load stops the server."""
     try:
-        spec.loader.exec_module(module)
-        from durable_agents.cloudflare.agent_module import AgentModule
-
-        description: dict[str, Any] = AgentModule.load(module).describe()
+        return load_agent(agent_file, PROJECT / "src")
     except Exception as exc:
         import traceback
 
         traceback.print_exc()
         fail(f"the agent module {agent_file} does not load: {exc}")
-    return description
 
 
 def is_empty(value: object) -> bool:
     return not str(value or "").strip()
 
 
-def worker_settings(
-    config: dict[str, Any], dev_vars: dict[str, str], agent: dict[str, Any] | None, origin: str
-) -> tuple[dict[str, str], list[str]]:
-    """The Worker's settings beyond [vars] (what the env file holds) and banner notes."""
-    names = [*KIT_SETTINGS, *(agent["settings"] + agent["dev_stubs"] if agent else [])]
-    vars_ = {k: str(v) for k, v in (config.get("vars") or {}).items()}
-    env = dict(dev_vars)
-    for name in names:
-        if name in os.environ:
-            env[name] = os.environ[name]
-    notes: list[str] = []
-    if agent is None:
-        return env, notes
-    merged = {**vars_, **env}
-    if is_empty(merged.get("API_TOKEN")):
-        env["API_TOKEN"] = DEV_TOKEN
-        notes.append(f'API_TOKEN is not set: using "{DEV_TOKEN}" (set it in .dev.vars)')
-    if is_empty(merged.get("CHAT_PAGE")):
-        env["CHAT_PAGE"] = "on"
-    stubbed = [name for name in agent["dev_stubs"] if is_empty(merged.get(name))]
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """A setting's value and where it comes from: [vars], .dev.vars, environment, default
+    (this server's, for the kit) or dev stub (an agent's DEV_STUBS)."""
+
+    value: str
+    source: str
+
+
+def read_settings(
+    config: Mapping[str, Any], dev_vars: Mapping[str, str], names: list[str]
+) -> dict[str, Setting]:
+    """[vars], then .dev.vars, then the environment variables of `names` (later wins)."""
+    found = {k: Setting(str(v), "[vars]") for k, v in (config.get("vars") or {}).items()}
+    found.update((k, Setting(v, ".dev.vars")) for k, v in dev_vars.items())
+    found.update((k, Setting(os.environ[k], "environment")) for k in names if k in os.environ)
+    return found
+
+
+def with_defaults(settings: Mapping[str, Setting], agent: Any, origin: str) -> dict[str, Setting]:
+    """The kit's settings with this server's defaults: API_TOKEN "dev-token", CHAT_PAGE
+    "on", and an empty setting of DEV_STUBS pointed at `<origin>/__dev/<NAME>`."""
+    settings = dict(settings)
+    for name, value in (("API_TOKEN", DEV_TOKEN), ("CHAT_PAGE", "on")):
+        if is_empty(getattr(settings.get(name), "value", "")):
+            settings[name] = Setting(value, "default")
+    stubbed = [n for n in agent.dev_stubs if is_empty(getattr(settings.get(n), "value", ""))]
     for name in stubbed:
-        env[name] = f"{origin}/__dev/{name}"
+        settings[name] = Setting(f"{origin}/__dev/{name}", "dev stub")
     if stubbed:
-        env["DEV_STUBS"] = "on"
-    for name in dict.fromkeys([*agent["settings"], *agent["dev_stubs"]]):
-        if name in stubbed:
-            notes.append(f"{name} is not set: using the agent's dev stub {env[name]}")
-        elif is_empty(merged.get(name)):
-            notes.append(f"{name} is not set")
-        elif name in vars_ and name not in env:
-            notes.append(f"{name}={vars_[name]} (from [vars])")
-        else:
-            notes.append(f"{name} is set")
-    merged = {**vars_, **env}
-    provider = str(merged.get("LLM_PROVIDER") or "").strip()
-    provider = provider or ("(unset)" if merged.get("LLM_API_KEY") else "demo")
-    base_url = merged.get("LLM_BASE_URL")
-    at = f" at {base_url}" if provider != "demo" and base_url else ""
-    own = " (the agent's make_llm decides)" if agent.get("make_llm") else ""
-    store = merged.get("SESSION_STORE") or "d1"
-    notes.append(f"agent {agent['agent']}; model: {provider}{at}{own}; session store: {store}")
-    return env, notes
+        settings["DEV_STUBS"] = Setting("on", "dev stub")
+    return settings
+
+
+def env_file_settings(settings: Mapping[str, Setting]) -> dict[str, str]:
+    """What the env file handed to wrangler holds: every setting not from [vars] (which
+    wrangler reads from the config itself)."""
+    return {k: s.value for k, s in settings.items() if s.source != "[vars]"}
+
+
+def settings_notes(settings: Mapping[str, Setting], agent: Any) -> list[str]:
+    """The banner's lines on the settings: the agent, its model and session store, then
+    each setting of the kit that is set and each of the agent's, with its source. Values
+    are shown for the kit's settings that are not secrets, and from [vars]: .dev.vars and
+    the environment hold secrets, and which of the agent's settings are is not known."""
+
+    def note(name: str, shown: bool) -> str:
+        setting = settings.get(name)
+        if setting is None or is_empty(setting.value):
+            return f"{name} is not set"
+        if setting.source == "dev stub":
+            return f"{name} is not set: using the agent's dev stub {setting.value}"
+        if name == "API_TOKEN" and setting.source == "default":
+            return f'API_TOKEN is not set: using "{DEV_TOKEN}" (set it in .dev.vars)'
+        source = "the default" if setting.source == "default" else setting.source
+        if shown or setting.source in ("[vars]", "default"):
+            return f"{name}={setting.value} ({source})"
+        return f"{name} is set ({source})"
+
+    def value(name: str) -> str:
+        setting = settings.get(name)
+        return "" if setting is None else setting.value.strip()
+
+    provider = value("LLM_PROVIDER") or ("(unset)" if value("LLM_API_KEY") else "demo")
+    at = f" at {value('LLM_BASE_URL')}" if provider != "demo" and value("LLM_BASE_URL") else ""
+    own = " (the agent's make_llm decides)" if agent.has_own_llm else ""
+    store = settings.get("SESSION_STORE")
+    if store is None or is_empty(store.value):
+        where = "d1 (SESSION_STORE is not set: the default)"
+    else:
+        where = f"{store.value.strip()} (SESSION_STORE from {store.source})"
+    notes = [f"agent {agent.agent.name}; model: {provider}{at}{own}; session store: {where}"]
+    kit = [n for n in KIT_SETTINGS if n not in ("SESSION_STORE", "WORKERS_PLAN")]
+    notes += [note(n, n not in SECRET_SETTINGS) for n in kit if value(n)]
+    notes += [note(n, False) for n in dict.fromkeys([*agent.settings, *agent.dev_stubs])]
+    return notes
+
+
+def model_failure(
+    agent: Any, settings: Mapping[str, Setting], config: Mapping[str, Any], dev_vars_file: Path
+) -> str | None:
+    """Why every turn would fail for want of a model (the agent's make_llm, or llm_from_env,
+    raises the kit's ConfigurationError with these settings), said for this server's user."""
+    values = {k: s.value for k, s in settings.items()}
+    problem = model_problem(agent.make_llm, values, config_bindings(config))
+    if problem is None:
+        return None
+    provider = settings.get("LLM_PROVIDER")
+    came = (
+        "LLM_PROVIDER is not set"
+        if provider is None or is_empty(provider.value)
+        else f"LLM_PROVIDER={provider.value.strip()} is from {provider.source}"
+    )
+    if problem.missing is None:
+        return f"the agent's model cannot be made: {problem.message} ({came})"
+    return (
+        f"{problem.message} ({came}): set {problem.missing} in {dev_vars_file} or the "
+        f"environment, or use the offline model (LLM_PROVIDER=demo). On Cloudflare it is a "
+        f"secret: `scripts/wrangler secret put {problem.missing}`"
+    )
 
 
 # -- processes -----------------------------------------------------------------------------
@@ -330,6 +409,107 @@ def apply_migrations(
     return applied
 
 
+def serve_kit(
+    stage: dev_limits.Stage, config_file: Path, agent_file: Path, agent: Any, secrets: list[str]
+) -> Path:
+    """Stage this kit's Worker (scripts/build_worker.py, in this process, with `agent_file`
+    as its agent) and keep it staged: an edit under src/ or of the agent file (wherever it
+    is) reloads the Worker within ~3 s. wrangler gets a copy of the config without [build]
+    (written beside the staged Worker; returned): it serves the staged folder and reloads
+    when a file there changes, instead of rebuilding on changes under src/ only. An edit
+    of the config rewrites the copy, which wrangler follows as it follows a config.
+
+    An edit that breaks the build (a syntax error) or the agent module (checked on CPython
+    as at start) leaves the running Worker as it is, and says why. `secrets`: the names the
+    env file gives (see dev_config)."""
+    spec = importlib.util.spec_from_file_location(
+        "build_worker", PROJECT / "scripts" / "build_worker.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    build_worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_worker)
+    os.environ["DURABLE_AGENTS_AGENT"] = str(agent_file)  # build_worker's agent_override
+    # build_worker parses every module it stages (~0.2 s); restaging on each edit, only
+    # the modules that changed need parsing again.
+    imported_names = build_worker.imported_names
+
+    @functools.cache
+    def parsed(name: str, path: Path, stamp: tuple[int, int]) -> frozenset[str]:
+        return frozenset(imported_names(name, path))
+
+    build_worker.imported_names = lambda name, path: parsed(name, path, _stamp(path))
+    copy = stage.dir / "wrangler.json"
+    names = (agent.settings, tuple(agent.dev_stubs))
+
+    def rebuild() -> None:
+        build_worker.stage(stage.source)
+        edited = load_agent(agent_file, PROJECT / "src")
+        if (edited.settings, tuple(edited.dev_stubs)) != names:
+            say("the agent's SETTINGS or DEV_STUBS changed: they are passed from the next start")
+        copied = dev_config(read_config(config_file), config_file, stage.main, secrets)
+        text = json.dumps(copied, indent=2, default=str)
+        if not copy.is_file() or copy.read_text() != text:
+            if copy.is_file():
+                say(f"{config_file.name} changed: the Worker reloads with it")
+            copy.write_text(text)
+
+    try:
+        rebuild()
+    except (Exception, SystemExit) as exc:
+        fail(f"cannot stage the Worker: {exc}")
+    stage.sync()
+    stage.follow([PROJECT / "src", agent_file, config_file], rebuild, say)
+    return copy
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
+# Config fields that name a path, relative to the config's folder (wrangler's reading).
+CONFIG_PATHS = ("base_dir", "tsconfig", "pages_build_output_dir")
+CONFIG_PATH_MAPS = ("wasm_modules", "text_blobs", "data_blobs")
+
+
+def dev_config(
+    config: dict[str, Any], config_file: Path, main: Path, secrets: Sequence[str] = ()
+) -> dict[str, Any]:
+    """`config` for a copy outside its folder: `main` the staged main, no [build] (this
+    server stages the Worker) nor environments (it serves the top level), paths absolute.
+    A config with `[secrets] required` gets those of `secrets` that [vars] lacks added to
+    that list: wrangler dev passes only [vars] and those names from the env file, and the
+    agent's SETTINGS would not reach the Worker."""
+    here = config_file.parent
+
+    def absolute(path: object) -> object:
+        return str(here / path) if isinstance(path, str) else path
+
+    copy = {k: v for k, v in config.items() if k not in ("build", "env")}
+    copy["main"] = str(main)
+    if isinstance(copy.get("secrets"), dict):
+        required = [str(name) for name in copy["secrets"].get("required") or []]
+        given = [name for name in secrets if name not in (copy.get("vars") or {})]
+        required = list(dict.fromkeys([*required, *given]))  # a [vars] name may be neither
+        copy["secrets"] = {**copy["secrets"], "required": required}
+    for key in CONFIG_PATHS:
+        if key in copy:
+            copy[key] = absolute(copy[key])
+    for key in CONFIG_PATH_MAPS:
+        if isinstance(copy.get(key), dict):
+            copy[key] = {name: absolute(path) for name, path in copy[key].items()}
+    for key, field in (("assets", "directory"), ("site", "bucket")):
+        if isinstance(copy.get(key), dict) and field in copy[key]:
+            copy[key] = {**copy[key], field: absolute(copy[key][field])}
+    if "d1_databases" in copy:
+        copy["d1_databases"] = [
+            {**db, "migrations_dir": absolute(db.get("migrations_dir") or "migrations")}
+            for db in copy["d1_databases"]
+        ]
+    return copy
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     sys.dont_write_bytecode = True  # no __pycache__ in src/: wrangler reloads on any change there
@@ -357,6 +537,13 @@ def main(argv: list[str] | None = None) -> int:
 
     host = f"[{options.ip}]" if ":" in options.ip else options.ip
     agent = describe_agent(agent_file) if agent_file is not None else None
+    names = [*KIT_SETTINGS, *(agent.settings + tuple(agent.dev_stubs) if agent else ())]
+    settings = read_settings(config, dev_vars, names)
+    if agent is not None:
+        dev_vars_file = options.dev_vars or config_file.parent / ".dev.vars"
+        placeholder = with_defaults(settings, agent, f"http://{host}:{options.port}")
+        if failure := model_failure(agent, placeholder, config, dev_vars_file):
+            fail(failure)
     bundle = bundle_choice()
     date = str(config.get("compatibility_date") or "")
     if bundle == "development" and date < DEVELOPMENT_EARLIEST_DATE:
@@ -386,11 +573,14 @@ def main(argv: list[str] | None = None) -> int:
     # The Worker's main under the plan's limits: a generated module in a staging folder of
     # this server (dev_limits.Stage), which `wrangler dev` runs as its script.
     stage = None
+    wrangler_config = config_file
     if not unenforced:
         stage = dev_limits.Stage(PROJECT, main_module, limits, is_kit, persist)
-    script = [str(stage.main)] if stage else []
-    if stage:
         atexit.register(stage.close)  # also on fail() and SIGTERM (sys.exit)
+    if stage and agent_file is not None:
+        given = env_file_settings(with_defaults(settings, agent, "http://127.0.0.1"))
+        wrangler_config = serve_kit(stage, config_file, agent_file, agent, list(given))
+    script = [str(stage.main)] if stage else []
     env = node_env({**extra, **(stage.env() if stage else {})})
 
     running: list[subprocess.Popen[str]] = []
@@ -419,21 +609,27 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(3 if options.port == 0 else 1):
         port = options.port or free_port(options.ip)
         origin = f"http://{host}:{port}"
-        settings, notes = worker_settings(config, dev_vars, agent, origin)
+        served = with_defaults(settings, agent, origin) if agent is not None else settings
+        notes = settings_notes(served, agent) if agent is not None else []
         env_file = persist / "dev-settings.env"
         fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            lines = [dotenv_line(k, v) for k, v in env_file_settings(served).items()]
+        except ValueError as exc:
+            fail(f"the setting {exc}")
         with os.fdopen(fd, "w") as out:
-            out.writelines(dotenv_line(k, v) for k, v in settings.items())
+            out.writelines(lines)
         args = [
-            "dev", *script, "--config", str(config_file), "--ip", options.ip, "--port", str(port),
+            "dev", *script, "--config", str(wrangler_config), "--ip", options.ip,
+            "--port", str(port),
             "--persist-to", str(persist), "--env-file", str(env_file), "--test-scheduled",
             "--inspector-port", str(free_port("127.0.0.1", avoid=port)),
             "--show-interactive-dev-session=false", "--compatibility-flags", *flags,
         ]  # fmt: skip
-        # One start at a time per config: wrangler runs the config's [build] (for this kit,
-        # build/worker/, with --agent's module; under WORKERS_PLAN this server's own staging
-        # folder) and bundles from it; another server's build must not change those files
-        # before this one has bundled them (until `Ready on`).
+        # One start at a time per config: wrangler runs the config's [build] (for this kit
+        # without a staging folder, DURABLE_AGENTS_DEV_LIMITS=off: build/worker/, with
+        # --agent's module) and bundles from it; another server's build must not change
+        # those files before this one has bundled them (until `Ready on`).
         starting = start_lock(config_file)
         # From the config's folder: with a script argument wrangler takes the project (its
         # python_modules/) from the working directory.
@@ -455,8 +651,8 @@ def main(argv: list[str] | None = None) -> int:
                 ready = True
                 notes = [*notes, plan_note]
                 announce(config_file, config, bundle, notes, persist, migrated[0], started, origin)
-                chat_page = settings.get("CHAT_PAGE", (config.get("vars") or {}).get("CHAT_PAGE"))
-                if agent is not None and chat_page == "on":
+                chat_page = served.get("CHAT_PAGE")
+                if agent is not None and chat_page is not None and chat_page.value == "on":
                     say(f"chat page: {origin}/")
                 continue
             if (

@@ -24,11 +24,13 @@ Worker enforces them on itself: its main module becomes a generated one,
 module `_workers_plan.wasm`, see `trap_wasm`). They live in a staging folder of this server
 (`.cache/dev-limits/<pid>/worker/`), never in the Worker's source folder; `wrangler dev`
 runs that main (its `script` argument, from the config's folder) with the Worker's config:
-- this kit's Worker: scripts/build_worker.py (the config's [build], rerun by wrangler on
-  each edit under src/) stages the Worker's modules there instead of build/worker/, and
-  adds the files of `extra/` (DURABLE_AGENTS_DEV_STAGE names the folder);
-- any other Python Worker: a copy of its main module's folder, kept in step with it while
-  the server runs (checked twice a second), so an edit still reloads the Worker.
+- this kit's Worker: the dev server stages the Worker's modules (scripts/build_worker.py,
+  in its own process, into `built/`) instead of build/worker/, again on each edit under
+  src/ or of the --agent file (runtime/dev.py, `serve_kit`); (run with
+  DURABLE_AGENTS_DEV_STAGE naming the folder, build_worker.py stages there too);
+- any other Python Worker: its main module's folder.
+Either is kept in step with `worker/` while the server runs (checked ten times a second,
+only files whose content changed rewritten), so an edit reloads the Worker.
 Not enforced (the banner says so): a JS Worker, a config with `base_dir`.
 
 Counted: `fetch` however Python reaches it (`js.fetch`, the kit's FetchTransport,
@@ -50,7 +52,7 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -226,8 +228,16 @@ def trap_wasm() -> bytes:
 
 
 class Stage:
-    """This server's staging folder: `worker/` (what wrangler serves) with the generated
-    main; `extra/` (the files added to the Worker's: for build_worker.py, for the kit)."""
+    """This server's staging folder: `worker/`, what wrangler serves (the Worker's modules
+    and the generated main), kept in step with the Worker's source while the server runs;
+    `extra/`, the files added to the Worker's.
+
+    Any other Python Worker: its main module's folder is the source, followed from the
+    start. This kit's Worker: dev.py stages its modules into `built/` (scripts/build_worker.py,
+    in-process) and calls `follow` with what to watch (src/, the --agent file, the config).
+    wrangler reloads the Worker when a file of `worker/` changes; only files whose content
+    changed are rewritten, so a rebuild that changes nothing reloads nothing.
+    """
 
     def __init__(
         self,
@@ -237,6 +247,7 @@ class Stage:
         is_kit: bool,
         persist: Path | None = None,
     ) -> None:
+        self.project = project
         root = project / ".cache" / "dev-limits"
         _remove_stale(root)
         self.dir = root / str(os.getpid())
@@ -245,52 +256,112 @@ class Stage:
         self.extra = self.dir / "extra"
         self.extra.mkdir(parents=True)
         self.main = self.worker / f"{MAIN_NAME}.py"
-        self.source = main.parent
+        self.source = self.dir / "built" if is_kit else main.parent
         self.skipped = {persist.resolve()} if persist is not None else set()
         self.is_kit = is_kit
         shutil.copyfile(WORKER_MODULE, self.extra / f"{MODULE_NAME}.py")
         (self.extra / f"{MODULE_NAME}.wasm").write_bytes(trap_wasm())
         (self.extra / f"{MAIN_NAME}.py").write_text(generated_main(main.stem, limits))
         self._stop = threading.Event()
-        self._seen: dict[str, tuple[int, int]] = {}
+        self._staged: dict[str, tuple[int, int]] = {}  # name in worker/: its source's stamp
         if not is_kit:
             self.worker.mkdir()
             self.sync()
-            threading.Thread(target=self._follow, daemon=True).start()
+            self.follow([self.source], None, lambda text: print(f"dev: {text}", flush=True))
 
     def env(self) -> dict[str, str]:
         return {STAGE_ENV: str(self.dir)} if self.is_kit else {}
 
     def sync(self) -> bool:
-        """Bring worker/ in step with the Worker's main folder (and the two files); whether
-        anything changed."""
-        now = dict(_tree(self.source, self.skipped))
-        changed = [name for name, stamp in now.items() if self._seen.get(name) != stamp]
-        gone = [name for name in self._seen if name not in now]
-        for name in changed:
+        """Bring worker/ in step with the source and extra/; whether anything changed."""
+        self.worker.mkdir(exist_ok=True)
+        wanted: dict[str, tuple[Path, tuple[int, int]]] = {}
+        for folder in (self.source, self.extra):
+            for name, stamp in _tree(folder, self.skipped):
+                wanted[name] = (folder / name, stamp)
+        changed = False
+        for name, (path, stamp) in wanted.items():
+            if self._staged.get(name) == stamp:
+                continue
             target = self.worker / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            temporary = target.with_name(f".{target.name}.tmp")
             with contextlib.suppress(FileNotFoundError):  # deleted meanwhile: next round
-                shutil.copy2(self.source / name, temporary)
-                temporary.replace(target)
-        for name in gone:
+                content = path.read_bytes()
+                if not target.is_file() or target.read_bytes() != content:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    temporary = target.with_name(f".{target.name}.tmp")
+                    temporary.write_bytes(content)
+                    temporary.replace(target)
+                    changed = True
+                self._staged[name] = stamp
+        for name in [name for name in self._staged if name not in wanted]:
             with contextlib.suppress(FileNotFoundError):
                 (self.worker / name).unlink()
-        if not self._seen:
-            for extra in self.extra.iterdir():
-                shutil.copyfile(extra, self.worker / extra.name)
-        self._seen = now
-        return bool(changed or gone)
+                changed = True
+            del self._staged[name]
+        return changed
 
-    def _follow(self) -> None:
-        while not self._stop.wait(0.5):
-            with contextlib.suppress(OSError):
-                self.sync()
+    def follow(
+        self,
+        inputs: list[Path],
+        rebuild: Callable[[], None] | None,
+        say: Callable[[str], None],
+    ) -> None:
+        """From now until `close`: every POLL_S, if a file of `inputs` (folders or files)
+        changed, `rebuild()` (which rewrites the source), then `sync()`. A rebuild that
+        raises is reported with `say` (once per error) and tried again on the next change."""
+        threading.Thread(target=self._follow, args=(inputs, rebuild, say), daemon=True).start()
+
+    def _follow(
+        self,
+        inputs: list[Path],
+        rebuild: Callable[[], None] | None,
+        say: Callable[[str], None],
+    ) -> None:
+        seen = _stamps(inputs, self.skipped)
+        failed = ""
+        while not self._stop.wait(POLL_S):
+            now = _stamps(inputs, self.skipped)
+            if now == seen:
+                continue
+            edited = sorted(name for name in {*now, *seen} if now.get(name) != seen.get(name))
+            seen = now
+            try:
+                if rebuild is not None:
+                    rebuild()
+                if self.sync():
+                    shown = ", ".join(_shown(Path(name), self.project) for name in edited[:3])
+                    say(f"{shown}{' ...' if len(edited) > 3 else ''} changed: the Worker reloads")
+                failed = ""
+            except (Exception, SystemExit) as exc:  # a syntax error mid-edit: no reload
+                if str(exc) != failed:
+                    say(f"the Worker is not reloaded: {exc}")
+                failed = str(exc)
 
     def close(self) -> None:
         self._stop.set()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# How often a server looks for edits (a few ms for src/): the reload that follows, workerd
+# starting Python and importing the Worker again, takes 2.5 s and more.
+POLL_S = 0.1
+
+
+def _shown(path: Path, project: Path) -> str:
+    return str(path.relative_to(project)) if path.is_relative_to(project) else str(path)
+
+
+def _stamps(inputs: list[Path], skipped: set[Path]) -> dict[str, tuple[int, int]]:
+    """The files of `inputs` (folders, as `_tree` lists them, or files) with their stamps."""
+    found: dict[str, tuple[int, int]] = {}
+    for path in inputs:
+        if path.is_dir():
+            found.update((f"{path}/{name}", stamp) for name, stamp in _tree(path, skipped))
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                stat = path.stat()
+                found[str(path)] = (stat.st_mtime_ns, stat.st_size)
+    return found
 
 
 def _tree(source: Path, skipped: set[Path]) -> list[tuple[str, tuple[int, int]]]:

@@ -185,8 +185,14 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
 
 def test_quickstart_runs_offline_with_the_demo_model_and_stubs(quickstart: DevServer) -> None:
     out = "\n".join(quickstart.lines)
-    assert "dev: agent triage; model: demo (the agent's make_llm decides); session store: d1" in out
+    assert (
+        "dev: agent triage; model: demo (the agent's make_llm decides); session store: d1 "
+        "(SESSION_STORE from [vars])"
+    ) in out
     assert 'dev: API_TOKEN is not set: using "dev-token" (set it in .dev.vars)' in out
+    # Each setting with its source; values only where they are not secret.
+    assert "dev: LLM_PROVIDER=demo ([vars])" in out
+    assert "dev: CHAT_PAGE=on (the default)" in out
     for name in ("ISSUES_API_URL", "SLACK_WEBHOOK_URL"):
         stub = f"{name} is not set: using the agent's dev stub {quickstart.url}/__dev/{name}"
         assert stub in out

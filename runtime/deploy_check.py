@@ -1,0 +1,306 @@
+"""Before a deploy: does every setting the Worker needs have a value on Cloudflare?
+
+    scripts/check-deploy [--config wrangler.toml] [--env NAME] [--agent src/agent.py]
+                         [--secret NAME ...] [--secrets-file FILE] [--offline]
+    scripts/deploy [wrangler deploy arguments]   # this check, then `wrangler deploy`
+
+Needed: API_TOKEN (without it the Worker refuses every request), what the configured model
+needs (the agent's `make_llm`, or `llm_from_env`, is called here on CPython with the
+config's [vars]: LLM_API_KEY for LLM_PROVIDER=anthropic, ...), and the agent module's
+SETTINGS and DEV_STUBS (no stub answers on Cloudflare). A setting has a value when [vars]
+gives it a non-empty one or it is one of the Worker's secrets.
+
+Which secrets the Worker has cannot be known offline. Counted as secrets:
+- what `wrangler secret list` says (online and logged in, as a deploy is anyway; skipped
+  with --offline; a Worker not deployed yet has none);
+- the names given with --secret, those of --secrets-file FILE (the file `wrangler deploy
+  --secrets-file` uploads with the deploy: KEY=value lines or a JSON object), and those of
+  the config's `[secrets] required` (wrangler refuses to deploy while one is not set).
+.dev.vars is never read: it holds the local values.
+
+Exit status 0 when every needed setting has a value, 1 (naming each missing one and how
+to set it) when one has none, 2 for a usage error. scripts/deploy stops on 1, except for
+`--dry-run`, which deploys nothing: there the check only warns.
+
+The helpers shared with the dev server (runtime/dev.py) are here too: `load_agent` (the
+agent module as the Worker reads it, on CPython) and `model_problem` (why the agent's model
+cannot be made from some settings, and which setting would fix it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+PROJECT = Path(__file__).resolve().parent.parent
+WRANGLER = PROJECT / "scripts" / "wrangler"
+# The kit's settings whose values are secrets: the dev server never prints them, a deploy
+# keeps them out of [vars].
+SECRET_SETTINGS = ("API_TOKEN", "LLM_API_KEY", "SESSION_TOKEN_SECRET")
+# Settings a failing `make_llm` is tried again with (a placeholder value), to name the one
+# it lacks: llm_from_env's keys (anthropic, openai at api.openai.com).
+MODEL_KEYS = ("LLM_API_KEY",)
+
+
+def load_agent(agent_file: Path, src: Path = PROJECT / "src") -> Any:
+    """The agent module at `agent_file` as the Worker reads it (`AgentModule.load`), imported
+    on CPython as `agent` with `src` (the kit) importable. Raises what the import raises."""
+    if str(src) not in sys.path:
+        sys.path.insert(0, str(src))
+    spec = importlib.util.spec_from_file_location("agent", agent_file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {agent_file} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["agent"] = module
+    spec.loader.exec_module(module)
+    from durable_agents.cloudflare.agent_module import AgentModule
+
+    return AgentModule.load(module)
+
+
+def config_bindings(config: Mapping[str, Any]) -> list[str]:
+    """The names of the bindings a Worker's config declares (the Workers AI binding, D1,
+    Durable Objects, KV, R2, services, queues): what its env holds beside the settings."""
+    names = []
+    ai = config.get("ai")
+    if isinstance(ai, Mapping) and ai.get("binding"):
+        names.append(str(ai["binding"]))
+    for key in ("d1_databases", "kv_namespaces", "r2_buckets", "services"):
+        names += [str(b.get("binding")) for b in config.get(key) or [] if b.get("binding")]
+    durable_objects = config.get("durable_objects") or {}
+    names += [str(b.get("name")) for b in durable_objects.get("bindings") or [] if b.get("name")]
+    queues = config.get("queues") or {}
+    names += [str(b.get("binding")) for b in queues.get("producers") or [] if b.get("binding")]
+    return names
+
+
+class _Binding:
+    """Stands for a binding while a model is made: it has every method (none is called)."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProblem:
+    """Why the agent's model cannot be made: `message` (the ConfigurationError's) and
+    `missing`, the setting that would fix it (None if no missing key would)."""
+
+    message: str
+    missing: str | None
+
+
+def model_problem(
+    make_llm: Callable[[Any], Any], settings: Mapping[str, str], bindings: Sequence[str] = ()
+) -> ModelProblem | None:
+    """Call `make_llm` with an env of `settings` (and a placeholder per binding) as the
+    Worker does for each turn; None if it makes a model, or fails with anything but the
+    kit's ConfigurationError (a make_llm that needs the Workers runtime: the Worker tells).
+    Nothing is contacted: building an LLM opens no connection."""
+    from durable_agents.errors import ConfigurationError
+
+    def fails(values: Mapping[str, str]) -> ConfigurationError | None:
+        env = SimpleNamespace(**{name: _Binding() for name in bindings}, **values)
+        try:
+            make_llm(env)
+        except ConfigurationError as exc:
+            return exc
+        except Exception:
+            return None
+        return None
+
+    error = fails(settings)
+    if error is None:
+        return None
+    for name in MODEL_KEYS:
+        if not str(settings.get(name) or "").strip() and fails({**settings, name: "set"}) is None:
+            return ModelProblem(str(error), name)
+    return ModelProblem(str(error), None)
+
+
+# -- the check -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Needed:
+    name: str
+    why: str
+
+
+def needed_settings(
+    agent: Any, vars_: Mapping[str, str], bindings: Sequence[str]
+) -> tuple[list[Needed], str | None]:
+    """The settings the Worker needs (whatever their values), and why the model cannot be
+    made from [vars] whatever the secrets (an unknown LLM_PROVIDER, say), or None."""
+    needed = [Needed("API_TOKEN", "the API's bearer token: without it every request is refused")]
+    plain = {k: v for k, v in vars_.items() if str(v).strip()}
+    problem = model_problem(agent.make_llm, plain, bindings)
+    if problem is not None and problem.missing is None:
+        return needed, problem.message
+    if problem is not None and problem.missing is not None:
+        needed.append(Needed(problem.missing, problem.message))
+    else:
+        for name in MODEL_KEYS:  # set: still needed if the model fails without it
+            if name in plain:
+                without = {k: v for k, v in plain.items() if k != name}
+                lacking = model_problem(agent.make_llm, without, bindings)
+                if lacking is not None and lacking.missing == name:
+                    needed.append(Needed(name, lacking.message))
+    needed += [Needed(name, "the agent's SETTINGS") for name in agent.settings]
+    needed += [
+        Needed(name, "the agent's DEV_STUBS (no stub answers on Cloudflare)")
+        for name in agent.dev_stubs
+        if name not in agent.settings
+    ]
+    return needed, None
+
+
+def listed_secrets(config_file: Path, env_name: str | None) -> tuple[set[str] | None, str]:
+    """The Worker's secrets by `wrangler secret list`, or None and why not."""
+    args = [str(WRANGLER), "secret", "list", "--format", "json", "--config", str(config_file)]
+    args += ["--env", env_name] if env_name else []
+    environment = {**os.environ, "CI": "true", "NO_COLOR": "1", "WRANGLER_SEND_METRICS": "false"}
+    try:
+        done = subprocess.run(
+            args, capture_output=True, text=True, timeout=60, env=environment,
+            stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"wrangler secret list did not answer: {exc}"
+    output = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)
+    if done.returncode == 0:
+        try:
+            return {str(item["name"]) for item in json.loads(done.stdout)}, "wrangler secret list"
+        except (ValueError, TypeError, KeyError):
+            return None, "wrangler secret list printed no JSON list"
+    # Cloudflare's "script not found": a first deploy (not checked offline: the code is
+    # the one Cloudflare's API documents for it).
+    if "[code: 10007]" in output:
+        return set(), "wrangler secret list: the Worker is not deployed yet, it has no secrets"
+    reason = next((line.strip() for line in output.splitlines() if "ERROR" in line), "")
+    return None, f"wrangler secret list failed: {reason or output.strip()[-300:]}"
+
+
+def secrets_file_names(file: Path) -> set[str]:
+    """The names in a `wrangler deploy --secrets-file` file: a JSON object or KEY=value."""
+    text = file.read_text()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {m.group(1) for m in re.finditer(r"(?m)^\s*(?:export\s+)?(\w+)\s*=", text)}
+    if not isinstance(data, dict):
+        raise ValueError(f"{file}: not a JSON object of secrets")
+    return {str(name) for name in data}
+
+
+def check(
+    config: Mapping[str, Any],
+    agent: Any,
+    secrets: set[str],
+    env_name: str | None = None,
+) -> tuple[list[str], list[str], str | None]:
+    """For a config, its agent and the Worker's known secrets: the report's lines, the
+    needed settings without a value, and why the model cannot be made whatever the
+    secrets (an unknown LLM_PROVIDER, say), or None."""
+    section = config if env_name is None else (config.get("env") or {}).get(env_name) or {}
+    vars_ = {k: str(v) for k, v in (section.get("vars") or {}).items()}
+    declared = (section.get("secrets") or {}).get("required") or []
+    secrets = secrets | {str(name) for name in declared}
+    needed, broken = needed_settings(agent, vars_, config_bindings(section or config))
+    lines, missing = [], []
+    width = max(len(n.name) for n in needed)
+    for item in needed:
+        if str(vars_.get(item.name) or "").strip():
+            where = "[vars]"
+            if item.name in SECRET_SETTINGS:
+                where += " (a secret in plain text: better `wrangler secret put`)"
+        elif item.name in secrets:
+            where = "secret"
+        else:
+            where = "MISSING"
+            missing.append(item.name)
+        lines.append(f"  {item.name:<{width}}  {where:<8}  {item.why}")
+    return lines, missing, broken
+
+
+def main(argv: list[str] | None = None) -> int:
+    import dev  # runtime/dev.py, beside this file: it reads configs as wrangler does
+
+    parser = argparse.ArgumentParser(
+        prog="scripts/check-deploy", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
+    parser.add_argument("--config", "-c", type=Path)
+    parser.add_argument("--env", "-e", dest="env_name")
+    parser.add_argument("--agent", type=Path, help="the agent module (default: src/agent.py)")
+    parser.add_argument("--secret", action="append", default=[], metavar="NAME",
+                        help="a setting that is a secret of the Worker already")  # fmt: skip
+    parser.add_argument("--secrets-file", type=Path)
+    parser.add_argument("--offline", action="store_true", help="no `wrangler secret list`")
+    parser.add_argument("--dry-run", action="store_true", help="only warn (scripts/deploy)")
+    deploying = argv is not None and argv[:1] == ["--wrangler-deploy"]
+    if deploying:  # scripts/deploy: wrangler's arguments; the check's are among them
+        options, _ = parser.parse_known_args(argv[1:])
+    else:
+        options = parser.parse_args(argv)
+    prog = "deploy" if deploying else "check-deploy"
+
+    def say(message: str) -> None:
+        print(f"{prog}: {message}", flush=True)
+
+    config_file = (options.config or dev.find_config()).resolve()
+    config = dev.read_config(config_file)
+    agent_file = (options.agent or PROJECT / "src" / "agent.py").resolve()
+    try:
+        agent = load_agent(agent_file)
+    except Exception as exc:
+        say(f"the agent module {agent_file} does not load: {exc}")
+        return 2
+    secrets = set(options.secret)
+    if options.secrets_file is not None:
+        try:
+            secrets |= secrets_file_names(options.secrets_file)
+        except (OSError, ValueError) as exc:
+            say(f"--secrets-file: {exc}")
+            return 2
+    if options.offline:
+        source = "not listed (--offline)"
+    else:
+        listed, source = listed_secrets(config_file, options.env_name)
+        secrets |= listed or set()
+    lines, missing, broken = check(config, agent, secrets, options.env_name)
+    where = config_file.relative_to(PROJECT) if config_file.is_relative_to(PROJECT) else config_file
+    say(f"{where}{f' [env.{options.env_name}]' if options.env_name else ''}, agent "
+        f"{agent.agent.name} ({agent_file.name}); secrets: {source}")  # fmt: skip
+    for line in lines:
+        print(line)
+    if broken is not None:
+        say(f"the model cannot be made from [vars]: {broken}")
+    if missing:
+        put = "scripts/wrangler secret put NAME"
+        put += f" --env {options.env_name}" if options.env_name else ""
+        say(
+            f"no value on Cloudflare for {', '.join(missing)}: set each with `{put}` (a value "
+            "that is not secret may go in [vars] instead), or pass --secret NAME for one that "
+            "is set already"
+        )
+    if not (missing or broken):
+        say("every setting the Worker needs has a value")
+        return 0
+    if options.dry_run:
+        say("--dry-run: going on (nothing is deployed)")
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
