@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import DURABILITY_REPLY, FakeServices, durable_object_id
+from worker_fakes import DURABILITY_REPLY, TRIAGE_AGENT, FakeServices, durable_object_id
 
 from durable_agents.testing.pytest_plugin import find_project
 from durable_agents.testing.worker import DevWorker
@@ -69,12 +69,13 @@ def services() -> Iterator[FakeServices]:
 def shared(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[DevWorker, ManyPosts]]:
-    """One dev server for the tests that do not kill it (the free plan: the template's)."""
+    """One dev server for the tests that do not kill it (the free plan: the template's),
+    serving the triage example (src/agent.py is the user's)."""
     project = find_project(Path(str(request.config.rootpath)))
     with ManyPosts() as fake:
         settings = {**fake.worker_env(), "SELF_RESUME_SECONDS": str(WATCH_S),
                     "SESSION_TOKEN_SECRET": SECRET}  # fmt: skip
-        worker = DevWorker(project, tmp_path_factory.mktemp("alarms"), settings)
+        worker = DevWorker(project, tmp_path_factory.mktemp("alarms"), settings, agent=TRIAGE_AGENT)
         try:
             yield worker.start(), fake
         finally:
@@ -87,7 +88,8 @@ def _started(dev_worker: Callable[..., DevWorker], services: FakeServices) -> De
             **services.worker_env(),
             "SELF_RESUME_SECONDS": str(WATCH_S),
             "SESSION_TOKEN_SECRET": SECRET,
-        }
+        },
+        agent=TRIAGE_AGENT,
     )
 
 
