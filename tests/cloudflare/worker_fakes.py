@@ -509,13 +509,8 @@ def wrangler(*args: str, persist_to: Path | None = None) -> str:
 
 
 def d1_query(sql: str, persist_to: Path) -> list[dict[str, Any]]:
-    """Rows of one query on the local D1 database, read by wrangler itself."""
-    out = wrangler(
-        "d1", "execute", "durable-agents", "--local", "--json", "--command", sql,
-        persist_to=persist_to,
-    )  # fmt: skip
-    rows: list[dict[str, Any]] = json.loads(out)[0]["results"]
-    return rows
+    """Rows of one query on the local D1 database (`DevWorker.rows`: its SQLite file)."""
+    return DevWorker(PROJECT, persist_to).rows(sql)
 
 
 @contextlib.contextmanager
