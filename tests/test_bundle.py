@@ -25,7 +25,11 @@ FREE_PLAN_GZIP_KIB = 3 * 1024
 
 
 def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, PROJECT / "scripts" / f"{name}.py")
+    return _module(name, PROJECT / "scripts" / f"{name}.py")
+
+
+def _module(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -68,7 +72,9 @@ def test_the_bundle_holds_the_workers_modules_and_nothing_else(bundle: Any) -> N
 
 
 def test_the_worker_starts_and_serves_a_turn_from_its_bundle_alone(bundle: Any) -> None:
-    agent = importlib.import_module("agent")
+    # src/agent.py by its path: another test of this process may have left a module
+    # of that name in sys.modules.
+    agent = _module("bundled_agent", PROJECT / "src" / "agent.py")
     wanted = [*getattr(agent, "SETTINGS", ()), *getattr(agent, "DEV_STUBS", {})]
     echo = {name: bundle_size.ECHO for name in wanted if name.endswith("_URL")}
     ran = bundle_size.run_from_bundle(bundle, CONFIG, bundle_size.check_vars(CONFIG, echo))

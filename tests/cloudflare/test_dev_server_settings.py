@@ -138,6 +138,9 @@ def test_the_banner_names_the_session_store_and_each_settings_source(server: Dev
         assert line in banner, line
     for secret in (TOKEN, "s" * 40, "from-environment", "from-dev-vars", "$value", "quoted"):
         assert secret not in out, secret
+    assert "SLACK_WEBHOOK_URL" not in out  # only the served agent's settings are named
+    # No DEV_STUBS in this agent: /__dev/ is an ordinary unknown path.
+    assert server.request("GET", "/__dev/PROBE_ENV/x")[0] == 404
 
 
 def test_an_edit_of_the_agent_file_reloads_the_worker_and_keeps_the_sessions(
