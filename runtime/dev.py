@@ -605,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     migrations.start()
     # A free port is free when looked up, not always when wrangler binds it (another
-    # server may take it meanwhile): with --port 0, a taken one is replaced, three times.
+    # server may take it meanwhile): with --port 0, a start that finds any of its ports
+    # taken is tried again with new ones, three times.
     for _ in range(3 if options.port == 0 else 1):
         port = options.port or free_port(options.ip)
         origin = f"http://{host}:{port}"
@@ -655,11 +656,9 @@ def main(argv: list[str] | None = None) -> int:
                 if agent is not None and chat_page is not None and chat_page.value == "on":
                     say(f"chat page: {origin}/")
                 continue
-            if (
-                not ready
-                and options.port == 0
-                and f"Address already in use ({options.ip}:{port})" in line
-            ):
+            # Ours (the Worker's port, the inspector's) or one workerd picks itself
+            # (`socket "direct:1:default"`, seen once with six servers starting at once).
+            if not ready and options.port == 0 and "Address already in use (" in line:
                 port_taken = True
                 continue
             if NOISE.search(line):
@@ -671,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
             return code
         if not port_taken:
             fail(f"wrangler dev exited ({code}) before the Worker was ready")
-        say(f"port {port} was taken before wrangler could bind it; trying another")
+        say(f"a port was taken before wrangler could bind it (ours: {port}); trying new ones")
     fail("wrangler dev found no free port in three tries")
     return 1
 
