@@ -212,6 +212,16 @@ class _Parser:
     def startswith(self, text: str) -> bool:
         return self.pattern.startswith(text, self.pos)
 
+    def named_backref(self, skip: int, close: str, start: int) -> _Backref:
+        """A back-reference by name, `(?P=name)` or `\\k<name>`: its name begins `skip`
+        characters on and ends at `close`, which the parser is left past."""
+        end = self.pattern.find(close, self.pos)
+        name = self.pattern[self.pos + skip : end]
+        if end < 0 or name not in self.names:
+            raise self.fail(f"a back-reference to an unknown group {name!r}", start)
+        self.pos = end + 1
+        return _Backref(self.names[name])
+
     # -- grammar --
 
     def parse(self) -> _Node:
@@ -314,12 +324,7 @@ class _Parser:
             self.names[name] = self.count
             return self.close(start, self.count)
         if self.startswith("P="):
-            end = self.pattern.find(")", self.pos)
-            name = self.pattern[self.pos + 2 : end]
-            if end < 0 or name not in self.names:
-                raise self.fail(f"a back-reference to an unknown group {name!r}", start)
-            self.pos = end + 1
-            return _Backref(self.names[name])
+            return self.named_backref(2, ")", start)
         if char == "#":  # a comment
             end = self.pattern.find(")", self.pos)
             if end < 0:
@@ -369,12 +374,7 @@ class _Parser:
             return _Backref(index)
         if char == "k" and self.peek() == "<":
             self.foreign = True
-            end = self.pattern.find(">", self.pos)
-            name = self.pattern[self.pos + 1 : end]
-            if end < 0 or name not in self.names:
-                raise self.fail(f"a back-reference to an unknown group {name!r}", start)
-            self.pos = end + 1
-            return _Backref(self.names[name])
+            return self.named_backref(1, ">", start)
         return _Char(self.escaped_char(char, start, in_class=False))
 
     def escaped_char(self, char: str, start: int, *, in_class: bool) -> _Set:

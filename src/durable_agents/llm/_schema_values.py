@@ -83,8 +83,37 @@ def _uuid(version: int) -> Callable[[int], str]:
     return lambda v: f"00000000-0000-{version}000-8000-{v:012x}"
 
 
+def _email(v: int) -> str:
+    return f"user{v or ''}@example.com"
+
+
+def _url(v: int) -> str:
+    return f"https://example.com/{v or ''}"
+
+
+def _hostname(v: int) -> str:
+    return f"host{v}.example.com" if v else "example.com"
+
+
+def _ipv4(v: int) -> str:
+    return str(ipaddress.IPv4Address(0x7F000001 + v))
+
+
+def _ipv6(v: int) -> str:
+    return str(ipaddress.IPv6Address(1 + v))
+
+
+def _ipv4_network(v: int) -> str:
+    return f"10.{v % 256}.0.0/16"
+
+
+def _base64(v: int) -> str:
+    return ["YWJj", "YWJk", "YWJl"][v] if v < 3 else f"YWJj{v:04d}"
+
+
 # A valid value of each string format pydantic writes (date, UUID, HttpUrl, ...) or
-# JSON schema names; the variant makes the k-th other one.
+# JSON schema names; the variant makes the k-th other one. Formats that accept the
+# same values share one maker.
 _FORMATS: Mapping[str, Callable[[int], str]] = {
     "date-time": lambda v: f"{_date(v).isoformat()}T00:00:00Z",
     "date": lambda v: _date(v).isoformat(),
@@ -94,31 +123,21 @@ _FORMATS: Mapping[str, Callable[[int], str]] = {
     "duration": lambda v: f"PT{v}S",
     "uuid": _uuid(4),
     **{f"uuid{n}": _uuid(n) for n in (1, 3, 4, 5, 6, 7, 8)},
-    "email": lambda v: f"user{v or ''}@example.com",
-    "idn-email": lambda v: f"user{v or ''}@example.com",
-    "uri": lambda v: f"https://example.com/{v or ''}",
-    "url": lambda v: f"https://example.com/{v or ''}",
-    "iri": lambda v: f"https://example.com/{v or ''}",
-    "uri-reference": lambda v: f"https://example.com/{v or ''}",
-    "iri-reference": lambda v: f"https://example.com/{v or ''}",
-    "multi-host-uri": lambda v: f"https://example.com/{v or ''}",
-    "hostname": lambda v: f"host{v}.example.com" if v else "example.com",
-    "idn-hostname": lambda v: f"host{v}.example.com" if v else "example.com",
-    "ipv4": lambda v: str(ipaddress.IPv4Address(0x7F000001 + v)),
-    "ipv6": lambda v: str(ipaddress.IPv6Address(1 + v)),
-    "ipvanyaddress": lambda v: str(ipaddress.IPv4Address(0x7F000001 + v)),
-    "ipv4network": lambda v: f"10.{v % 256}.0.0/16",
+    **dict.fromkeys(("email", "idn-email"), _email),
+    **dict.fromkeys(
+        ("uri", "url", "iri", "uri-reference", "iri-reference", "multi-host-uri"), _url
+    ),
+    **dict.fromkeys(("hostname", "idn-hostname"), _hostname),
+    **dict.fromkeys(("ipv4", "ipvanyaddress"), _ipv4),
+    "ipv6": _ipv6,
+    **dict.fromkeys(("ipv4network", "ipvanynetwork"), _ipv4_network),
     "ipv6network": lambda v: f"fd00:{v:x}::/32",
-    "ipvanynetwork": lambda v: f"10.{v % 256}.0.0/16",
-    "ipv4interface": lambda v: f"{ipaddress.IPv4Address(0x7F000001 + v)}/8",
-    "ipv6interface": lambda v: f"{ipaddress.IPv6Address(1 + v)}/128",
-    "ipvanyinterface": lambda v: f"{ipaddress.IPv4Address(0x7F000001 + v)}/8",
+    **dict.fromkeys(("ipv4interface", "ipvanyinterface"), lambda v: f"{_ipv4(v)}/8"),
+    "ipv6interface": lambda v: f"{_ipv6(v)}/128",
     "json-pointer": lambda v: f"/a{v or ''}",
     "relative-json-pointer": lambda v: str(v),
     "regex": lambda v: f"a{v or ''}",
-    "base64": lambda v: ["YWJj", "YWJk", "YWJl"][v] if v < 3 else f"YWJj{v:04d}",
-    "base64url": lambda v: ["YWJj", "YWJk", "YWJl"][v] if v < 3 else f"YWJj{v:04d}",
-    "byte": lambda v: ["YWJj", "YWJk", "YWJl"][v] if v < 3 else f"YWJj{v:04d}",
+    **dict.fromkeys(("base64", "base64url", "byte"), _base64),
 }
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
