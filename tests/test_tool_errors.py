@@ -33,6 +33,7 @@ WIRE = {
     "tool-denied",
     "too-many-calls",
     "tool-durability-error",
+    "tool-retry",
 }
 
 

@@ -2,24 +2,50 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from .context import DEFAULT_MAX_CONTEXT_TOKENS, HistoryProcessor, Summarizer
 from .errors import ConfigurationError
 from .limits import MAX_ROW_BYTES
-from .tools import DepsT, Tool
+from .tools import DepsT, RunContext, Tool, Toolset
+
+OutputT = TypeVar("OutputT", default=Any)
+"""The type of a run's typed answer (`Agent(output_type=...)`, `RunResult.output`)."""
+
+Instructions = Callable[[RunContext[Any]], str | Awaitable[str]]
+"""Instructions made per turn: `instructions(ctx) -> str`, sync or async."""
+
+OUTPUT_TOOL = "final_result"
+"""The tool through which a model with `Agent(output_type=...)` gives its answer."""
 
 
 # Not slots=True: on Python 3.11 a frozen slotted generic dataclass cannot be
 # built through its alias (`Agent[Deps](...)` raises TypeError).
 @dataclass(frozen=True)
-class Agent(Generic[DepsT]):
+class Agent(Generic[DepsT, OutputT]):
     """An agent definition, shared by every session that runs it.
 
-    - `instructions`: the system message every LLM call starts with.
+    - `instructions`: the system message every LLM call starts with. A function
+      of the turn's `RunContext` (deps, session, `now` from the injected clock;
+      sync or async) makes it per turn: called once when the turn starts, its
+      text is stored with the turn's first write, and a resumed turn is sent
+      that text again, never a new one.
     - `tools`: what the LLM may call (handlers may be supplied per run).
+    - `toolsets`: more tools, listed once per turn (`durable_agents.mcp.MCPTools`:
+      an MCP server's). What the kit decided for each call of theirs is stored
+      with the call (`ToolCall.policy`).
+    - `output_type`: a typed answer (a pydantic model, a dataclass, a TypedDict, or
+      any type pydantic validates). The model gives it by calling the tool
+      `final_result` (its schema is the type's); an invalid answer goes back to
+      the model with the validation errors, at most `max_output_retries` times a
+      turn. The turn's final message stores the answer as JSON; `RunResult.output`
+      holds it validated.
+    - `max_tool_retries`: how many of one tool's calls in a turn may be answered
+      `tool-retry` (its handler raised `ModelRetry`); past that, `tool-failed`.
     - `max_steps`: LLM calls one `run()` may make before it stops with
       status `"max_steps"` (the session stays resumable).
     - `max_result_bytes`: a tool result larger than this is stored as an
@@ -54,7 +80,7 @@ class Agent(Generic[DepsT]):
     """
 
     name: str
-    instructions: str = ""
+    instructions: str | Instructions = ""
     tools: Sequence[Tool] = field(default=())
     max_steps: int = 20
     max_result_bytes: int = 1_000_000
@@ -66,9 +92,29 @@ class Agent(Generic[DepsT]):
     max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS
     summarize: Summarizer | None = None
     history_processor: HistoryProcessor | None = None
+    toolsets: Sequence[Toolset] = field(default=())
+    output_type: type[OutputT] | None = None
+    max_tool_retries: int = 2
+    max_output_retries: int = 2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
+        object.__setattr__(self, "toolsets", tuple(self.toolsets))
+        if not (isinstance(self.instructions, str) or callable(self.instructions)):
+            raise ConfigurationError(
+                f"agent {self.name!r}: instructions must be a str or a function of the "
+                f"run's context, got {type(self.instructions).__name__}"
+            )
+        for toolset in self.toolsets:
+            if not callable(getattr(toolset, "list_tools", None)):
+                raise ConfigurationError(
+                    f"agent {self.name!r}: toolsets must have list_tools(ctx) (e.g. "
+                    f"durable_agents.mcp.MCPTools), got {toolset!r}"
+                )
+        for count in ("max_tool_retries", "max_output_retries"):
+            value = getattr(self, count)
+            if type(value) is not int or value < 0:
+                raise ConfigurationError(f"{count} must be an int >= 0, got {value!r}")
         if not self.name:
             raise ConfigurationError("an agent needs a name")
         if self.max_steps < 1:
@@ -102,3 +148,16 @@ class Agent(Generic[DepsT]):
             if t.name in seen:
                 raise ConfigurationError(f"agent {self.name!r} declares tool {t.name!r} twice")
             seen.add(t.name)
+        if self.output_type is not None and OUTPUT_TOOL in seen:
+            raise ConfigurationError(
+                f"agent {self.name!r}: with output_type, the model answers through a tool "
+                f"named {OUTPUT_TOOL!r}; rename the agent's own tool of that name"
+            )
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The settings its toolsets read (`MCPTools(url_setting=...)`), in order."""
+        names: list[str] = []
+        for toolset in self.toolsets:
+            names += [n for n in getattr(toolset, "settings", ()) if n not in names]
+        return tuple(names)

@@ -96,6 +96,8 @@ class ApprovalState:
     decision: str | None  # "approved" | "denied" | None (waiting)
     reason: str | None
     claimed: bool
+    arguments: dict[str, Any] | None = None  # edited by the approver: it runs with these
+    arguments_digest: str | None = None
 
 
 def approval_states(events: Iterable[ApprovalEvent]) -> dict[str, ApprovalState]:
@@ -113,7 +115,13 @@ def approval_states(events: Iterable[ApprovalEvent]) -> dict[str, ApprovalState]
         if e.event == "claimed":
             states[e.tool_call_id] = _replace(state, claimed=True)
         else:
-            states[e.tool_call_id] = _replace(state, decision=e.event, reason=e.reason)
+            states[e.tool_call_id] = _replace(
+                state,
+                decision=e.event,
+                reason=e.reason,
+                arguments=e.arguments,
+                arguments_digest=e.arguments_digest,
+            )
     return states
 
 

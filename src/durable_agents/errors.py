@@ -39,8 +39,14 @@
     ├── ToolDurabilityError              "tool-durability-error"
     │       a tool call whose result was lost in a crash and which was
     │       not re-invoked (not `safe_to_retry`)
+    ├── ToolFailure                      its `kind`
+    │       a handler's (or a toolset's, e.g. MCP) way to answer its call with
+    │       a result of a given `ToolErrorKind`
     └── LLMError (durable_agents.llm)    "llm"
             the LLM provider failed after its retries
+
+`ModelRetry` is not in the tree: a handler raises it to tell the model to call
+again with other arguments (a result of kind `tool-retry`).
 
 `ToolDurabilityError` is never raised by `run()`: it is the value stored as
 the tool result, for the LLM (and for code inspecting history) to see. It is
@@ -343,3 +349,41 @@ class ToolDurabilityError(DurableAgentsError):
         if data is None or data.get("kind") != cls.kind:
             return None
         return cls(str(data.get("toolName")), str(data.get("toolCallId")), str(data.get("error")))
+
+
+class ToolFailure(DurableAgentsError):
+    """Raised by a handler to answer its call with a failure of a given kind.
+
+    The run loop stores `{"error": message, "kind": kind}` as the call's result.
+    `outcome_unknown=True` says the effect may have happened (a request sent,
+    no answer read): for a tool not `safe_to_retry` the result is then a
+    `tool-durability-error` instead, as for a call lost in a crash. The MCP
+    toolset (`durable_agents.mcp`) answers a server's `isError` and its
+    protocol errors this way.
+    """
+
+    def __init__(
+        self, message: str, *, kind: ToolErrorKind = ToolErrorKind.TOOL_FAILED,
+        outcome_unknown: bool = False,
+    ) -> None:  # fmt: skip
+        self.message = message
+        self.kind = ToolErrorKind(kind)
+        self.code = self.kind.value
+        self.outcome_unknown = outcome_unknown
+        super().__init__(message)
+
+
+class ModelRetry(Exception):  # noqa: N818  (the name users of pydantic-ai know)
+    """Raised by a handler to send the model back with what to change: "that date is in
+    the past, pick a future one".
+
+    The call's result is `{"error": message, "kind": "tool-retry"}` and the model
+    may call again. At most `Agent.max_tool_retries` of a tool's calls in one turn
+    are answered this way; past that, the next is a `tool-failed` result. The
+    handler ran: whatever it did before raising is its own business (the kit
+    stores the result as for any other call, so it is never run again).
+    """
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)

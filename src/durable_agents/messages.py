@@ -37,12 +37,19 @@ class ToolCall:
     is stored, and keeps the provider's as `provider_id`, which is what the
     provider gets back on the next call (`wire_id`). So every stored call can
     be matched to exactly one result and named in a URL.
+
+    `policy` is what the kit decided for the call when it stored it (write #1),
+    for a tool that came from a toolset (`Agent(toolsets=...)`, e.g. an MCP
+    server's): `{"source", "safe_to_retry", "requires_approval", "annotations",
+    "input_schema"}`. A resume decides by it, not by what the toolset lists
+    today. None for the agent's own tools, whose declaration is in the code.
     """
 
     id: str
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
     provider_id: str | None = None
+    policy: Mapping[str, Any] | None = None
 
     @property
     def wire_id(self) -> str:
@@ -53,6 +60,8 @@ class ToolCall:
         data = {"id": self.id, "name": self.name, "arguments": self.arguments}
         if self.provider_id is not None:
             data["provider_id"] = self.provider_id
+        if self.policy is not None:
+            data["policy"] = dict(self.policy)
         return data
 
     @classmethod
@@ -65,16 +74,21 @@ class ToolCall:
         call_id, name = str(data.get("id") or ""), str(data["name"])
         provider_id = data.get("provider_id")
         provider_id = None if provider_id is None else str(provider_id)
+        policy = data.get("policy")
+        policy = dict(policy) if isinstance(policy, dict) else None
         if data.get("arguments_error"):
             return MalformedToolCall(
                 call_id,
                 name,
                 {},
                 provider_id,
+                policy,
                 raw_arguments=str(data.get("raw_arguments") or ""),
                 arguments_error=str(data["arguments_error"]),
             )
-        return cls(id=call_id, name=name, arguments=arguments, provider_id=provider_id)
+        return cls(
+            id=call_id, name=name, arguments=arguments, provider_id=provider_id, policy=policy
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +176,12 @@ class Message:
     (written by a resume nobody asked for: the session's Durable Object alarm or
     the `durable-agents worker`), `"stopped"` (the kit's note that ends a turn
     whose resumes kept crashing). None for everything else.
+
+    `instructions` (on the user message that starts a turn, or on a summary that
+    folded it) are the instructions the turn's LLM calls were sent, when the
+    agent's `instructions` is a function (`Agent.instructions`): evaluated once,
+    when the turn starts, and stored with its first write, so a resumed turn
+    sends the model what it saw before. None for fixed instructions.
     """
 
     role: Role
@@ -173,6 +193,7 @@ class Message:
     request_key: str | None = None
     summary_of: int | None = None
     origin: MessageOrigin | None = None
+    instructions: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -234,6 +255,8 @@ class Message:
             data["summary_of"] = [0, self.summary_of]  # the positions it stands for
         if self.origin is not None:
             data["origin"] = self.origin
+        if self.instructions is not None:
+            data["instructions"] = self.instructions
         return data
 
     @classmethod
@@ -249,6 +272,7 @@ class Message:
             request_key=data.get("request_key"),
             summary_of=_summary_end(data.get("summary_of")),
             origin=data.get("origin"),
+            instructions=data.get("instructions"),
         )
 
 
@@ -380,6 +404,9 @@ class ToolErrorKind(StrEnum):
         TOO_MANY_CALLS         the reply asked for more calls than the agent runs in
                                one step (`max_tool_calls_per_step`); this one was
                                not run
+        TOOL_RETRY             the handler raised `ModelRetry`: its message says what
+                               to change; the model may call again (at most
+                               `Agent.max_tool_retries` times a turn per tool)
     """
 
     UNKNOWN_TOOL = "unknown-tool"
@@ -391,6 +418,7 @@ class ToolErrorKind(StrEnum):
     TOOL_DURABILITY_ERROR = "tool-durability-error"
     TOOL_DENIED = "tool-denied"
     TOO_MANY_CALLS = "too-many-calls"
+    TOOL_RETRY = "tool-retry"
 
 
 def tool_error_content(kind: ToolErrorKind, text: str, **fields: str | None) -> str:

@@ -19,9 +19,9 @@ from __future__ import annotations
 import datetime
 import inspect
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, get_origin, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from typing_extensions import TypeVar
@@ -30,6 +30,9 @@ from . import _json
 from .errors import ConfigurationError, ToolArgumentsError
 from .messages import ToolSpec
 from .stores.base import Schedule
+
+if TYPE_CHECKING:
+    import httpx
 
 DepsT = TypeVar("DepsT", default=Any)
 """The type of `run(..., deps=...)`, which handlers get as `ctx.deps`.
@@ -83,9 +86,52 @@ class ToolContext(Generic[DepsT]):
         return made
 
 
+# Not slots=True, as for ToolContext.
+@dataclass(frozen=True)
+class RunContext(Generic[DepsT]):
+    """What a turn knows before its first LLM call: what `Agent.instructions` (when a
+    function) and toolsets (`Agent.toolsets`) are given.
+
+    `now` is when the turn started, from the run's injected clock (`run(clock=)`),
+    as an aware UTC datetime. `settings` are the deployment's settings (the
+    Worker's env vars and secrets the agent module names; on CPython
+    `run(settings=)`, default `os.environ`). `http` is the client handlers use
+    (`run(http=)`; in a Worker, the one over `fetch`), None when the run was given
+    none: a toolset then makes its own.
+    """
+
+    session_id: str
+    session_name: str | None
+    now: datetime.datetime
+    deps: DepsT = None  # type: ignore[assignment]  # None when run() was given no deps
+    settings: Mapping[str, str] = field(default_factory=dict, repr=False)
+    http: httpx.AsyncClient | None = field(default=None, repr=False, compare=False)
+
+
+class Toolset(Protocol):
+    """Tools an agent gets from somewhere else at run time (`Agent(toolsets=[...])`),
+    listed once per turn. `durable_agents.mcp.MCPTools` is one.
+
+    Its tools carry their handlers, a `source` (e.g. `"mcp:notes"`) and what the
+    source said of them (`annotations`). The kit stores with each call of such a
+    tool what it decided for it (`ToolCall.policy`), so a resume goes by that.
+    `settings` names the settings it reads, so the Worker passes them and the dev
+    server lists them.
+    """
+
+    @property
+    def settings(self) -> tuple[str, ...]: ...
+
+    async def list_tools(self, ctx: RunContext[Any]) -> Sequence[Tool]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Tool:
-    """A declared tool. Build it with `tool(...)`; see the module docstring."""
+    """A declared tool. Build it with `tool(...)`; see the module docstring.
+
+    A toolset's tools also have a `source` (where they came from, `"mcp:notes"`)
+    and `annotations` (what the source said of them, e.g. MCP's `readOnlyHint`).
+    """
 
     name: str
     description: str
@@ -96,11 +142,27 @@ class Tool:
     handler: Handler | None = None
     timeout: float | None = None
     requires_approval: bool = False
+    source: str | None = None
+    annotations: Mapping[str, Any] | None = None
 
     @property
     def spec(self) -> ToolSpec:
         """What the LLM is told about this tool."""
         return ToolSpec(self.name, self.description, self.input_schema)
+
+    @property
+    def policy(self) -> dict[str, Any] | None:
+        """What is stored with a call of this tool (`ToolCall.policy`): for a toolset's
+        tool, the decision and what it rests on; None for the agent's own tools."""
+        if self.source is None:
+            return None
+        return {
+            "source": self.source,
+            "safe_to_retry": self.safe_to_retry,
+            "requires_approval": self.requires_approval,
+            "annotations": dict(self.annotations or {}),
+            "input_schema": self.input_schema,
+        }
 
     def with_handler(self, handler: Handler) -> Tool:
         """This declaration with `handler` (what `run(..., tools={name: handler})` does)."""

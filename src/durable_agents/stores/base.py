@@ -73,6 +73,10 @@ class ApprovalChange:
     an approved call runs) lands only once, and only for an approved call.
     A change whose condition fails fails its whole append with
     `SessionConflictError`, nothing written.
+
+    `arguments` (an `approved` event only): the arguments the approver edited
+    the call to, which it runs with instead of the model's; `arguments_digest`
+    is their own digest (`approval_digest` of the call with them).
     """
 
     tool_call_id: str
@@ -80,6 +84,8 @@ class ApprovalChange:
     digest: str
     tool_name: str = ""
     reason: str | None = None
+    arguments: dict[str, Any] | None = None
+    arguments_digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,8 @@ class ApprovalEvent:
     digest: str
     reason: str | None
     created_at: int
+    arguments: dict[str, Any] | None = None  # an approval's edited arguments
+    arguments_digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
