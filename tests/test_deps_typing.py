@@ -1,4 +1,5 @@
-"""`Agent` and `ToolContext` are generic over their deps type, and need no parameter.
+"""`Agent` and `ToolContext` are generic over their deps type, and need no parameter;
+`Agent` and `RunResult` over the output type too (`Agent(output_type=...)`).
 
 Checked with mypy (strict) on small programs, as a user's code would be.
 """
@@ -40,9 +41,15 @@ async def untyped(args: OrderRef, ctx: ToolContext) -> str:
     return str(ctx.deps.anything)
 
 
+class Answer(BaseModel):
+    order_id: str
+    refund: bool
+
+
 TYPED = Agent("typed", "", [lookup], deps_type=Deps)
 PLAIN = Agent("plain", "", [untyped])
 ANNOTATED: Agent = Agent("annotated")
+ANSWERS = Agent("answers", "", [lookup], deps_type=Deps, output_type=Answer)
 
 
 async def main() -> None:
@@ -52,6 +59,10 @@ async def main() -> None:
     await run(TYPED, llm=llm, message="hi", deps=Deps("u"))
     await run(PLAIN, llm=llm, message="hi", deps=3)
     await run(ANNOTATED, llm=llm, message="hi")
+    result = await run(ANSWERS, llm=llm, message="hi", deps=Deps("u"))
+    reveal_type(result.output)
+    if result.output is not None:
+        print(result.output.refund)
 """
 
 
@@ -65,12 +76,20 @@ def _mypy(tmp_path: Path, source: str) -> tuple[str, int]:
 def test_deps_typed_and_untyped_both_type_check(tmp_path: Path) -> None:
     out, status = _mypy(tmp_path, PROGRAM)
     assert status == 0, out
-    assert 'Revealed type is "durable_agents.agent.Agent[user_agent.Deps]"' in out
-    assert 'Revealed type is "durable_agents.agent.Agent[Any]"' in out
+    assert 'Revealed type is "durable_agents.agent.Agent[user_agent.Deps, Any]"' in out
+    assert 'Revealed type is "durable_agents.agent.Agent[Any, Any]"' in out
+    assert 'Revealed type is "user_agent.Answer | None"' in out
+
+
+def test_output_of_a_typed_agent_is_its_type(tmp_path: Path) -> None:
+    source = PROGRAM.replace("print(result.output.refund)", "print(result.output.missing)")
+    out, _ = _mypy(tmp_path, source)
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and '"Answer" has no attribute "missing"' in errors[0], out
 
 
 def test_wrong_deps_for_a_typed_agent_is_a_type_error(tmp_path: Path) -> None:
-    source = PROGRAM.replace('deps=Deps("u")', 'deps="not deps"')
+    source = PROGRAM.replace('deps=Deps("u")', 'deps="not deps"', 1)
     out, _ = _mypy(tmp_path, source)
     errors = [line for line in out.splitlines() if ": error:" in line]
     assert len(errors) == 1, out

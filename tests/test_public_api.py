@@ -25,6 +25,7 @@ PUBLIC = {
         "ApprovalPendingError",
         "CancelToken", "MessageStored", "RunEvent", "RunFinished", "StreamingLLM", "TextDelta",
         "ToolCallDelta", "Schedule", "ScheduleError", "schedule", "stop_turn",
+        "ModelRetry", "RunContext", "Toolset", "ToolFailure", "ToolsetError",
     },
     "durable_agents.stores": {
         "memory_store", "sqlite_store", "MemoryStore", "SQLiteStore", "SessionInfo", "Store",

@@ -21,6 +21,7 @@ from .errors import (
     InvalidCursorError,
     MemoryStoreNotDurableError,
     MessageTooLargeError,
+    ModelRetry,
     RequestKeyReusedError,
     ScheduleError,
     SessionBusyError,
@@ -29,6 +30,8 @@ from .errors import (
     StoreError,
     ToolArgumentsError,
     ToolDurabilityError,
+    ToolFailure,
+    ToolsetError,
 )
 from .events import CancelToken, MessageStored, RunEvent, RunFinished
 from .llm.base import LLM, StreamingLLM
@@ -46,7 +49,7 @@ from .messages import (
 from .run import RunResult, idempotency_key, pending_tool_calls, run, stop_turn
 from .schedules import schedule
 from .stores.base import Schedule, SessionInfo, SessionPage, Store
-from .tools import Tool, ToolContext, tool
+from .tools import RunContext, Tool, ToolContext, Toolset, tool
 
 __all__ = [
     "LLM",
@@ -66,8 +69,10 @@ __all__ = [
     "Message",
     "MessageStored",
     "MessageTooLargeError",
+    "ModelRetry",
     "PendingApproval",
     "RequestKeyReusedError",
+    "RunContext",
     "RunEvent",
     "RunFinished",
     "RunResult",
@@ -89,7 +94,10 @@ __all__ = [
     "ToolContext",
     "ToolDurabilityError",
     "ToolErrorKind",
+    "ToolFailure",
     "ToolSpec",
+    "Toolset",
+    "ToolsetError",
     "Usage",
     "approval_digest",
     "approve",

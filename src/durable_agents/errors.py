@@ -39,7 +39,10 @@
     ├── ToolDurabilityError              "tool-durability-error"
     │       a tool call whose result was lost in a crash and which was
     │       not re-invoked (not `safe_to_retry`)
-    ├── ToolFailure                      its `kind`
+    ├── ToolsetError                     "toolset-error"
+    │       a toolset (an MCP server) could not list its tools; the turn
+    │       ends with status "error", resumable
+    ├── ToolFailure                      "tool-failure"
     │       a handler's (or a toolset's, e.g. MCP) way to answer its call with
     │       a result of a given `ToolErrorKind`
     └── LLMError (durable_agents.llm)    "llm"
@@ -351,6 +354,20 @@ class ToolDurabilityError(DurableAgentsError):
         return cls(str(data.get("toolName")), str(data.get("toolCallId")), str(data.get("error")))
 
 
+class ToolsetError(DurableAgentsError):
+    """A toolset could not list its tools (its server is down, refused us, or answered
+    something that is not its protocol). `run()` ends the turn with status "error"
+    and `error_code` "toolset-error"; nothing of the turn but its message is
+    stored, and `message=None` tries again."""
+
+    code = "toolset-error"
+
+    def __init__(self, source: str, problem: str) -> None:
+        self.source = source
+        self.problem = problem
+        super().__init__(f"{source}: {problem}")
+
+
 class ToolFailure(DurableAgentsError):
     """Raised by a handler to answer its call with a failure of a given kind.
 
@@ -359,8 +376,10 @@ class ToolFailure(DurableAgentsError):
     no answer read): for a tool not `safe_to_retry` the result is then a
     `tool-durability-error` instead, as for a call lost in a crash. The MCP
     toolset (`durable_agents.mcp`) answers a server's `isError` and its
-    protocol errors this way.
+    protocol errors this way. Its `code` is "tool-failure"; its `kind`, the result's.
     """
+
+    code = "tool-failure"
 
     def __init__(
         self, message: str, *, kind: ToolErrorKind = ToolErrorKind.TOOL_FAILED,
@@ -368,12 +387,11 @@ class ToolFailure(DurableAgentsError):
     ) -> None:  # fmt: skip
         self.message = message
         self.kind = ToolErrorKind(kind)
-        self.code = self.kind.value
         self.outcome_unknown = outcome_unknown
         super().__init__(message)
 
 
-class ModelRetry(Exception):  # noqa: N818  (the name users of pydantic-ai know)
+class ModelRetry(Exception):
     """Raised by a handler to send the model back with what to change: "that date is in
     the past, pick a future one".
 

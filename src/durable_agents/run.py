@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import hashlib
 import inspect
+import json
 import logging
 import os
 import socket
@@ -44,13 +46,13 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal
 
 import httpx
 
 from . import _json, _timeouts, context
 from . import budget as _budget
-from .agent import Agent
+from .agent import OUTPUT_TOOL, Agent, OutputT
 from .approvals import (
     ApprovalState,
     PendingApproval,
@@ -63,11 +65,14 @@ from .errors import (
     ConfigurationError,
     MemoryStoreNotDurableError,
     MessageTooLargeError,
+    ModelRetry,
     RequestKeyReusedError,
     SessionBusyError,
     SessionNotFoundError,
     ToolArgumentsError,
     ToolDurabilityError,
+    ToolFailure,
+    ToolsetError,
 )
 from .events import CancelToken, MessageStored, OnEvent, RunEvent, RunFinished
 from .llm.base import LLM
@@ -83,15 +88,17 @@ from .messages import (
     ToolErrorKind,
     ToolSpec,
     Usage,
+    tool_error,
     tool_error_content,
 )
 from .messages import (
     pending_tool_calls as pending_tool_calls,  # re-exported: it lived here first
 )
+from .output import OutputSchema
 from .schedules import StepSchedules
 from .stores.base import ApprovalChange, Lease, LeaseHolder, Schedule, Store
 from .stores.memory import memory_store
-from .tools import DepsT, Handler, Tool, ToolContext
+from .tools import DepsT, Handler, RunContext, Tool, ToolContext
 
 RunStatus = Literal[
     "complete",
@@ -112,7 +119,7 @@ DEFERRED_REASON = (
 
 
 @dataclass(frozen=True, slots=True)
-class RunResult:
+class RunResult(Generic[OutputT]):
     """What `run()` returns.
 
     `status` is `"complete"` (the LLM gave a final reply, in `response`),
@@ -127,13 +134,18 @@ class RunResult:
     calls did not all fit what the invocation may still fetch; those that did ran,
     the others are recorded as not started, and `message=None` in a fresh
     invocation runs them: the session's Durable Object does that at once).
-    With `"error"`, `error_code` says which: `"llm-error"` (the call failed)
-    or `"llm-response-too-large"` (the reply is over the store's limit for one
-    message, `MAX_ROW_BYTES`, so it was not kept). In every
+    With `"error"`, `error_code` says which: `"llm-error"` (the call failed),
+    `"llm-response-too-large"` (the reply is over the store's limit for one
+    message, `MAX_ROW_BYTES`, so it was not kept), `"toolset-error"` (a toolset,
+    e.g. an MCP server, could not list its tools) or `"invalid-output"` (the
+    model's answer broke `agent.output_type` more than `max_output_retries`
+    times). In every
     case but the first the stored history is consistent and
     `run(..., message=None)` continues the turn (once waiting calls are decided).
     `messages` is the whole conversation as the LLM sees it, system message
     first. `steps` counts this run's LLM calls and `usage` their tokens.
+    `output` is the typed answer of an agent with `output_type` (status
+    `"complete"`; None otherwise): the final message's JSON, validated.
     """
 
     status: RunStatus
@@ -145,10 +157,11 @@ class RunResult:
     error: str | None = None
     pending: list[PendingApproval] = field(default_factory=list)
     error_code: str | None = None
+    output: OutputT | None = None
 
 
 async def run(
-    agent: Agent[DepsT],
+    agent: Agent[DepsT, OutputT],
     *,
     llm: LLM,
     message: str | None = None,
@@ -165,8 +178,10 @@ async def run(
     session_name: str | None = None,
     origin: MessageOrigin | None = None,
     clock: Callable[[], float] | None = None,
+    settings: Mapping[str, str] | None = None,
+    http: httpx.AsyncClient | None = None,
     _lease_run_id: str | None = None,
-) -> RunResult:
+) -> RunResult[OutputT]:
     """Run one turn of `agent`, durably when given a durable `store` and a `session_id`.
 
     - New conversation: pass `message`. Without `session_id` a new session id
@@ -213,7 +228,13 @@ async def run(
     `origin` marks every message this run stores (`Message.origin`): the kit
     passes "scheduled" when it fires a schedule and "self-resumed" when it
     resumes a turn nobody asked it to. `clock` (seconds; default `time.time`,
-    read at call time) dates what handlers schedule (`ToolContext.schedule`).
+    read at call time) dates what handlers schedule (`ToolContext.schedule`)
+    and is the turn's `RunContext.now`.
+
+    `settings` (default `os.environ`) and `http` reach the turn's `RunContext`:
+    what `agent.instructions` (a function) and `agent.toolsets` read. In a
+    Worker the kit passes the agent module's settings from `env` and its
+    client over `fetch`.
 
     `tools` supplies or overrides handlers by tool name. `deps` reaches every
     handler as `ctx.deps`. `new_id` makes session and tool call ids (default:
@@ -236,6 +257,7 @@ async def run(
     result = await _run(
         agent, llm, message, session_id, store, tools, deps, new_id, request_key,
         lease_seconds, wait_seconds, events, cancel, session_name, origin, clock, _lease_run_id,
+        _Setup(os.environ if settings is None else settings, http),
     )  # fmt: skip
     await events.emit(RunFinished(result))
     return result
@@ -259,7 +281,8 @@ async def _run(
     origin: MessageOrigin | None = None,
     clock: Callable[[], float] | None = None,
     lease_run_id: str | None = None,
-) -> RunResult:
+    setup: _Setup | None = None,
+) -> RunResult[Any]:
     make_id = new_id or _random_id
     if origin is not None and origin not in ORIGINS:
         raise ConfigurationError(f"origin must be one of {ORIGINS} or None, got {origin!r}")
@@ -278,6 +301,7 @@ async def _run(
             )
         session = _Session(agent, store, make_id(), [], bound, deps, make_id, None, events, cancel)
         session.name, session.origin, session.clock = session_name, origin, clock or time.time
+        session.setup = setup or session.setup
         return await session.run(message, llm, request_key)
     if not store.durable:
         raise MemoryStoreNotDurableError(session_id)
@@ -304,6 +328,7 @@ async def _run(
             base=base,
         )  # fmt: skip
         session.name, session.origin, session.clock = session_name, origin, clock or time.time
+        session.setup = setup or session.setup
         start = None if request_key is None or message is None else (
             await session.find_request(request_key, message)
         )  # fmt: skip
@@ -530,8 +555,20 @@ class _Session:
         self.tools = tools
         self.deps = deps
         self.new_id = new_id
-        self.system = Message.system(agent.instructions)
-        self.specs = [t.spec for t in tools.values()]
+        self.setup = _Setup(os.environ, None)
+        fixed = agent.instructions if isinstance(agent.instructions, str) else None
+        self.system = Message.system(
+            fixed if fixed is not None else _turn_instructions(history) or ""
+        )
+        # A function's instructions for the turn this run starts: stored with its message.
+        self.instructions: str | None = None
+        self.output = _output_schema(agent.output_type) if agent.output_type is not None else None
+        self.specs = self.tool_specs()
+        self.answer: tuple[Any] | None = None  # a final_result call of this step accepted
+        self.nudge: list[Message] = []  # a text answer sent back (never stored)
+        self.rejected = 0  # answers this run sent back (output_type)
+        self.carried = Usage()  # the usage of LLM replies that were sent back, unstored
+        self.retries: dict[str, int] = {}  # tool -> calls this run answered tool-retry
         # Every id a call of the session has (or had, from its provider): a repeat is a
         # duplicate. Provider ids the kit replaced never match CALL_ID, so never a kit id.
         self.call_ids = {
@@ -553,6 +590,103 @@ class _Session:
     def position(self) -> int:
         """The position the next append writes at."""
         return self.base + len(self.history)
+
+    def tool_specs(self) -> list[ToolSpec]:
+        specs = [t.spec for t in self.tools.values()]
+        return specs if self.output is None else [*specs, self.output.spec]
+
+    async def prepare(self, message: str | None) -> None:
+        """The turn's tools and instructions: its toolsets listed (ToolsetError if one
+        cannot be), and a function's instructions made for a new turn, or read back
+        from the turn's first write when it is resumed."""
+        agent = self.agent
+        if not agent.toolsets and isinstance(agent.instructions, str):
+            return
+        now = datetime.datetime.fromtimestamp(self.clock(), datetime.UTC)
+        ctx: RunContext[Any] = RunContext(
+            self.session_id, self.name, now, self.deps, self.setup.settings, self.setup.http
+        )
+        if not isinstance(agent.instructions, str):
+            stored = None if message is not None else _turn_instructions(self.history)
+            text = stored if stored is not None else await _make_instructions(agent, ctx)
+            self.instructions = text if message is not None else None
+            self.system = Message.system(text)
+        for toolset in agent.toolsets:
+            for listed in await toolset.list_tools(ctx):
+                if listed.name in self.tools or (self.output and listed.name == OUTPUT_TOOL):
+                    raise ConfigurationError(
+                        f"agent {agent.name!r}: {listed.source or 'a toolset'} lists a tool "
+                        f"named {listed.name!r}, which the agent has already; give the "
+                        "toolset a prefix= or leave the tool out (allow=)"
+                    )
+                self.tools[listed.name] = listed
+        self.specs = self.tool_specs()
+
+    def user_message(self, message: str, request_key: str | None) -> Message:
+        """The message that starts the turn, with the instructions made for it."""
+        return Message("user", message, request_key=request_key, instructions=self.instructions)
+
+    def with_policy(self, call: ToolCall) -> ToolCall:
+        """`call` with what the kit decided for it, if its tool came from a toolset."""
+        tool = self.tools.get(call.name)
+        policy = None if tool is None else tool.policy
+        return call if policy is None else replace(call, policy=policy)
+
+    def send_back(self, response: LLMResponse, problems: str) -> None:
+        """Ask again for an answer the model gave as text that is not a valid one; nothing
+        is stored (the reply's usage is, with the next stored reply)."""
+        self.rejected += 1
+        self.carried += response.usage or Usage()
+        self.nudge = [
+            Message.assistant(response.text),
+            Message.user(
+                f"That answer was not accepted: {problems}. Give your final answer by calling "
+                f"the tool {OUTPUT_TOOL!r} with it."
+            ),
+        ]
+
+    def stored_usage(self, usage: Usage | None) -> Usage | None:
+        """A reply's usage as stored: with that of the replies sent back before it."""
+        if not self.carried.total_tokens:
+            return usage
+        total, self.carried = (usage or Usage()) + self.carried, Usage()
+        return total
+
+    def output_gave_up(self, problems: str) -> str:
+        return (
+            f"the model's answer did not match the agent's output_type after "
+            f"{self.agent.max_output_retries} retries (max_output_retries): {problems}"
+        )
+
+    def final_answer(self) -> list[Message]:
+        """The turn's final message, if this step's final_result call was accepted."""
+        if self.answer is None or self.output is None:
+            return []
+        (value,), self.answer = self.answer, None
+        return [Message.assistant(self.output.dump(value))]
+
+    def answer_output(self, call: ToolCall) -> str:
+        """The result of a final_result call: accepted (the turn ends with its write), or
+        sent back with what is wrong."""
+        assert self.output is not None
+        last = next(m for m in reversed(self.history) if m.role == "assistant")
+        if len(last.tool_calls) != 1:
+            return tool_error_content(
+                ToolErrorKind.TOOL_FAILED,
+                f"{OUTPUT_TOOL} was not accepted: call it on its own, once the results of your "
+                "other tool calls are in.",
+            )
+        try:
+            value = self.output.validate(dict(call.arguments))
+        except ValueError as exc:
+            self.rejected += 1
+            return tool_error_content(
+                ToolErrorKind.INVALID_ARGUMENTS,
+                f"Your final answer was not accepted: {exc}. Call {OUTPUT_TOOL} again with a "
+                "corrected answer.",
+            )
+        self.answer = (value,)
+        return "Final answer accepted."
 
     async def find_request(self, request_key: str, message: str) -> int | None:
         """The position of the user message stored with `request_key`, if any."""
@@ -577,6 +711,14 @@ class _Session:
         return self.result("complete", reply, 0, Usage())
 
     async def run(self, message: str | None, llm: LLM, request_key: str | None = None) -> RunResult:
+        try:
+            await self.prepare(message)
+        except ToolsetError as exc:
+            if message is not None:  # keep the turn's message, as for a failed LLM call
+                await self.append([self.user_message(message, request_key)], release=True)
+            return self.result(
+                "error", "", 0, Usage(), f"{type(exc).__name__}: {exc}", error_code="toolset-error"
+            )
         orphans = pending_tool_calls(self.history)
         if orphans:
             waiting = await self.settle(orphans, message)
@@ -587,9 +729,7 @@ class _Session:
         if message is None and self.history[-1].is_final_reply:
             return self.result("complete", self.history[-1].content, 0, Usage())
 
-        unstored = (
-            [Message("user", message, request_key=request_key)] if message is not None else []
-        )
+        unstored = [self.user_message(message, request_key)] if message is not None else []
         steps, usage = 0, Usage()
         while steps < self.agent.max_steps:
             try:
@@ -598,7 +738,7 @@ class _Session:
                     raise _Stopped("cancelled", self.cancel.reason)
                 await self.check_budget()
                 usage += await self.compact(llm, unstored)
-                sent = context.window(self.system, self.history, unstored)
+                sent = [*context.window(self.system, self.history, unstored), *self.nudge]
                 response = await self.call_llm(llm, await self.processed(sent))
             except _Stopped as stop:
                 if unstored:  # keep the turn's message, so message=None can finish the turn
@@ -613,8 +753,23 @@ class _Session:
                 return self.result("error", "", steps, usage, error, error_code="llm-error")
             steps += 1
             usage += response.usage or Usage()
-            calls = self.assign_ids(response.tool_calls)
-            assistant = Message.assistant(response.text, calls, response.usage)
+            calls = [self.with_policy(c) for c in self.assign_ids(response.tool_calls)]
+            text = response.text
+            if not calls and self.output is not None:  # a text answer: is it a valid one?
+                try:
+                    text = self.output.dump(self.output.from_text(response.text))
+                except ValueError as exc:
+                    if self.rejected < self.agent.max_output_retries:
+                        self.send_back(response, str(exc))
+                        continue
+                    if unstored:
+                        await self.append(unstored, release=True)
+                    return self.result(
+                        "error", "", steps, usage, self.output_gave_up(str(exc)),
+                        error_code="invalid-output",
+                    )  # fmt: skip
+            assistant = Message.assistant(text, calls, self.stored_usage(response.usage))
+            self.nudge = []
             gated = self.needing_approval(calls)
             free = [c for c in calls if c.id not in gated]
             # write #1 (with the approval requests; the lease held through the
@@ -643,13 +798,26 @@ class _Session:
                 )
             unstored = []
             if not calls:
-                return self.result("complete", response.text, steps, usage)
+                return self.result("complete", text, steps, usage)
             deferred: list[ToolCall] = []
             if free:  # write #2 (of the calls that need no approval, when some do)
                 results = await self.dispatch(free, budgeted=True)
                 deferred = self.unstarted  # over the invocation's budget: never started
+                final = self.final_answer()  # an accepted final_result ends the turn here
+                gave_up = self.rejected > self.agent.max_output_retries
                 last = steps >= self.agent.max_steps or bool(gated) or bool(deferred)
-                await self.append(results, release=last, approvals=self.deferral(deferred))
+                await self.append(
+                    [*results, *final],
+                    release=last or bool(final) or gave_up,
+                    approvals=self.deferral(deferred),
+                )
+                if final:
+                    return self.result("complete", final[0].content, steps, usage)
+                if gave_up:
+                    error = self.output_gave_up("see the last final_result result")
+                    return self.result(
+                        "error", "", steps, usage, error, error_code="invalid-output"
+                    )
             if deferred and not gated:
                 return self.result("deferred", "", steps, usage)
             if gated:
@@ -703,7 +871,12 @@ class _Session:
             usage += used or Usage()
         assert text is not None  # (there was something to fold: the cut is past a step)
         summary = Message(
-            "system", text, usage=usage.bounded() if usage.total_tokens else None, summary_of=cut
+            "system",
+            text,
+            usage=usage.bounded() if usage.total_tokens else None,
+            summary_of=cut,
+            # the turn's instructions, for a resume that no longer loads its first message
+            instructions=None if isinstance(self.agent.instructions, str) else self.system.content,
         )
         await self.append([summary])
         self.history = self.history[cut - self.base :]
@@ -783,16 +956,13 @@ class _Session:
             plain = [c for c in orphans if c.id not in states or states[c.id].claimed]
             if plain:
                 await self.append(await self.dispatch(plain, resuming=True))
+                self.answer = None  # (final_result is never answered beside waiting calls)
             return waiting
         decided = {
             c.id: states[c.id] for c in orphans if c.id in states and not states[c.id].claimed
         }
         runnable, later = self.split_to_fit([
-            c
-            for c in orphans
-            if c.id in decided
-            and decided[c.id].decision == "approved"
-            and approval_digest(self.session_id, c.id, c.name, c.arguments) == decided[c.id].digest
+            c for c in orphans if c.id in decided and self.may_run(c, decided[c.id])
         ])  # fmt: skip
         if later and message is not None:  # the turn before is not done: its calls go first
             raise SessionBusyError(self.session_id, "the turn before, running its deferred calls",
@@ -804,11 +974,22 @@ class _Session:
         # (Approved calls left for a later invocation stay as they are: no result yet.)
         answer = [c for c in orphans if c not in later]
         if answer:
-            await self.append(
-                await self.dispatch(answer, resuming=True, decided=decided, run=claimed)
-            )
+            results = await self.dispatch(answer, resuming=True, decided=decided, run=claimed)
+            await self.append([*results, *self.final_answer()])
         self.deferred_left = bool(later)
         return []
+
+    def may_run(self, call: ToolCall, state: ApprovalState) -> bool:
+        """Whether a decided call is approved for exactly what is stored: its digest, and
+        the edited arguments' own digest when the approver edited them."""
+        if state.decision != "approved":
+            return False
+        if approval_digest(self.session_id, call.id, call.name, call.arguments) != state.digest:
+            return False
+        if state.arguments is None:
+            return True
+        edited = approval_digest(self.session_id, call.id, call.name, state.arguments)
+        return edited == state.arguments_digest
 
     def split_to_fit(self, calls: Sequence[ToolCall]) -> tuple[list[ToolCall], list[ToolCall]]:
         """`calls` as (run now, defer): in a Workers invocation, the calls whose handlers
@@ -942,12 +1123,16 @@ class _Session:
                 if limit is not None and limit.calls_that_fit() - in_flight <= 0:
                     return None  # not started: deferred to a fresh invocation
                 in_flight += 1
+                edited = decided[call.id].arguments if call.id in decided else None
                 try:
-                    return await self.result_content(
-                        call, resuming and call.id not in run, call.id in over
+                    content = await self.result_content(
+                        call if edited is None else replace(call, arguments=edited),
+                        resuming and call.id not in run,
+                        call.id in over,
                     )
                 finally:
                     in_flight -= 1
+                return content if edited is None else _ran_edited(content, edited)
 
         jobs = [answer(call) for call in calls]
         contents = [await jobs[0]] if len(jobs) == 1 else await _all_or_crash(jobs)
@@ -966,10 +1151,18 @@ class _Session:
         return {c.id for c in last.tool_calls[self.agent.max_tool_calls_per_step :]}
 
     async def result_content(self, call: ToolCall, resuming: bool, over_cap: bool = False) -> str:
+        answers = self.output is not None and call.name == OUTPUT_TOOL
         if isinstance(call, MalformedToolCall):  # never run, so never a durability question
+            self.rejected += answers
             return tool_error_content(ToolErrorKind.INVALID_ARGUMENTS, call.arguments_error)
+        if answers and not over_cap:  # no side effect: checked again on resume
+            return self.answer_output(call)
         tool = self.tools.get(call.name)
-        if resuming and (tool is None or not tool.safe_to_retry):
+        # A toolset's call is judged by what was decided when it was stored.
+        safe = tool is not None and tool.safe_to_retry
+        if call.policy is not None:
+            safe = call.policy.get("safe_to_retry") is True
+        if resuming and (tool is None or not safe):
             # (Also past the cap: the cap may have been lower when the step began.)
             return ToolDurabilityError(call.name, call.id).to_content()
         if over_cap:
@@ -1012,9 +1205,22 @@ class _Session:
                     value = await value
             if schedules is not None:  # it returned: what it scheduled goes with its result
                 self.scheduled += schedules.made
+        except ModelRetry as exc:
+            return self.retry_result(call.name, exc)
+        except ToolFailure as exc:
+            if exc.outcome_unknown and not safe:
+                return ToolDurabilityError(
+                    call.name,
+                    call.id,
+                    f"Tool '{call.name}' (call {call.id}) may or may not have taken effect: "
+                    f"{exc.message} It was not retried because it is not declared safe_to_retry. "
+                    "Do not repeat it blindly: check whether the effect happened first, or ask "
+                    "the user.",
+                ).to_content()
+            return tool_error_content(exc.kind, f"Tool {call.name!r} failed: {exc.message}")
         except Exception as exc:
             timed_out = isinstance(exc, TimeoutError) and timer.expired()
-            if not tool.safe_to_retry and (timed_out or _outcome_unknown(exc)):
+            if not safe and (timed_out or _outcome_unknown(exc)):
                 # It may have acted: answer as for a call lost in a crash, so the
                 # model checks before acting again instead of making a new call.
                 what = (
@@ -1062,6 +1268,18 @@ class _Session:
             )
         return content
 
+    def retry_result(self, name: str, exc: ModelRetry) -> str:
+        """A handler's `ModelRetry`: `tool-retry`, while the tool has retries left in this run."""
+        done = self.retries.get(name, 0)
+        if done >= self.agent.max_tool_retries:
+            return tool_error_content(
+                ToolErrorKind.TOOL_FAILED,
+                f"Tool {name!r} failed: it asked for a retry {done + 1} times in this turn, over "
+                f"the limit of {self.agent.max_tool_retries} (max_tool_retries): {exc.message}",
+            )
+        self.retries[name] = done + 1
+        return tool_error_content(ToolErrorKind.TOOL_RETRY, exc.message)
+
     def result(
         self,
         status: RunStatus,
@@ -1073,6 +1291,10 @@ class _Session:
         pending: list[PendingApproval] | None = None,
         error_code: str | None = None,
     ) -> RunResult:
+        output = None
+        if status == "complete" and self.output is not None:
+            with contextlib.suppress(ValueError):  # a turn that ended before output_type was set
+                output = self.output.load(response)
         return RunResult(
             status=status,
             response=response,
@@ -1083,7 +1305,73 @@ class _Session:
             error=error,
             pending=pending or [],
             error_code=error_code,
+            output=output,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What `run()` was given for the turn's `RunContext` besides the session."""
+
+    settings: Mapping[str, str]
+    http: httpx.AsyncClient | None
+
+
+def _turn_instructions(history: Sequence[Message]) -> str | None:
+    """The instructions stored with the turn in progress (or last): on its first message,
+    or on a summary that folded it."""
+    for message in reversed(history):
+        if message.role == "user" or message.is_summary:
+            return message.instructions
+    return None
+
+
+async def _make_instructions(agent: Agent[Any, Any], ctx: RunContext[Any]) -> str:
+    """The agent's instructions function, called for a new turn."""
+    assert not isinstance(agent.instructions, str)
+    try:
+        value: Any = agent.instructions(ctx)
+        if inspect.isawaitable(value):
+            value = await value
+    except Exception as exc:
+        raise ConfigurationError(
+            f"the instructions function of agent {agent.name!r} raised {_describe(exc)}"
+        ) from exc
+    if not isinstance(value, str):
+        raise ConfigurationError(
+            f"the instructions function of agent {agent.name!r} must return a str, "
+            f"got {type(value).__name__}"
+        )
+    return _json.repair_text(value)
+
+
+_OUTPUT_SCHEMAS: dict[Any, OutputSchema] = {}
+
+
+def _output_schema(output_type: Any) -> OutputSchema:
+    """The output type's schema, made once per type (pydantic builds a validator)."""
+    schema = _OUTPUT_SCHEMAS.get(output_type)
+    if schema is None:
+        schema = _OUTPUT_SCHEMAS[output_type] = OutputSchema(output_type, OUTPUT_TOOL)
+    return schema
+
+
+def _ran_edited(content: str, edited: dict[str, Any]) -> str:
+    """The result of a call a person approved with edited arguments: says so, with them."""
+    note = (
+        "A person approved this call with edited arguments: it ran once, with "
+        "edited_arguments, not the arguments you sent."
+    )
+    error = tool_error(content)
+    if error is not None:
+        return json.dumps({**error, "edited_arguments": edited, "note": note}, ensure_ascii=False)
+    try:
+        value: Any = _json.loads(content)
+    except ValueError:
+        value = content
+    return json.dumps(
+        {"result": value, "edited_arguments": edited, "note": note}, ensure_ascii=False
+    )
 
 
 class _Stopped(Exception):
