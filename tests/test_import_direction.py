@@ -5,6 +5,8 @@
     durable_agents.cloudflare  core and llm; never testing or the CLI
     durable_agents.llm         core; never cloudflare, testing or the CLI;
                                llm/base.py (the LLM protocol) only `messages`
+    durable_agents.mcp         core and llm (its HTTP client and SSE reader), as an
+                               adapter is; never cloudflare, testing or the CLI
     core                       every other module of durable_agents (the run loop,
                                tools, messages, errors, agent, limits, stores):
                                neither cloudflare, nor llm beyond llm.base, nor
@@ -85,6 +87,7 @@ def is_core(name: str) -> bool:
         name,
         "durable_agents.cloudflare",
         "durable_agents.llm",
+        "durable_agents.mcp",
         "durable_agents.testing",
         *APPLICATIONS,
     )
@@ -133,7 +136,7 @@ def test_core_imports_neither_cloudflare_nor_llm_adapters_nor_testing() -> None:
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-def test_llm_never_imports_cloudflare_testing_or_the_cli() -> None:
+def test_llm_and_mcp_never_import_cloudflare_testing_or_the_cli() -> None:
     offenders = {
         name: sorted(
             i
@@ -141,7 +144,7 @@ def test_llm_never_imports_cloudflare_testing_or_the_cli() -> None:
             if within(i, "durable_agents.cloudflare", "durable_agents.testing", *APPLICATIONS)
         )
         for name, path in kit_modules()
-        if within(name, "durable_agents.llm")
+        if within(name, "durable_agents.llm", "durable_agents.mcp")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 
