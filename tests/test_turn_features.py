@@ -470,3 +470,64 @@ def test_the_agents_own_tools_store_no_policy() -> None:
     llm = ScriptedLLM([call("lookup"), LLMResponse("ok")])
     result = asyncio.run(run(Agent("a", "", [lookup]), llm=llm, message="m"))
     assert result.messages[2].tool_calls[0].policy is None
+
+
+def test_retries_are_counted_per_turn_across_runs(tmp_path: Path) -> None:
+    """A turn that pauses for approval resumes in another run(): the retries it already
+    used still count (here one of one), as do answers already sent back."""
+
+    @tool
+    async def book(args: Slot) -> str:
+        """Book."""
+        raise ModelRetry("pick another date")
+
+    @tool(requires_approval=True)
+    async def confirm(args: dict[str, Any]) -> str:
+        """Confirm with the desk."""
+        return "confirmed"
+
+    store = sqlite_store(tmp_path / "a.db")
+    agent = Agent("a", "", [book, confirm], max_tool_retries=1)
+    llm = ScriptedLLM([
+        call("book", {"date": "2026-01-01"}, "c1"),
+        call("confirm", {}, "c2"),
+        call("book", {"date": "2026-01-02"}, "c3"),
+        LLMResponse("gave up"),
+    ])  # fmt: skip
+    paused = asyncio.run(run(agent, llm=llm, message="m", session_id=SESSION, store=store))
+    assert paused.status == "awaiting_approval"
+    pending = paused.pending[0]
+    asyncio.run(approve(store, SESSION, pending.tool_call_id, digest=pending.digest,
+                        approved=True))  # fmt: skip
+    asyncio.run(run(agent, llm=llm, session_id=SESSION, store=store))
+    kinds = [
+        (tool_error(m.content) or {}).get("kind", "ok")
+        for m in asyncio.run(store.load_messages(SESSION))
+        if m.role == "tool"
+    ]
+    assert kinds == ["tool-retry", "ok", "tool-failed"]
+
+
+def test_test_llm_answers_a_typed_agent_through_final_result() -> None:
+    from durable_agents.llm.offline import TestLLM
+
+    agent = Agent("booker", "Book.", [lookup], output_type=Booking)
+    result = asyncio.run(run(agent, llm=TestLLM(), message="book"))
+    assert result.status == "complete"
+    assert isinstance(result.output, Booking)
+    steps = [m.tool_calls for m in result.messages if m.role == "assistant" and m.tool_calls]
+    assert [[c.name for c in s] for s in steps] == [["lookup"], ["final_result"]]
+
+
+def test_handlers_read_the_runs_clock() -> None:
+    seen: list[datetime.datetime] = []
+
+    @tool
+    async def when(args: dict[str, Any], ctx: ToolContext) -> str:
+        """Now."""
+        seen.append(ctx.now)
+        return "ok"
+
+    llm = ScriptedLLM([call("when"), LLMResponse("ok")])
+    asyncio.run(run(Agent("a", "", [when]), llm=llm, message="m", clock=lambda: 86400.0))
+    assert seen == [datetime.datetime(1970, 1, 2, tzinfo=datetime.UTC)]

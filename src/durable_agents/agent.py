@@ -11,6 +11,7 @@ from typing_extensions import TypeVar
 from .context import DEFAULT_MAX_CONTEXT_TOKENS, HistoryProcessor, Summarizer
 from .errors import ConfigurationError
 from .limits import MAX_ROW_BYTES
+from .messages import OUTPUT_TOOL
 from .tools import DepsT, RunContext, Tool, Toolset
 
 OutputT = TypeVar("OutputT", default=Any)
@@ -18,9 +19,6 @@ OutputT = TypeVar("OutputT", default=Any)
 
 Instructions = Callable[[RunContext[Any]], str | Awaitable[str]]
 """Instructions made per turn: `instructions(ctx) -> str`, sync or async."""
-
-OUTPUT_TOOL = "final_result"
-"""The tool through which a model with `Agent(output_type=...)` gives its answer."""
 
 
 # Not slots=True: on Python 3.11 a frozen slotted generic dataclass cannot be

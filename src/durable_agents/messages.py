@@ -22,6 +22,9 @@ MessageOrigin = Literal["scheduled", "self-resumed", "stopped"]
 ORIGINS: tuple[str, ...] = ("scheduled", "self-resumed", "stopped")
 
 
+OUTPUT_TOOL = "final_result"
+"""The tool through which a model gives a typed answer (`Agent(output_type=...)`)."""
+
 CALL_ID = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.:~-]{1,255}")
 """The ids the kit stores for calls: what a URL path segment, a header and a log line
 carry as they are (`/sessions/{name}/approvals/{tool_call_id}` accepts exactly these)."""
@@ -204,6 +207,8 @@ class Message:
             object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
         if isinstance(self.content, str):  # stored and sent as UTF-8: no lone surrogates
             object.__setattr__(self, "content", _json.repair_text(self.content))
+        if isinstance(self.instructions, str):
+            object.__setattr__(self, "instructions", _json.repair_text(self.instructions))
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs the tool_call_id it answers")
 

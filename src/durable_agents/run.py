@@ -52,7 +52,7 @@ import httpx
 
 from . import _json, _timeouts, context
 from . import budget as _budget
-from .agent import OUTPUT_TOOL, Agent, OutputT
+from .agent import Agent, OutputT
 from .approvals import (
     ApprovalState,
     PendingApproval,
@@ -79,6 +79,7 @@ from .llm.base import LLM
 from .messages import (
     CALL_ID,
     ORIGINS,
+    OUTPUT_TOOL,
     LLMResponse,
     MalformedToolCall,
     Message,
@@ -566,9 +567,11 @@ class _Session:
         self.specs = self.tool_specs()
         self.answer: tuple[Any] | None = None  # a final_result call of this step accepted
         self.nudge: list[Message] = []  # a text answer sent back (never stored)
-        self.rejected = 0  # answers this run sent back (output_type)
+        # Answers sent back in this turn (output_type): those stored before this run
+        # (counted when first needed), and this run's own, text ones included.
+        self.rejected: int | None = None
         self.carried = Usage()  # the usage of LLM replies that were sent back, unstored
-        self.retries: dict[str, int] = {}  # tool -> calls this run answered tool-retry
+        self.retries: dict[str, int] = {}  # tool -> its calls answered tool-retry this turn
         # Every id a call of the session has (or had, from its provider): a repeat is a
         # duplicate. Provider ids the kit replaced never match CALL_ID, so never a kit id.
         self.call_ids = {
@@ -635,7 +638,7 @@ class _Session:
     def send_back(self, response: LLMResponse, problems: str) -> None:
         """Ask again for an answer the model gave as text that is not a valid one; nothing
         is stored (the reply's usage is, with the next stored reply)."""
-        self.rejected += 1
+        self.rejected = self.rejections() + 1
         self.carried += response.usage or Usage()
         self.nudge = [
             Message.assistant(response.text),
@@ -679,7 +682,7 @@ class _Session:
         try:
             value = self.output.validate(dict(call.arguments))
         except ValueError as exc:
-            self.rejected += 1
+            self.rejected = self.rejections() + 1
             return tool_error_content(
                 ToolErrorKind.INVALID_ARGUMENTS,
                 f"Your final answer was not accepted: {exc}. Call {OUTPUT_TOOL} again with a "
@@ -759,7 +762,7 @@ class _Session:
                 try:
                     text = self.output.dump(self.output.from_text(response.text))
                 except ValueError as exc:
-                    if self.rejected < self.agent.max_output_retries:
+                    if self.rejections() < self.agent.max_output_retries:
                         self.send_back(response, str(exc))
                         continue
                     if unstored:
@@ -804,7 +807,7 @@ class _Session:
                 results = await self.dispatch(free, budgeted=True)
                 deferred = self.unstarted  # over the invocation's budget: never started
                 final = self.final_answer()  # an accepted final_result ends the turn here
-                gave_up = self.rejected > self.agent.max_output_retries
+                gave_up = self.rejections() > self.agent.max_output_retries
                 last = steps >= self.agent.max_steps or bool(gated) or bool(deferred)
                 await self.append(
                     [*results, *final],
@@ -1153,7 +1156,8 @@ class _Session:
     async def result_content(self, call: ToolCall, resuming: bool, over_cap: bool = False) -> str:
         answers = self.output is not None and call.name == OUTPUT_TOOL
         if isinstance(call, MalformedToolCall):  # never run, so never a durability question
-            self.rejected += answers
+            if answers:
+                self.rejected = self.rejections() + 1
             return tool_error_content(ToolErrorKind.INVALID_ARGUMENTS, call.arguments_error)
         if answers and not over_cap:  # no side effect: checked again on resume
             return self.answer_output(call)
@@ -1195,6 +1199,7 @@ class _Session:
             resumed=resuming,
             deps=self.deps,
             schedules=schedules,
+            clock=self.clock,
         )
         assert tool.handler is not None  # _bind_tools guarantees it
         timer = _timeouts.timeout(tool.timeout)  # leaves no timer behind (Pyodide)
@@ -1268,9 +1273,28 @@ class _Session:
             )
         return content
 
+    def turn_results(self, kind: ToolErrorKind, name: str) -> int:
+        """How many results of tool `name` of the turn in progress, as loaded, are of `kind`."""
+        start = max((i for i, m in enumerate(self.history) if m.role == "user"), default=0)
+        return sum(
+            1
+            for m in self.history[start:]
+            if m.role == "tool"
+            and m.tool_name == name
+            and (tool_error(m.content) or {}).get("kind") == kind
+        )
+
+    def rejections(self) -> int:
+        """The answers of the turn in progress sent back (`output_type`)."""
+        if self.rejected is None:  # those stored before this run
+            self.rejected = self.turn_results(ToolErrorKind.INVALID_ARGUMENTS, OUTPUT_TOOL)
+        return self.rejected
+
     def retry_result(self, name: str, exc: ModelRetry) -> str:
-        """A handler's `ModelRetry`: `tool-retry`, while the tool has retries left in this run."""
-        done = self.retries.get(name, 0)
+        """A handler's `ModelRetry`: `tool-retry`, while the tool has retries left in the turn."""
+        if name not in self.retries:  # first met in this run: those stored before it
+            self.retries[name] = self.turn_results(ToolErrorKind.TOOL_RETRY, name)
+        done = self.retries[name]
         if done >= self.agent.max_tool_retries:
             return tool_error_content(
                 ToolErrorKind.TOOL_FAILED,

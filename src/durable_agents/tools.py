@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, Protocol, get_origin, get_type_hints, overload
@@ -51,7 +52,8 @@ class ToolContext(Generic[DepsT]):
     `safe_to_retry` tool is re-invoked on resume, different for every other
     call. Pass it to providers that deduplicate (an `Idempotency-Key` header)
     and a side effect lands once even where the kit cannot know if it did.
-    `resumed` is True when the call is a re-invocation after a crash.
+    `resumed` is True when the call is a re-invocation after a crash. `now` is the
+    time from the run's injected clock (`run(clock=)`), as an aware UTC datetime.
     `deps` is whatever was passed as `run(..., deps=...)`: annotate the
     handler's `ctx: ToolContext[MyDeps]` to have it typed (plain
     `ToolContext` is `ToolContext[Any]`).
@@ -64,6 +66,13 @@ class ToolContext(Generic[DepsT]):
     resumed: bool = False
     deps: DepsT = None  # type: ignore[assignment]  # None when run() was given no deps
     schedules: Any = field(default=None, repr=False, compare=False)  # a StepSchedules
+    clock: Callable[[], float] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def now(self) -> datetime.datetime:
+        """The current time by the run's clock (UTC); read at each access."""
+        seconds = self.clock() if self.clock is not None else time.time()
+        return datetime.datetime.fromtimestamp(seconds, datetime.UTC)
 
     def schedule(
         self,
@@ -93,9 +102,9 @@ class RunContext(Generic[DepsT]):
     function) and toolsets (`Agent.toolsets`) are given.
 
     `now` is when the turn started, from the run's injected clock (`run(clock=)`),
-    as an aware UTC datetime. `settings` are the deployment's settings (the
-    Worker's env vars and secrets the agent module names; on CPython
-    `run(settings=)`, default `os.environ`). `http` is the client handlers use
+    as an aware UTC datetime. `settings` are the deployment's settings (in a
+    Worker: those the agent module's `SETTINGS` and its toolsets name, from env; on
+    CPython `run(settings=)`, default `os.environ`). `http` is the client handlers use
     (`run(http=)`; in a Worker, the one over `fetch`), None when the run was given
     none: a toolset then makes its own.
     """

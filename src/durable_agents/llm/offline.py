@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any
 
 from ..messages import (
+    OUTPUT_TOOL,
     LLMResponse,
     Message,
     StreamPart,
@@ -102,7 +103,9 @@ class TestLLM:
     arguments by hand instead. With `one_per_step=True` it calls them one
     step after another instead. Then it answers `text`, or a JSON summary of
     the results by tool name. Tool failures are results like any other: it
-    does not retry them.
+    does not retry them. An agent with `output_type` is answered through its
+    `final_result` tool instead of text: called on its own, last, with
+    arguments made from the output type's schema.
 
     A schema it cannot fill (a pattern with a lookahead, say) makes `chat()`
     raise `ConfigurationError` naming the tool and each field by its JSON
@@ -137,9 +140,16 @@ class TestLLM:
         self.calls += 1
         turn = _current_turn(messages)
         called = {c.name for m in turn for c in m.tool_calls}
-        wanted = [t for t in tools if self.call_tools is None or t.name in self.call_tools]
+        answer = next((t for t in tools if t.name == OUTPUT_TOOL), None)
+        wanted = [
+            t
+            for t in tools
+            if t is not answer and (self.call_tools is None or t.name in self.call_tools)
+        ]
         due = [t for t in wanted if t.name not in called]
         usage = Usage(max(1, sum(len(m.content) for m in messages) // 4), 8)
+        if not due and answer is not None:  # the typed answer: on its own, last
+            due = [answer]
         if due:
             batch = due[:1] if self.one_per_step else due
             calls = [
