@@ -210,6 +210,7 @@ PUBLIC_MODULES = {
     "durable_agents.stores": "stores.md",
     "durable_agents.cloudflare": "cloudflare.md",
     "durable_agents.testing": "testing.md",
+    "durable_agents.mcp": "mcp.md",
 }
 
 

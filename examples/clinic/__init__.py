@@ -1,0 +1,1 @@
+"""The clinic example: an MCP booking system, dynamic instructions, a typed answer."""
