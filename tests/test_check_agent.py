@@ -7,7 +7,10 @@ itself) and assert the check notices, so a check that passes means something.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
+import io
+import json
 import re
 from collections.abc import Sequence
 from datetime import date
@@ -20,6 +23,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_agents import Agent, ConfigurationError, Message, ToolCall, ToolContext, tool
+from durable_agents.llm.offline import arguments_for
 from durable_agents.stores import Store, sqlite_store
 from durable_agents.testing import check_agent, check_agent_async
 from durable_agents.testing.check_agent import CheckEnv
@@ -79,13 +83,15 @@ def test_passes_on_the_examples(name: str) -> None:
     else:
         # issue_refund needs approval: swept approving (all at once: write #1, the lookup's
         # result, the decision, the claim, the refund's result, the reply = 6 a turn; one
-        # tool a step: 7) and denying (no claim, a tool-denied result: 5 and 6); two turns,
-        # x2 sides.
-        assert report.crash_points == ((6 + 7) * 2 + (5 + 6) * 2) * 2
+        # tool a step: 7), denying (no claim, a tool-denied result: 5 and 6) and approving
+        # with edited arguments (as approving: the edit is in the decision's write); two
+        # turns, x2 sides.
+        assert report.crash_points == ((6 + 7) * 2 + (5 + 6) * 2 + (6 + 7) * 2) * 2
         assert report.approval_tools == ("issue_refund",)
-        assert report.approved > 0
+        assert report.approved > report.edited > 0
         assert report.denied > 0
         assert "none ran unapproved" in str(report)
+        assert "with edited arguments" in str(report)
     assert report.runs > report.crash_points
     assert report.requests > report.crash_points
     assert report.durability_errors > 0
@@ -317,7 +323,7 @@ def test_fails_on_a_store_that_acknowledges_write_one_before_it_is_durable() -> 
         check_agent(
             agent_module(lookup, post),
             config=None,
-            store=lambda directory: AcksWriteOneEarly(sqlite_store(directory / "s.db")),  # type: ignore[arg-type,return-value]
+            store=lambda directory: AcksWriteOneEarly(sqlite_store(directory / "s.db")),
         )
     text = str(failure.value)
     assert "unsafe tool 'post' ran 2 times in turn 1" in text
@@ -345,7 +351,7 @@ def test_fails_on_a_store_that_drops_write_one() -> None:
         check_agent(
             agent_module(lookup, post),
             config=None,
-            store=lambda directory: DropsWriteOne(sqlite_store(directory / "s.db")),  # type: ignore[arg-type,return-value]
+            store=lambda directory: DropsWriteOne(sqlite_store(directory / "s.db")),
         )
 
 
@@ -393,6 +399,7 @@ def _ran(report_requests: list[httpx.Request], path: str) -> int:
         # tool a step 7; denying: 5 and 6 (no claim). x2 sides.
         ("approve", (6 + 7) * 2 * 2),
         ("deny", (5 + 6) * 2 * 2),
+        ("edit", (6 + 7) * 2 * 2),  # as approving: the edit is in the decision's write
         ("both", ((6 + 7) + (5 + 6)) * 2 * 2),
     ],
 )
@@ -409,7 +416,8 @@ def test_sweeps_approval_bound_tools_through_decisions_and_claims(
     assert report.crash_points == crash_points
     assert report.approval_tools == ("refund",)
     assert (report.approved > 0) == (decide != "deny")
-    assert (report.denied > 0) == (decide != "approve")
+    assert (report.denied > 0) == (decide in ("deny", "both"))
+    assert (report.edited > 0) == (decide == "edit")
     refunds = _ran(sent, "/refunds")
     if decide == "deny":
         assert refunds == 0  # a denied call never runs
@@ -436,7 +444,7 @@ def test_an_agent_without_approval_tools_is_swept_once() -> None:
     once = check_agent(agent_module(lookup, post), config=None, turns=1)
     assert once.crash_points == (3 + 5) * 2  # as before approvals: "both" needs none
     with pytest.raises(ConfigurationError, match="decide="):
-        check_agent(agent_module(lookup, post), config=None, turns=1, decide="maybe")
+        check_agent(agent_module(lookup, post), config=None, turns=1, decide="maybe")  # type: ignore[arg-type]
 
 
 def test_fails_if_the_kit_ran_gated_calls_without_approval(
@@ -506,6 +514,125 @@ def test_fails_if_the_kit_ran_an_approved_call_twice(monkeypatch: pytest.MonkeyP
         check_agent(agent_module(lookup, refund), config=None, turns=1, decide="approve")
 
 
+# -- edited approvals -------------------------------------------------------------------
+
+
+def refunds_agent() -> tuple[ModuleType, list[httpx.Request], Any]:
+    """The refund example, and a respond= for it that is its payments API (the module's dev
+    stub) and keeps every request in the list."""
+    refunds = importlib.import_module("examples.refunds.agent")
+    sent: list[httpx.Request] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        with contextlib.redirect_stdout(io.StringIO()):  # the stub's log lines
+            status, body = refunds.payments_stub(
+                request.method, request.url.path, request.content, dict(request.headers)
+            )
+        return httpx.Response(status, json=body)
+
+    return refunds, sent, respond
+
+
+def refunds_sent(sent: list[httpx.Request]) -> list[dict[str, Any]]:
+    return [json.loads(r.content) for r in sent if r.method == "POST" and r.url.path == "/refunds"]
+
+
+def test_an_edit_sweep_runs_each_approved_refund_with_the_edit_only() -> None:
+    refunds, sent, respond = refunds_agent()
+    report = check_agent(refunds, decide="edit", respond=respond)
+    # As approving: write #1, the lookup's result, the decision (with the edit), the claim,
+    # the refund's result, the reply; one tool a step 7. Two turns, x2 sides.
+    assert report.crash_points == (6 + 7) * 2 * 2
+    assert report.edited == report.approved > 0
+    assert report.denied == 0
+    schema = refunds.issue_refund.input_schema
+    models = arguments_for(schema, validate=refunds.RefundRequest.model_validate)
+    posted = refunds_sent(sent)
+    assert posted
+    assert models not in posted  # the model's refund never went out...
+    assert all(body == posted[0] for body in posted)  # ...the approver's edit did
+    refunds.RefundRequest.model_validate(posted[0])  # (made to fit the tool's schema)
+
+
+def test_a_decide_callable_may_approve_with_its_own_arguments() -> None:
+    sent: list[httpx.Request] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json={})
+
+    def decide(pending: Any) -> Any:
+        return {**pending.arguments, "text": "approved, edited"}
+
+    module = agent_module(lookup, refund)
+    report = check_agent(module, config=None, turns=1, decide=decide, respond=respond)
+    assert report.edited == report.approved > 0
+    texts = {json.loads(r.content)["text"] for r in sent if r.url.path == "/refunds"}
+    assert texts == {"approved, edited"}
+
+    with pytest.raises(ConfigurationError, match=r"decide= gave arguments for refund#\S+ that do"):
+        check_agent(module, config=None, turns=1, decide=lambda pending: {"text": ""})
+    with pytest.raises(ConfigurationError, match=r"must return True, False or a dict"):
+        check_agent(module, config=None, turns=1, decide=lambda pending: "yes")  # type: ignore[arg-type,return-value]
+
+
+def test_fails_if_the_kit_ran_the_models_arguments_instead_of_the_edit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run_module = importlib.import_module("durable_agents.run")
+    result_content = run_module._Session.result_content
+
+    async def as_the_model_asked(self: Any, call: Any, *args: Any) -> Any:
+        stored = next(c for m in self.history for c in m.tool_calls if c.id == call.id)
+        return await result_content(self, stored, *args)  # the edit, dropped
+
+    monkeypatch.setattr(run_module._Session, "result_content", as_the_model_asked)
+    with pytest.raises(AssertionError) as failure:
+        check_agent(importlib.import_module("examples.refunds.agent"), decide="edit")
+    text = str(failure.value)
+    assert re.search(
+        r"the kit broke a rule: approved call issue_refund#\S+ \(run 1\) ran with the model's "
+        r"arguments, not the approver's edit: \{.*\}, where the edit is \{.*\} — please report",
+        text,
+    )
+    assert "without a crash" in text
+
+
+def test_fails_if_an_edited_calls_result_does_not_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    run_module = importlib.import_module("durable_agents.run")
+    monkeypatch.setattr(run_module, "_ran_edited", lambda content, edited: content)
+    with pytest.raises(AssertionError, match=r"which ran with an approver's edit, does not say so"):
+        check_agent(agent_module(lookup, refund), config=None, turns=1, decide="edit")
+
+
+def test_fails_if_the_edit_is_not_stored_with_the_approval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    approvals = importlib.import_module("durable_agents.approvals")
+    monkeypatch.setattr(approvals, "_checked_edit", lambda call, arguments, agent: call.arguments)
+    with pytest.raises(AssertionError) as failure:
+        check_agent(agent_module(lookup, refund), config=None, turns=1, decide="edit")
+    assert re.search(
+        r"the kit broke a rule: call refund#\S+ was approved with edited arguments "
+        r"\{'text': '\w+'\}; the stored approval has None",
+        str(failure.value),
+    )
+
+
+@tool(safe_to_retry=True, requires_approval=True)
+async def export_report(args: Query, ctx: ToolContext) -> dict[str, Any]:
+    """A read a person approves first (it exports what it reads)."""
+    response = await ctx.deps.http.get(f"https://api.example/exports/{args.q}")
+    return {"status": response.status_code}
+
+
+def test_a_safe_gated_tools_edited_orphan_runs_again_with_the_edit() -> None:
+    """Found by the edit sweep: a claimed orphan of a safe gated tool once ran again with
+    the model's arguments (only unclaimed calls carried their decision)."""
+    check_agent(agent_module(export_report), config=None, turns=1, decide="edit")
+
+
 # -- approval-gated tools wherever they are declared (issue 22) -----------------------
 #
 # A dentist's booking agent: a read, a booking a person approves, an SMS. The kit stores
@@ -570,25 +697,26 @@ async def charge_deposit(args: Booking, ctx: ToolContext) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    "tools",
+    ("tools", "decide"),
     [
-        (book_slot, find_slots, send_sms),
-        (find_slots, book_slot, send_sms),
-        (find_slots, send_sms, book_slot),
+        ((book_slot, find_slots, send_sms), "all"),  # the default: approve, deny, edit
+        ((find_slots, book_slot, send_sms), "both"),  # (approve and deny: quicker)
+        ((find_slots, send_sms, book_slot), "both"),
     ],
     ids=["gated-first", "gated-middle", "gated-last"],
 )
-def test_a_gated_tool_passes_wherever_it_is_declared(tools: tuple[Any, ...]) -> None:
+def test_a_gated_tool_passes_wherever_it_is_declared(tools: tuple[Any, ...], decide: Any) -> None:
     sent: list[httpx.Request] = []
 
     def respond(request: httpx.Request) -> httpx.Response:
         sent.append(request)
         return httpx.Response(200, json={})
 
-    report = check_agent(agent_module(*tools), config=None, respond=respond)
+    report = check_agent(agent_module(*tools), config=None, respond=respond, decide=decide)
     assert report.approval_tools == ("book_slot",)
     assert report.approved > 0
     assert report.denied > 0
+    assert (report.edited > 0) == (decide == "all")
     assert report.durability_errors > 0
     assert report.safe_reinvocations > 0
     # TestLLM's arguments reached the handlers: a real date, a booking, an SMS.
@@ -606,7 +734,7 @@ def test_two_gated_tools_in_one_step_with_mixed_decisions() -> None:
     assert mixed.approval_tools == ("book_slot", "charge_deposit")
     assert mixed.approved > 0
     assert mixed.denied > 0
-    both = check_agent(module, config=None, turns=1)  # all approved, then all denied
+    both = check_agent(module, config=None, turns=1, decide="both")  # approved, then denied
     assert both.approved > 0
     assert both.denied > 0
 

@@ -955,10 +955,19 @@ class _Session:
         waiting = waiting_calls(self.session_id, orphans, states)
         if waiting and message is not None:
             raise ApprovalPendingError(self.session_id, [p.tool_call_id for p in waiting])
+        # An approver's edit goes with its call wherever it is answered: run (a claimed
+        # safe orphan runs again with it) or lost (the model is told what was approved).
+        edits = {
+            c.id: state.arguments
+            for c in orphans
+            if (state := states.get(c.id)) is not None
+            and state.decision == "approved"
+            and state.arguments is not None
+        }
         if waiting:
             plain = [c for c in orphans if c.id not in states or states[c.id].claimed]
             if plain:
-                await self.append(await self.dispatch(plain, resuming=True))
+                await self.append(await self.dispatch(plain, resuming=True, edits=edits))
                 self.answer = None  # (final_result is never answered beside waiting calls)
             return waiting
         decided = {
@@ -977,7 +986,9 @@ class _Session:
         # (Approved calls left for a later invocation stay as they are: no result yet.)
         answer = [c for c in orphans if c not in later]
         if answer:
-            results = await self.dispatch(answer, resuming=True, decided=decided, run=claimed)
+            results = await self.dispatch(
+                answer, resuming=True, decided=decided, run=claimed, edits=edits
+            )
             await self.append([*results, *self.final_answer()])
         self.deferred_left = bool(later)
         return []
@@ -1103,16 +1114,19 @@ class _Session:
         decided: Mapping[str, ApprovalState] | None = None,
         run: set[str] | None = None,
         budgeted: bool = False,
+        edits: Mapping[str, dict[str, Any]] | None = None,
     ) -> list[Message]:
         """One result per call, in call order. Handlers of one step run concurrently.
 
         With `decided` (calls a person decided on): those in `run` (claimed just
-        now) run as new calls, the others get their `tool-denied` result. With
+        now) run as new calls, the others get their `tool-denied` result; a call in
+        `edits` (approved with edited arguments) runs with those, and its result says
+        so. With
         `budgeted`, inside a Workers invocation (`durable_agents.budget`), a handler
         starts only while the invocation can still fetch (one subrequest counted for
         each handler in flight); the calls never started get no result and are left in
         `self.unstarted`, in call order."""
-        decided, run = decided or {}, run or set()
+        decided, run, edits = decided or {}, run or set(), edits or {}
         over = self.beyond_cap()
         slots = asyncio.Semaphore(self.agent.tool_concurrency)
         limit = self.budget if budgeted else None
@@ -1126,7 +1140,7 @@ class _Session:
                 if limit is not None and limit.calls_that_fit() - in_flight <= 0:
                     return None  # not started: deferred to a fresh invocation
                 in_flight += 1
-                edited = decided[call.id].arguments if call.id in decided else None
+                edited = edits.get(call.id)
                 try:
                     content = await self.result_content(
                         call if edited is None else replace(call, arguments=edited),
@@ -1382,13 +1396,17 @@ def _output_schema(output_type: Any) -> OutputSchema:
 
 def _ran_edited(content: str, edited: dict[str, Any]) -> str:
     """The result of a call a person approved with edited arguments: says so, with them."""
+    error = tool_error(content)
+    if error is not None:  # it failed, or may or may not have run: about the edited call
+        note = (
+            "A person approved this call with edited arguments (edited_arguments), not the "
+            "arguments you sent; this error is about the call with them."
+        )
+        return json.dumps({**error, "edited_arguments": edited, "note": note}, ensure_ascii=False)
     note = (
         "A person approved this call with edited arguments: it ran once, with "
         "edited_arguments, not the arguments you sent."
     )
-    error = tool_error(content)
-    if error is not None:
-        return json.dumps({**error, "edited_arguments": edited, "note": note}, ensure_ascii=False)
     try:
         value: Any = _json.loads(content)
     except ValueError:
