@@ -17,8 +17,10 @@ from worker_fakes import PROJECT, START_TIMEOUT_S, TRIAGE_AGENT, FakeServices, d
 from durable_agents import (
     Agent,
     LLMResponse,
+    Message,
     ToolCall,
     Usage,
+    approval_digest,
     approve,
     run,
     schedule,
@@ -26,6 +28,7 @@ from durable_agents import (
     tool,
 )
 from durable_agents.stores import sqlite_store
+from durable_agents.stores.base import ApprovalChange
 from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
 from durable_agents.testing.conformance import ticking_clock
 from durable_agents.testing.worker import DevWorker
@@ -355,6 +358,51 @@ def test_show_lists_approval_decisions(tmp_path: Path) -> None:
     as_json = json.loads(cli("sessions", "show", "d", "--db", str(db), "--json").stdout)
     decided = {(a["tool_call_id"], a["event"]) for a in as_json["approvals"]}
     assert {("r1", "approved"), ("r2", "denied"), ("r1", "claimed")} <= decided
+
+
+def test_show_gives_an_edited_approval_both_versions_and_the_turns_instructions(
+    tmp_path: Path,
+) -> None:
+    """Written as a turn leaves them: a user message with the instructions it was sent, the
+    call waiting (write #1), then a person's approval with an edit (`approve`)."""
+    agent = Agent("refunds", "Refund when asked.", [refund])
+    call = ToolCall("r1", "refund", {"to": "ann"})
+    digest = approval_digest("e", "r1", "refund", call.arguments)
+
+    async def make(path: Path) -> None:
+        async with sqlite_store(path, clock=ticking_clock()) as store:
+            sent = Message("user", "refund ann", instructions="Refund at most 20 €. \x1b[31m")
+            await store.append_messages_atomic(
+                "e", 0, [sent, Message.assistant("", [call])],
+                approvals=[ApprovalChange("r1", "requested", digest, tool_name="refund")],
+            )  # fmt: skip
+            await approve(store, "e", "r1", digest=digest, approved=True, reason="ann: to bo",
+                          arguments={"to": "bo"}, agent=agent)  # fmt: skip
+
+    db = tmp_path / "edits.db"
+    asyncio.run(make(db))
+    shown = cli("sessions", "show", "e", "--db", str(db))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert any('user "refund ann" (instructions "Refund at most 20 €. \\x1b[31m")' in line
+               for line in lines), lines  # fmt: skip
+    at = next(i for i, line in enumerate(lines) if "approved" in line)
+    assert lines[at].endswith("refund (call r1) approved, arguments edited: ann: to bo")
+    assert lines[at + 1].split() == ["the", "model's", '{"to":', '"ann"}']
+    assert lines[at + 2].split() == ["runs", "with", '{"to":', '"bo"}']
+    as_json = json.loads(cli("sessions", "show", "e", "--db", str(db), "--json").stdout)
+    assert as_json["messages"][0]["instructions"] == "Refund at most 20 €. \x1b[31m"
+    assert "instructions" not in as_json["messages"][1]
+    requested, approved = as_json["approvals"]
+    assert (requested["arguments"], requested["arguments_digest"]) == (None, None)
+    assert "model_arguments" not in requested
+    assert approved["arguments"] == {"to": "bo"}
+    assert approved["model_arguments"] == {"to": "ann"}
+    assert approved["arguments_digest"] == approval_digest("e", "r1", "refund", {"to": "bo"})
+    assert approved["digest"] == digest
+    page = cli("sessions", "show", "e", "--db", str(db), "--html", "-").stdout
+    assert 'data-edited="true"' in page
+    assert '<details class="instructions"' in page
 
 
 def digests_of(db: Path) -> dict[str, str]:

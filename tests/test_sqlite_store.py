@@ -38,7 +38,7 @@ async def test_schema_has_the_documented_tables_and_columns(tmp_path: Path) -> N
     conn = sqlite3.connect(tmp_path / "a.db")
     columns = {
         table: [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
-        for table in ("agent_sessions", "agent_messages", "agent_schedules")
+        for table in ("agent_sessions", "agent_messages", "agent_schedules", "agent_approvals")
     }
     conn.close()
     assert columns["agent_sessions"] == [
@@ -48,9 +48,14 @@ async def test_schema_has_the_documented_tables_and_columns(tmp_path: Path) -> N
     assert columns["agent_messages"] == [
         "session_id", "seq", "role", "content", "tool_call_id", "tool_name", "tool_calls",
         "input_tokens", "output_tokens", "request_key", "created_at", "summary_of", "origin",
+        "instructions",
     ]  # fmt: skip
     assert columns["agent_schedules"] == [
         "session_id", "schedule_id", "message", "due_at", "created_at",
+    ]  # fmt: skip
+    assert columns["agent_approvals"] == [
+        "session_id", "tool_call_id", "event", "tool_name", "digest", "reason", "created_at",
+        "arguments", "arguments_digest",
     ]  # fmt: skip
 
 

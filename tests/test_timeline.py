@@ -305,6 +305,61 @@ def test_pending_approvals_show_with_their_digest_prefix() -> None:
     ]  # fmt: skip
 
 
+def edited_session() -> tuple[list[Message], list[ApprovalEvent]]:
+    """A turn sent computed instructions, a summary that keeps them, and a refund a person
+    approved with edited arguments (then claimed and run)."""
+    refund = ToolCall("r1", "refund", {"order_id": "A-1", "amount_cents": 1500})
+    edit = {"order_id": "A-1", "amount_cents": 500, "note": HOSTILE}
+    messages = [
+        Message("user", "old question", instructions="Be brief."),
+        Message.assistant("old answer"),
+        Message("system", "the old question was answered", summary_of=2, instructions="Be brief."),
+        Message("user", "refund A-1", instructions=f"Refund at most 10 €. {HOSTILE}"),
+        Message.assistant("", [refund]),
+        Message.tool_result(refund, '{"refunded_cents": 500}'),
+        Message.assistant("Refunded 5 €."),
+    ]
+    digest, edited = "0123456789abcdef" * 4, "fedcba9876543210" * 4
+    events = [
+        ApprovalEvent("r1", "requested", "refund", digest, None, T0),
+        ApprovalEvent("r1", "approved", "refund", digest, "ann: half", T0 + 1, edit, edited),
+        ApprovalEvent("r1", "claimed", "refund", digest, None, T0 + 2),
+    ]
+    return messages, events
+
+
+def test_an_edited_approval_shows_the_models_arguments_and_the_edit() -> None:
+    messages, events = edited_session()
+    root = parse(render(messages, events))
+    (call,) = article(root, 4).find_all("div", data_call_id="r1")
+    assert call.attrs["data-edited"] == "true"
+    assert "arguments edited" in call.text()
+    (asked,) = call.find_all("div", **{"class": "asked"})
+    (edit,) = call.find_all("div", **{"class": "edit"})
+    assert json.loads(asked.find_all("pre")[0].text()) == messages[4].tool_calls[0].arguments
+    assert json.loads(edit.find_all("pre")[0].text()) == events[1].arguments
+    assert "digest fedcba987654…" in edit.text()
+    assert HOSTILE in edit.text()  # escaped, as every stored text
+    # A plain approval shows one version, as before.
+    plain = [events[0], ApprovalEvent("r1", "approved", "refund", events[0].digest, None, T0)]
+    (unedited,) = article(parse(render(messages, plain)), 4).find_all("div", data_call_id="r1")
+    assert "data-edited" not in unedited.attrs
+    assert unedited.find_all("div", **{"class": "edit"}) == []
+
+
+def test_the_instructions_a_turn_was_sent_are_one_collapsed_line() -> None:
+    messages, events = edited_session()
+    root = parse(render(messages, events))
+    for position, sent in ((0, "Be brief."), (2, "Be brief."), (3, messages[3].instructions)):
+        (details,) = article(root, position).find_all("details", **{"class": "instructions"})
+        assert "open" not in details.attrs  # one line until opened
+        assert details.find_all("summary")[0].text().startswith("Instructions the turn was sent")
+        assert details.find_all("pre")[0].text() == sent
+    assert article(root, 2).attrs["data-kind"] == "summary"
+    for position in (1, 4, 5, 6):  # no instructions stored: no line
+        assert article(root, position).find_all("details") == []
+
+
 def test_a_quiet_session_and_an_empty_one() -> None:
     root = parse(render([Message.user("hi"), Message.assistant("hello")]))
     assert root.find_all(data_kind="all-clear")
@@ -518,6 +573,47 @@ def test_a_page_in_chromium_without_javascript(browser: Browser, tmp_path: Path)
         assert box["height"] > 10  # a button-like link, not hidden
         page.screenshot(path=str(tmp_path / "timeline-page.png"), full_page=True)
         print(f"screenshot: {tmp_path / 'timeline-page.png'}")
+    finally:
+        context.close()
+
+
+def test_an_edit_and_instructions_in_chromium_without_javascript(
+    browser: Browser, tmp_path: Path
+) -> None:
+    messages, events = edited_session()
+    path = tmp_path / "edited.html"
+    path.write_text(render(messages, events), encoding="utf-8")
+    context = browser.new_context(
+        java_script_enabled=False, viewport={"width": 1000, "height": 900}
+    )
+    try:
+        page = context.new_page()
+        page.goto(path.as_uri())
+        call = page.locator('div.call[data-edited="true"]')
+        assert call.count() == 1
+        asked, edit = call.locator(".asked pre"), call.locator(".edit pre")
+        assert asked.is_visible()
+        assert edit.is_visible()
+        assert json.loads(asked.inner_text())["amount_cents"] == 1500
+        assert json.loads(edit.inner_text())["amount_cents"] == 500
+        # The edit, the version that runs, comes after the model's and stands apart.
+        asked_box, edit_box = asked.bounding_box(), edit.bounding_box()
+        assert asked_box is not None
+        assert edit_box is not None
+        assert edit_box["y"] > asked_box["y"] + asked_box["height"] - 1
+        assert call.locator(".edit").evaluate("(e) => getComputedStyle(e).borderLeftStyle") == (
+            "solid"
+        )
+        assert call.locator(".badge.tone-edited").inner_text() == "arguments edited"
+        # Instructions: one line, their text hidden until opened.
+        line = page.locator("article#m3 details.instructions")
+        assert line.locator("summary").is_visible()
+        assert not line.locator("pre").is_visible()
+        line.locator("summary").click()
+        assert line.locator("pre").is_visible()
+        assert line.locator("pre").inner_text() == messages[3].instructions
+        page.screenshot(path=str(tmp_path / "timeline-edited.png"), full_page=True)
+        print(f"screenshot: {tmp_path / 'timeline-edited.png'}")
     finally:
         context.close()
 

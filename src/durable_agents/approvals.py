@@ -18,13 +18,29 @@ atomic append, so `testing.crash_on_write` counts it:
 
     requested   with write #1 of the step                  the call and its digest
     approved /  `approve()`: one write; lands only if the call was requested
-    denied      with that digest and is undecided (racing approvers: one wins)
+    denied      with that digest and is undecided (racing approvers: one wins);
+                an approval may carry the approver's edited arguments
     claimed     before an approved call's handler runs; lands only once
 
 After a crash: an undecided call waits (it is never an orphan); an approved,
 unclaimed one is claimed and run once; a claimed one without a result is an
 orphan, answered as any orphan is (a `tool-durability-error` unless the tool
 is `safe_to_retry`): an approved call never runs twice.
+
+Edited approvals: the approver may change the arguments as they approve
+(`approve(..., approved=True, arguments={...})`, or `"arguments"` in the HTTP
+decision). The edit is checked against the tool's input schema (the one stored
+with the call for a toolset's tool, `ToolCall.policy`; else the agent's tool),
+then stored with the decision, in the same one write: the `approved` event
+keeps the edited arguments as sent and their own digest (`arguments_digest`,
+`approval_digest` of the call with them), while its `digest` stays the one of
+the model's call, which the approver was shown. The call then runs once, with
+the edited arguments, under the same call id and idempotency key, and its
+result tells the model a person changed the arguments. An edit equal to the
+model's arguments (the same digest) is a plain approval: nothing extra is
+stored. Only an approval carries arguments (the schema refuses them on any
+other event), and the store keeps both versions, so the timeline page and
+`durable-agents sessions show` show the edit next to what the model asked for.
 
 The digest is the hex SHA-256 of the UTF-8 bytes of the JSON array
 `[session_id, tool_call_id, tool_name, arguments]` written with sorted object
@@ -43,17 +59,25 @@ import hmac
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from . import _json
 from .errors import (
     ApprovalAlreadyDecidedError,
     ApprovalDigestMismatchError,
     ApprovalNotFoundError,
+    ConfigurationError,
     SessionConflictError,
     SessionNotFoundError,
+    ToolArgumentsError,
 )
+from .limits import MAX_ROW_BYTES
 from .messages import ToolCall, pending_tool_calls
 from .stores.base import ApprovalChange, ApprovalEvent, Store
+from .tools import Tool
+
+if TYPE_CHECKING:
+    from .agent import Agent
 
 
 def approval_digest(session_id: str, tool_call_id: str, tool_name: str, arguments: Any) -> str:
@@ -162,6 +186,8 @@ async def approve(
     digest: str,
     approved: bool,
     reason: str | None = None,
+    arguments: dict[str, Any] | None = None,
+    agent: Agent[Any] | None = None,
 ) -> None:
     """Store a person's decision on a waiting call, in one atomic conditional write.
 
@@ -174,7 +200,22 @@ async def approve(
     `ApprovalAlreadyDecidedError` (a decision exists; of racing approvers
     exactly one wins and the others get this). The turn goes on with
     `run(..., message=None)` once every waiting call of the step is decided.
+
+    `arguments` (with `approved=True` only, else `ConfigurationError`) are the
+    approver's edit of the call: it runs with these instead of the model's.
+    They are checked against the tool's input schema first: the one stored with
+    the call (`ToolCall.policy`) for a toolset's tool, else `agent`'s own tool of
+    that name (then `agent` is required: `ConfigurationError` without it, or
+    when it has no such tool); arguments that do not fit raise
+    `ToolArgumentsError`. Stored as sent, with their own digest
+    (`approval_digest` of the call with them). An edit equal to the model's
+    arguments (the same digest) is a plain approval: nothing extra is stored.
     """
+    if arguments is not None and not approved:
+        raise ConfigurationError(
+            f"approve(..., arguments=...) of call {tool_call_id!r}: only an approval carries "
+            "edited arguments; a denial runs nothing"
+        )
     states = approval_states(await store.load_approvals(session_id))
     state = states.get(tool_call_id)
     base, history = await store.load_context(session_id)  # the last step is in the tail
@@ -188,9 +229,18 @@ async def approve(
         raise ApprovalAlreadyDecidedError(session_id, tool_call_id, state.decision)
     if not hmac.compare_digest(digest.encode(), state.digest.encode()):
         raise ApprovalDigestMismatchError(session_id, tool_call_id)
+    edited: dict[str, Any] | None = None
+    edited_digest: str | None = None
+    if arguments is not None:
+        call = next(c for c in pending_tool_calls(history) if c.id == tool_call_id)
+        edited = _checked_edit(call, arguments, agent)
+        edited_digest = approval_digest(session_id, tool_call_id, state.tool_name, edited)
+        if edited_digest == state.digest:  # the model's own arguments: a plain approval
+            edited = edited_digest = None
     change = ApprovalChange(
-        tool_call_id, "approved" if approved else "denied", state.digest, reason=reason
-    )
+        tool_call_id, "approved" if approved else "denied", state.digest, reason=reason,
+        arguments=edited, arguments_digest=edited_digest,
+    )  # fmt: skip
     try:
         await store.append_messages_atomic(session_id, base + len(history), [], approvals=[change])
     except SessionConflictError:
@@ -202,3 +252,48 @@ async def approve(
         raise ApprovalAlreadyDecidedError(
             session_id, tool_call_id, (now.decision if now else None) or "decided"
         ) from None
+
+
+def _checked_edit(call: ToolCall, arguments: Any, agent: Agent[Any] | None) -> dict[str, Any]:
+    """The approver's `arguments` for `call`, as they will be stored; `ToolArgumentsError`
+    if they do not fit the tool's input schema or cannot be stored as strict JSON."""
+    if not isinstance(arguments, dict):
+        raise ToolArgumentsError(
+            f"edited arguments must be a JSON object, not {type(arguments).__name__}",
+            tool_name=call.name,
+        )
+    try:
+        cleaned: dict[str, Any] = _json.clean(arguments)
+        size = len(json.dumps(cleaned, ensure_ascii=False).encode())
+    except (ValueError, TypeError) as exc:
+        raise ToolArgumentsError(
+            f"edited arguments must be JSON ({exc})", tool_name=call.name
+        ) from None
+    if size > MAX_ROW_BYTES:
+        raise ToolArgumentsError(
+            f"edited arguments are {size:,} bytes of JSON, over the {MAX_ROW_BYTES:,} a "
+            "stored row may hold",
+            tool_name=call.name,
+        )
+    _tool_for(call, agent).parse_arguments(cleaned)  # ToolArgumentsError if they do not fit
+    return cleaned
+
+
+def _tool_for(call: ToolCall, agent: Agent[Any] | None) -> Tool:
+    """What checks an edit of `call`: a toolset tool's schema as stored with the call
+    (what the kit decided by, not what the toolset lists today), else the agent's tool."""
+    if call.policy is not None:
+        schema = call.policy.get("input_schema")
+        return Tool(call.name, "", schema if isinstance(schema, dict) else {"type": "object"})
+    if agent is None:
+        raise ConfigurationError(
+            f"approve(..., arguments=...) of call {call.id!r} needs agent=: the edit is checked "
+            f"against the input schema of the agent's tool {call.name!r}"
+        )
+    tool = next((t for t in agent.tools if t.name == call.name), None)
+    if tool is None:
+        raise ConfigurationError(
+            f"agent {agent.name!r} has no tool {call.name!r} to check the edit of call "
+            f"{call.id!r} against; pass the agent whose call it is"
+        )
+    return tool

@@ -41,7 +41,7 @@ from .errors import (
     InvalidCursorError,
     ToolDurabilityError,
 )
-from .messages import Message, ToolErrorKind, pending_tool_calls, tool_error
+from .messages import Message, ToolCall, ToolErrorKind, pending_tool_calls, tool_error
 from .run import DEFERRED_REASON
 from .stores.base import ApprovalEvent, SessionInfo
 from .stores.sqlite import SQLiteStore, sqlite_store
@@ -355,11 +355,12 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
             html_out.write_text(page, encoding="utf-8")
             print(f"wrote {html_out} (session {_printable(name)}, {len(timeline)} messages)")
         return 0
+    calls = {c.id: c for _, m in timeline for c in m.tool_calls}
     if as_json:
         data = {
             **_session_json(info),
             "messages": [m.to_dict() for _, m in timeline],
-            "approvals": [_approval_json(e) for e in approvals],
+            "approvals": [_approval_json(e, calls.get(e.tool_call_id)) for e in approvals],
         }
         print(json.dumps(data, ensure_ascii=False, indent=2))
         return 0
@@ -378,6 +379,15 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
         print("approvals")
     for e in shown:
         print(f"      {_time(e.created_at)[11:]}  {_printable(_describe_approval(e))}")
+        if e.arguments is not None:  # both versions: what the model asked, what runs
+            asked = calls.get(e.tool_call_id)
+            for label, arguments in (
+                ("the model's", asked.arguments if asked else None),
+                ("runs with", e.arguments),
+            ):
+                if arguments is not None:
+                    text = _short(json.dumps(arguments, ensure_ascii=False), 100)
+                    print(f"                {label:<11}  {_printable(text)}")
     states = approval_states(approvals)
     for call in pending_tool_calls([m for _, m in timeline]):
         state = states.get(call.id)
@@ -392,11 +402,17 @@ def _session_json(s: SessionInfo) -> dict[str, Any]:
     return s.to_dict()
 
 
-def _approval_json(e: ApprovalEvent) -> dict[str, Any]:
-    return {
+def _approval_json(e: ApprovalEvent, call: ToolCall | None = None) -> dict[str, Any]:
+    """An event as `--json` lists it; an approval with an edit (`arguments`, the approver's,
+    and their `arguments_digest`) also has `model_arguments`, those of the stored call."""
+    data = {
         "tool_call_id": e.tool_call_id, "tool_name": e.tool_name, "event": e.event,
         "digest": e.digest, "reason": e.reason, "created_at": e.created_at,
+        "arguments": e.arguments, "arguments_digest": e.arguments_digest,
     }  # fmt: skip
+    if e.arguments is not None and call is not None:
+        data["model_arguments"] = call.arguments
+    return data
 
 
 def _describe_approval(e: ApprovalEvent) -> str:
@@ -409,7 +425,8 @@ def _describe_approval(e: ApprovalEvent) -> str:
     if e.event == "approved" and e.reason == DEFERRED_REASON:
         return f"{call} deferred by the kit to a fresh invocation (its fetch budget ran out)"
     reason = f": {_short(e.reason, 60)}" if e.reason else ""
-    return f"{call} {e.event}{reason}"
+    edited = ", arguments edited" if e.arguments is not None else ""
+    return f"{call} {e.event}{edited}{reason}"
 
 
 def _store_problem(exc: DurableAgentsError) -> str:
@@ -428,7 +445,9 @@ def _describe(message: Message) -> str:
 
 def _describe_content(message: Message) -> str:
     if message.role in ("user", "system"):
-        return f'{message.role} "{_short(message.content, 60)}"'
+        sent = message.instructions
+        instructions = "" if sent is None else f' (instructions "{_short(sent, 30)}")'
+        return f'{message.role} "{_short(message.content, 60)}"{instructions}'
     if message.role == "assistant":
         calls = ", ".join(
             f"{c.name}({_short(json.dumps(c.arguments, ensure_ascii=False), 40)})"

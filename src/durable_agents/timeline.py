@@ -16,6 +16,12 @@ person must not miss stands out with a colour, a label and a one-line why:
     turn stopped            the kit's note ending a turn whose resumes kept crashing
                             (`run.stop_turn`, origin "stopped")
 
+A call a person approved with edited arguments shows both: what the model asked
+for and, below it, the approver's edit it runs with (`data-edited` on the call,
+the edit's digest prefix). A turn's user message (or a summary) that carries the
+instructions the turn was sent (`Message.instructions`, for an agent whose
+instructions are a function) has them in a collapsed "Instructions" line.
+
 A message that no client's request wrote is marked with its `Message.origin`: a
 badge beside who wrote it ("scheduled": a schedule's turn, "self-resumed": a
 resume nobody asked for, "stopped": the stop note), and its turn's heading
@@ -452,9 +458,10 @@ class _Page:
         """(data-kind, who, inner html, tone)"""
         if message.summary_of is not None:
             who = f"Summary of messages 0 to {message.summary_of - 1}"
-            return "summary", who, _text(message.content), ""
+            return "summary", who, _text(message.content) + _instructions(message), ""
         if message.role in ("user", "system"):
-            return message.role, message.role.capitalize(), _text(message.content), ""
+            inner = _text(message.content) + _instructions(message)
+            return message.role, message.role.capitalize(), inner, ""
         if message.role == "assistant":
             text = _text(message.content) if message.content else ""
             if not message.tool_calls and message.origin == "stopped":
@@ -519,16 +526,20 @@ class _Page:
         else:
             outcome = ""
         state = self.states.get(call.id)
-        approval = ""
+        approval, edited = "", ""
         if state is not None and state.decision is not None:
             approval = f'<span class="badge tone-quiet">{_e(state.decision)} by a person</span>'
+            if state.decision == "approved" and state.arguments is not None:
+                approval += ' <span class="badge tone-edited">arguments edited</span>'
+                args = _edited(args, state)
+                edited = ' data-edited="true"'
             if state.claimed:
                 approval += ' <span class="badge tone-quiet">claimed</span>'
         status = _banner(flag) if flag else ""
         kind = flag.kind if flag else "call"
         return (
             f'<div class="call{" tone-" + flag.tone if flag else ""}" data-kind="{_e(kind)}" '
-            f'data-call-id="{_e(call.id)}" data-tool="{_e(call.name)}">'
+            f'data-call-id="{_e(call.id)}" data-tool="{_e(call.name)}"{edited}>'
             f'<p class="callhead"><span class="k">Calls</span> '
             f'<code class="tool">{_e(call.name)}</code>'
             f' <span class="callid">id {_e(call.id)}</span> {approval} {outcome}</p>'
@@ -555,6 +566,30 @@ def _banner(flag: _Flag) -> str:
     return (
         f'<p class="flag tone-{flag.tone}" role="note"><strong class="label">'
         f'{_e(flag.label)}</strong> <span class="why">{_e(flag.why)}</span></p>'
+    )
+
+
+def _edited(model_args: str, state: ApprovalState) -> str:
+    """A call's arguments as the model asked, then the approver's edit it runs with."""
+    edit = json.dumps(state.arguments, ensure_ascii=False, indent=2)
+    digest = (state.arguments_digest or "")[:DIGEST_PREFIX]
+    return (
+        f'<div class="asked"><p class="stored"><span class="k">The model asked for:</span></p>'
+        f'{model_args}</div><div class="edit"><p class="stored"><span class="k">Edited by the '
+        f'approver; it runs with:</span> <span class="callid">digest {_e(digest)}…</span></p>'
+        f"{_code(edit)}</div>"
+    )
+
+
+def _instructions(message: Message) -> str:
+    """The instructions a turn was sent, stored on its user message (or a summary):
+    collapsed, one line until opened."""
+    if message.instructions is None:
+        return ""
+    size = len(message.instructions)
+    return (
+        f'<details class="instructions" data-chars="{size}"><summary>Instructions the turn '
+        f"was sent ({size:,} characters)</summary><pre>{_e(message.instructions)}</pre></details>"
     )
 
 
@@ -613,12 +648,13 @@ _CSS = """
 --crash:#c2410c;--crash-bg:#fff1e6;--denied:#9d174d;--denied-bg:#fdecf3;
 --error:#b91c1c;--error-bg:#fdeeee;--pending:#1d4ed8;--pending-bg:#e8efff;
 --orphan:#a16207;--orphan-bg:#fef7e0;--ok:#15803d;--scheduled:#6d28d9;
---resumed:#0f766e;--stopped:#334155;--stopped-bg:#e8ecf1}
+--resumed:#0f766e;--stopped:#334155;--stopped-bg:#e8ecf1;--edited:#0369a1}
 @media (prefers-color-scheme:dark){:root{--bg:#15171a;--card:#1e2126;--ink:#e6e8eb;
 --muted:#9aa1ac;--line:#33373e;--code:#262a31;--crash:#fb923c;--crash-bg:#3a2113;
 --denied:#f472b6;--denied-bg:#3a1628;--error:#f87171;--error-bg:#3a1a1a;
 --pending:#93b4ff;--pending-bg:#1b2744;--orphan:#facc15;--orphan-bg:#352d0c;--ok:#4ade80;
---scheduled:#c4b5fd;--resumed:#5eead4;--stopped:#cbd5e1;--stopped-bg:#262d38}}
+--scheduled:#c4b5fd;--resumed:#5eead4;--stopped:#cbd5e1;--stopped-bg:#262d38;
+--edited:#7dd3fc}}
 *{box-sizing:border-box}
 body{margin:0;background:var(--bg);color:var(--ink);
 font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Liberation Sans",sans-serif}
@@ -676,6 +712,10 @@ font-weight:700;border:1px solid currentColor}
 :is(.badge,li,.flag).tone-pending{color:var(--pending)}
 :is(.badge,li,.flag).tone-orphan{color:var(--orphan)}
 :is(.badge,li,.flag).tone-stopped{color:var(--stopped)}
+.badge.tone-edited{color:var(--edited)}
+.call .edit{border-left:3px solid var(--edited);padding-left:.6rem;margin-top:.4rem}
+.call .edit>.stored .k{color:var(--edited);font-weight:600}
+details.instructions{margin:.35rem 0 0}
 .badge.origin{font-weight:600;font-size:.7rem;letter-spacing:.02em;vertical-align:.08em}
 .turn>h2 .badge.origin{vertical-align:.15em}
 .badge.origin-scheduled{color:var(--scheduled)}

@@ -152,6 +152,86 @@ async def test_refusals_carry_their_codes_and_decide_nothing(session: Session) -
     assert resumed.body["status"] == "awaiting_approval"  # the second still waits
 
 
+async def test_an_approval_with_edited_arguments_stores_the_edit(session: Session) -> None:
+    started = await session.call("POST", "/sessions/x/messages", {"message": "refund both"})
+    first, second = started.body["pending"]
+    call = first["tool_call_id"]
+    edit = {"order_id": "A", "amount_cents": 40}
+    one = await session.call(
+        "POST", f"/sessions/x/approvals/{call}",
+        {"approved": True, "digest": first["digest"], "reason": "ann: less", "arguments": edit},
+    )  # fmt: skip
+    assert one.status == 200, one.body
+    assert one.body == {"session_id": SID, "status": "awaiting_approval", "pending": [second]}
+    approved = (await session.store.load_approvals(SID))[-1]
+    assert (approved.tool_call_id, approved.event, approved.reason) == (call, "approved",
+                                                                        "ann: less")  # fmt: skip
+    assert approved.arguments == edit
+    assert approved.digest == first["digest"]
+    assert approved.arguments_digest == approval_digest(SID, call, "issue_refund", edit)
+    assert REFUNDS == []
+
+
+async def test_an_edit_that_breaks_the_schema_is_422_and_decides_nothing(
+    session: Session,
+) -> None:
+    started = await session.call("POST", "/sessions/x/messages", {"message": "refund both"})
+    first = started.body["pending"][0]
+    call = first["tool_call_id"]
+    bad = await session.call(
+        "POST", f"/sessions/x/approvals/{call}",
+        {"approved": True, "digest": first["digest"],
+         "arguments": {"order_id": "A", "amount_cents": "all of it"}},
+    )  # fmt: skip
+    assert (bad.status, bad.body["error"]["code"]) == (422, "invalid-arguments"), bad.body
+    assert "amount_cents" in bad.body["error"]["problems"]
+    assert "issue_refund's input schema" in bad.body["error"]["message"]
+    assert [e.event for e in await session.store.load_approvals(SID)] == ["requested"] * 2
+    assert (await session.call("GET", "/sessions/x/approvals")).body["pending"] == started.body[
+        "pending"
+    ]
+    # The call's own digest still decides it, with a fitting edit.
+    ok = await session.call(
+        "POST", f"/sessions/x/approvals/{call}",
+        {"approved": True, "digest": first["digest"],
+         "arguments": {"order_id": "A", "amount_cents": 1}},
+    )  # fmt: skip
+    assert ok.status == 200, ok.body
+
+
+async def test_an_edit_as_deep_as_a_body_may_nest_crosses_to_the_object(
+    session: Session,
+) -> None:
+    started = await session.call("POST", "/sessions/x/messages", {"message": "refund both"})
+    first = started.body["pending"][0]
+    deep: dict[str, Any] = {}
+    level = deep
+    for _ in range(125):  # 126 levels, in {"arguments": {"deep": ...}}: 128, the body's limit
+        level["n"] = {}
+        level = level["n"]
+    edit = {"order_id": "A", "amount_cents": 5, "deep": deep}  # the model ignores "deep"
+    body = {"approved": True, "digest": first["digest"], "arguments": edit}
+    # As the Durable Object gets it, inside the command: a level deeper than the body.
+    decision = {"tool_call_id": first["tool_call_id"], **body}
+    assert Command.from_json(Command("approve", decision=decision).to_json()).decision == decision
+    ok = await session.call("POST", f"/sessions/x/approvals/{first['tool_call_id']}", body)
+    assert ok.status == 200, ok.body
+    assert (await session.store.load_approvals(SID))[-1].arguments == edit
+    too_deep = await session.call(
+        "POST", f"/sessions/x/approvals/{first['tool_call_id']}",
+        {**body, "arguments": {**edit, "deep": {"n": deep}}},
+    )  # fmt: skip
+    assert (too_deep.status, too_deep.body["error"]["code"]) == (400, "invalid-json")
+
+
+def test_a_command_carries_an_edit_only_as_an_approvals_object() -> None:
+    decision = {"tool_call_id": "c1", "approved": True, "digest": "a" * 64, "arguments": {}}
+    assert Command.from_json(Command("approve", decision=decision).to_json()).decision == decision
+    for refused in ({**decision, "approved": False}, {**decision, "arguments": [1]}):
+        with pytest.raises(ValueError, match="not a command"):
+            Command.from_json(Command("approve", decision=refused).to_json())
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "code"),
     [
@@ -162,6 +242,12 @@ async def test_refusals_carry_their_codes_and_decide_nothing(session: Session) -
          "invalid-body"),
         ("/sessions/x/approvals/c1", {"approved": True, "digest": "a" * 64, "reason": 5}, 422,
          "invalid-body"),
+        ("/sessions/x/approvals/c1", {"approved": True, "digest": "a" * 64, "arguments": [1]},
+         422, "invalid-body"),
+        ("/sessions/x/approvals/c1", {"approved": True, "digest": "a" * 64, "arguments": "{}"},
+         422, "invalid-body"),
+        ("/sessions/x/approvals/c1", {"approved": False, "digest": "a" * 64, "arguments": {}},
+         422, "invalid-body"),
         ("/sessions/x/approvals/c%2F1", {"approved": True, "digest": "a" * 64}, 400,
          "invalid-request"),
         ("/sessions/x/messages/c1", {"message": "x"}, 404, "not-found"),

@@ -115,7 +115,10 @@ def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -
         f"INSERT INTO agent_sessions VALUES ('{OLD}', 'triage', 'idle', 2, 1000, 2000); "
         "INSERT INTO agent_messages (session_id, seq, role, content, input_tokens, "
         f"output_tokens, created_at) VALUES ('{OLD}', 0, 'user', 'q', NULL, NULL, 1000), "
-        f"('{OLD}', 1, 'assistant', 'a', 12, 5, 2000)"
+        f"('{OLD}', 1, 'assistant', 'a', 12, 5, 2000); "
+        "INSERT INTO agent_approvals (session_id, tool_call_id, event, tool_name, digest, reason, "
+        "created_at) VALUES ('gone', 'r1', 'requested', 'refund', 'd1', NULL, 1500), "
+        "('gone', 'r1', 'approved', 'refund', 'd1', 'ann: ok', 1600)"
     )
 
     # The later migrations, over the old rows.
@@ -132,6 +135,22 @@ def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -
     assert d1(f"SELECT summary_of FROM agent_messages WHERE session_id = '{OLD}'") == [
         {"summary_of": None}, {"summary_of": None},
     ]  # fmt: skip
+    # 0007: no instructions on the old messages, no edit on the old approval...
+    assert d1(f"SELECT instructions FROM agent_messages WHERE session_id = '{OLD}'") == [
+        {"instructions": None}, {"instructions": None},
+    ]  # fmt: skip
+    assert d1("SELECT event, reason, arguments, arguments_digest FROM agent_approvals") == [
+        {"event": "requested", "reason": None, "arguments": None, "arguments_digest": None},
+        {"event": "approved", "reason": "ann: ok", "arguments": None, "arguments_digest": None},
+    ]
+    # ...and only an approval may carry one, with its digest.
+    for event, digest in (("denied", "'e1'"), ("approved", "NULL")):
+        with pytest.raises(SystemExit, match="CHECK constraint failed"):
+            d1(
+                "INSERT INTO agent_approvals (session_id, tool_call_id, event, tool_name, digest, "
+                f"created_at, arguments, arguments_digest) VALUES ('gone', 'r2', '{event}', "
+                f"'refund', 'd2', 1700, '{{}}', {digest})"
+            )
     created = {
         match
         for file in files

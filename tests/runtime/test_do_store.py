@@ -15,6 +15,7 @@ from crash_sweep import sweep
 from durable_agents.cloudflare import d1_store, durable_object_store
 from durable_agents.errors import SessionConflictError, StoreError
 from durable_agents.messages import Message
+from durable_agents.stores import _sql
 from durable_agents.stores.base import ApprovalChange
 from durable_agents.testing import conformance
 
@@ -136,9 +137,10 @@ async def test_a_failed_transaction_rolls_back_and_surfaces_as_its_error(env):
 
 async def test_schema_once_and_one_transaction_per_append(env):
     result = await _probe(env, "schema").schema_once()
-    # sqlite_master + two table_info + the read; then 5 inserts and the upsert in ONE
-    # transaction.
-    assert result == {"statements": 4 + 6, "transactions": 1, "ddl": []}
+    # sqlite_master + a table_info per altered table + the read; then 5 inserts and the
+    # upsert in ONE transaction.
+    reads = 1 + len(_sql.ALTERED_TABLES) + 1
+    assert result == {"statements": reads + 6, "transactions": 1, "ddl": []}
 
 
 async def test_a_python_exception_inside_the_transaction_rolls_back_and_surfaces(env):

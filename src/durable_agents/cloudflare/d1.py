@@ -191,7 +191,7 @@ class D1Store:
         rows = await self._read(
             _sql.SELECT_APPROVALS, (session_id,), f"load the approvals of session {session_id!r}"
         )
-        return [_sql.row_approval_event(row) for row in rows]
+        return [_sql.row_approval_event(row, session_id) for row in rows]
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None

@@ -26,7 +26,8 @@ How it uses the storage API (workerd's `DurableObjectStorage`):
   exactly as on D1: `SessionConflictError`, nothing written.
 - The schema (`_sql.MIGRATIONS`) is applied on a store's first use, in one
   transaction, only where something is missing: afterwards a first use costs
-  two reads of the catalogue.
+  reads of the catalogue (`sqlite_master`, and the columns of each table a
+  migration added to: `_sql.ALTERED_TABLES`).
 
 From Python (Pyodide), the callback handed to `transactionSync` is a
 `create_proxy` destroyed after the call; an exception inside it rolls the
@@ -300,7 +301,7 @@ class DurableObjectStore:
         rows = self._read(
             _sql.SELECT_APPROVALS, (session_id,), f"load the approvals of session {session_id!r}"
         )
-        return [_sql.row_approval_event(row) for row in rows]
+        return [_sql.row_approval_event(row, session_id) for row in rows]
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None

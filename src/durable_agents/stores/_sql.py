@@ -6,7 +6,8 @@ migration's `ALTER TABLE ... ADD COLUMN` and its backfill is idempotent;
 `schema_plan()` leaves those out for a database that has the column already,
 which is what the SQLite store (and `D1Store.create_tables`) run on open.
 Every statement uses `?` placeholders, which both sqlite3 and D1 accept, and
-binds at most 12 parameters.
+binds at most 14 parameters (D1 allows 100): a packed statement binds the same
+few however many columns its rows have.
 
 Why a big append packs its rows: D1 counts every statement of a batch as one
 of the queries a Worker invocation may make (50 on Workers Free, 1,000 on
@@ -38,6 +39,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from .. import _json
 from ..errors import (
     ConfigurationError,
     InvalidCursorError,
@@ -288,6 +290,20 @@ BEGIN
 END""",
 )
 
+# Instructions and edited approvals (issue 23). A turn's instructions, when the agent
+# computes them (`Agent.instructions` as a function), are stored on its user message
+# (or on a summary that folds it), so a resumed turn sends the model what it saw. An
+# approval may carry the approver's edit of the call's arguments (a JSON object) and
+# their own digest; only an approval may (the CHECK), and a row written before this
+# migration has none.
+_INSTRUCTIONS_AND_EDITS: tuple[str, ...] = (
+    "ALTER TABLE agent_messages ADD COLUMN instructions TEXT",
+    """ALTER TABLE agent_approvals ADD COLUMN arguments TEXT
+    CHECK (arguments IS NULL OR event = 'approved')""",
+    """ALTER TABLE agent_approvals ADD COLUMN arguments_digest TEXT
+    CHECK ((arguments_digest IS NULL) = (arguments IS NULL))""",
+)
+
 # (file name in migrations/, statements). Append; never edit one that shipped.
 MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("0001_init.sql", _INIT),
@@ -296,6 +312,7 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("0004_session_names.sql", _SESSION_NAMES),
     ("0005_summaries.sql", _SUMMARIES),
     ("0006_schedules.sql", _SCHEDULES),
+    ("0007_instructions_and_edited_approvals.sql", _INSTRUCTIONS_AND_EDITS),
 )
 SCHEMA: tuple[str, ...] = tuple(s for _, statements in MIGRATIONS for s in statements)
 
@@ -325,7 +342,7 @@ def schema_plan(columns: Mapping[str, Collection[str]]) -> list[str]:
 
 # The tables migrations add columns to, and the statement that lists a table's
 # columns: rows (cid, name, type, notnull, dflt_value, pk); none for a missing table.
-ALTERED_TABLES = ("agent_sessions", "agent_messages")
+ALTERED_TABLES = ("agent_sessions", "agent_messages", "agent_approvals")
 
 
 def table_info(table: str) -> str:
@@ -334,8 +351,8 @@ def table_info(table: str) -> str:
 
 INSERT_MESSAGE = (
     "INSERT INTO agent_messages (session_id, seq, role, content, tool_call_id, tool_name, "
-    "tool_calls, input_tokens, output_tokens, request_key, summary_of, origin, created_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "tool_calls, input_tokens, output_tokens, request_key, summary_of, origin, instructions, "
+    "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -355,15 +372,17 @@ def _packable(value: Any) -> Any:
 
 
 # Messages seq = ? + 0, 1, ...: the columns of INSERT_MESSAGE from role to
-# origin, one JSON array per row (`packed_message_rows`), in order: each row's
+# instructions, one JSON array per row (`packed_message_rows`), in order: each row's
 # insert is checked by the in-order trigger against the rows before it, as if
-# inserted one by one. Binds the session id, the first seq, the time and the JSON.
+# inserted one by one. Binds the session id, the first seq, the time and the JSON,
+# however many columns a row has (a column more makes each row's JSON longer, never
+# the statement's parameters more).
 INSERT_MESSAGES = (
     "INSERT INTO agent_messages (session_id, seq, role, content, tool_call_id, tool_name, "
-    "tool_calls, input_tokens, output_tokens, request_key, summary_of, origin, created_at) "
-    f"SELECT ?, ? + m.key, {', '.join(_text('m', i) for i in range(5))}, "
+    "tool_calls, input_tokens, output_tokens, request_key, summary_of, origin, instructions, "
+    f"created_at) SELECT ?, ? + m.key, {', '.join(_text('m', i) for i in range(5))}, "
     "json_extract(m.value, '$[5]'), json_extract(m.value, '$[6]'), "
-    f"{_text('m', 7)}, json_extract(m.value, '$[8]'), {_text('m', 9)}, ? "
+    f"{_text('m', 7)}, json_extract(m.value, '$[8]'), {_text('m', 9)}, {_text('m', 10)}, ? "
     "FROM json_each(?) AS m ORDER BY m.key"
 )
 
@@ -383,7 +402,7 @@ UPSERT_SESSION = (
 
 MESSAGE_COLUMNS = (
     "role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens, "
-    "request_key, summary_of, origin"
+    "request_key, summary_of, origin, instructions"
 )
 SELECT_MESSAGES = f"SELECT {MESSAGE_COLUMNS} FROM agent_messages WHERE session_id = ? ORDER BY seq"
 # Params (session_id, start, limit): `limit` messages from position `start` on.
@@ -515,32 +534,37 @@ DELETE_IDLE: tuple[str, ...] = (
 )
 
 _APPROVAL_COLUMNS = "session_id, tool_call_id, event, tool_name, digest, reason, created_at"
+# A request carries no edited arguments: their columns stay NULL.
 REQUEST_APPROVAL = f"INSERT INTO agent_approvals ({_APPROVAL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
 _OF_EVENT = "FROM agent_approvals WHERE session_id = ? AND tool_call_id = ? AND event = ?"
-# A decision needs the request with the same digest; a claim needs an approval.
+# A decision needs the request with the same digest; a claim needs an approval. An
+# approval may carry the approver's edited arguments (JSON) and their digest.
 DEPENDENT_APPROVAL = (
-    f"INSERT INTO agent_approvals ({_APPROVAL_COLUMNS}) VALUES (?, ?, ?, "
-    f"(SELECT tool_name {_OF_EVENT} AND digest = ?), ?, ?, ?)"
+    f"INSERT INTO agent_approvals ({_APPROVAL_COLUMNS}, arguments, arguments_digest) "
+    f"VALUES (?, ?, ?, (SELECT tool_name {_OF_EVENT} AND digest = ?), ?, ?, ?, ?, ?)"
 )
 SELECT_APPROVALS = (
-    "SELECT tool_call_id, event, tool_name, digest, reason, created_at FROM agent_approvals "
-    "WHERE session_id = ? ORDER BY rowid"
+    "SELECT tool_call_id, event, tool_name, digest, reason, created_at, arguments, "
+    "arguments_digest FROM agent_approvals WHERE session_id = ? ORDER BY rowid"
 )
 # REQUEST_APPROVAL and DEPENDENT_APPROVAL for a run of changes, one JSON array each:
 # [tool_call_id, tool_name, digest] and [tool_call_id, event, depends_on, digest,
-# reason]. SQLite computes an INSERT's SELECT before the first row lands when it
-# reads the table written, so a dependent change never sees another of the same
-# statement: `approval_statements` starts a new one at a repeated call id.
+# reason, arguments, arguments_digest] (arguments as JSON text, or null). SQLite
+# computes an INSERT's SELECT before the first row lands when it reads the table
+# written, so a dependent change never sees another of the same statement:
+# `approval_statements` starts a new one at a repeated call id.
 REQUEST_APPROVALS = (
     f"INSERT INTO agent_approvals ({_APPROVAL_COLUMNS}) SELECT ?, {_text('a', 0)}, "
     f"'requested', {_text('a', 1)}, {_text('a', 2)}, NULL, ? "
     "FROM json_each(?) AS a ORDER BY a.key"
 )
 DEPENDENT_APPROVALS = (
-    f"INSERT INTO agent_approvals ({_APPROVAL_COLUMNS}) SELECT ?, {_text('a', 0)}, "
+    f"INSERT INTO agent_approvals ({_APPROVAL_COLUMNS}, arguments, arguments_digest) "
+    f"SELECT ?, {_text('a', 0)}, "
     f"{_text('a', 1)}, (SELECT d.tool_name FROM agent_approvals AS d WHERE d.session_id = ? "
     f"AND d.tool_call_id = {_text('a', 0)} AND d.event = {_text('a', 2)} "
-    f"AND d.digest = {_text('a', 3)}), {_text('a', 3)}, {_text('a', 4)}, ? "
+    f"AND d.digest = {_text('a', 3)}), {_text('a', 3)}, {_text('a', 4)}, ?, "
+    f"{_text('a', 5)}, {_text('a', 6)} "
     "FROM json_each(?) AS a ORDER BY a.key"
 )
 
@@ -557,9 +581,14 @@ def session_state(last: Message) -> str:
 def message_row(
     session_id: str, seq: int, message: Message, now_ms: int, max_row_bytes: int = MAX_ROW_BYTES
 ) -> tuple[Any, ...]:
-    """The INSERT_MESSAGE parameters for one message; refuses a row over the limit."""
+    """The INSERT_MESSAGE parameters for one message; refuses a row over the limit (its
+    content, tool calls and instructions: the texts that can be long)."""
     tool_calls = encode_tool_calls(message.tool_calls)
-    size = len(message.content.encode()) + (len(tool_calls.encode()) if tool_calls else 0)
+    size = sum(
+        len(text.encode())
+        for text in (message.content, tool_calls, message.instructions)
+        if text is not None
+    )
     if size > max_row_bytes:
         raise MessageTooLargeError(session_id, size, max_row_bytes, message.role)
     usage = message.usage
@@ -579,6 +608,7 @@ def message_row(
         message.request_key,
         message.summary_of,
         message.origin,
+        message.instructions,
         now_ms,
     )
 
@@ -605,6 +635,8 @@ def append_rows(
             session_id, expected_seq, f"no session holds more than {MAX_BOUND_INT} messages"
         )
     bindable(now_ms, "the time of the append (Unix ms)", session_id)
+    for change in approvals:
+        check_approval_change(session_id, change)
     rows = [
         message_row(session_id, expected_seq + i, m, now_ms, max_row_bytes)
         for i, m in enumerate(messages)
@@ -711,7 +743,7 @@ def packed_message_rows(rows: Sequence[tuple[Any, ...]], now_ms: int) -> list[St
     if not rows:
         return []
     session_id, first_seq = rows[0][0], rows[0][1]
-    entries = [(row[2:12], (INSERT_MESSAGE, row), None) for row in rows]
+    entries = [(row[2:-1], (INSERT_MESSAGE, row), None) for row in rows]
     return _packed(
         entries,
         lambda first, data: (INSERT_MESSAGES, (session_id, first_seq + first, now_ms, data)),
@@ -784,7 +816,10 @@ def _approval_values(change: ApprovalChange) -> tuple[Any, ...]:
     if change.event == "requested":
         return (change.tool_call_id, change.tool_name, change.digest)
     depends_on = "approved" if change.event == "claimed" else "requested"
-    return (change.tool_call_id, change.event, depends_on, change.digest, change.reason)
+    return (
+        change.tool_call_id, change.event, depends_on, change.digest, change.reason,
+        encode_arguments(change.arguments), change.arguments_digest,
+    )  # fmt: skip
 
 
 def session_row(
@@ -923,6 +958,7 @@ def row_message(row: Sequence[Any]) -> Message:
         key,
         summary_of,
         origin,
+        instructions,
     ) = row
     usage = None
     if input_tokens is not None or output_tokens is not None:
@@ -937,6 +973,7 @@ def row_message(row: Sequence[Any]) -> Message:
         request_key=key,
         summary_of=None if summary_of is None else int(summary_of),
         origin=origin,
+        instructions=None if instructions is None else str(instructions),
     )
 
 
@@ -1010,14 +1047,64 @@ def approval_statement(
         session_id, change.tool_call_id, change.event,
         session_id, change.tool_call_id, depends_on, change.digest,
         change.digest, change.reason, now_ms,
+        encode_arguments(change.arguments), change.arguments_digest,
     )  # fmt: skip
 
 
-def row_approval_event(row: Sequence[Any]) -> ApprovalEvent:
-    tool_call_id, event, tool_name, digest, reason, created_at = row
+def encode_arguments(arguments: Mapping[str, Any] | None) -> str | None:
+    """The JSON stored in `agent_approvals.arguments` (an approval's edit), keys in the
+    order given; None for none. ValueError for a value that is no strict JSON."""
+    if arguments is None:
+        return None
+    _json.check_depth(arguments)  # encoding a too-deep value overflows Pyodide's stack
+    return json.dumps(arguments, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def check_approval_change(session_id: str, change: ApprovalChange) -> None:
+    """ConfigurationError, before anything is written, for a change whose edited arguments
+    cannot be stored: only an approval carries them, a JSON object with its digest."""
+    if change.arguments is None and change.arguments_digest is None:
+        return
+    problem = None
+    if change.event != "approved":
+        problem = f"only an approval carries edited arguments, not a {change.event} event"
+    elif change.arguments is None:
+        problem = "an arguments_digest without the edited arguments it is the digest of"
+    elif not isinstance(change.arguments, dict):
+        problem = f"edited arguments must be a JSON object, not {type(change.arguments).__name__}"
+    elif not isinstance(change.arguments_digest, str) or not change.arguments_digest:
+        problem = "edited arguments need their digest (approval_digest of the call with them)"
+    else:
+        try:
+            encode_arguments(change.arguments)
+        except (ValueError, TypeError) as exc:
+            problem = f"edited arguments must be strict JSON ({exc})"
+    if problem is not None:
+        raise ConfigurationError(
+            f"session {session_id!r}, call {change.tool_call_id!r}: {problem}; nothing was written"
+        )
+
+
+def row_approval_event(row: Sequence[Any], session_id: str = "") -> ApprovalEvent:
+    """An ApprovalEvent from a SELECT_APPROVALS row; StoreError for edited arguments that
+    are not the JSON object the kit stores."""
+    tool_call_id, event, tool_name, digest, reason, created_at, raw, arguments_digest = row
+    arguments = None
+    if raw is not None:
+        try:
+            arguments = _json.loads(str(raw), max_depth=_json.STORED_MAX_DEPTH)
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise StoreError(
+                f"the approval of call {tool_call_id!r} of session {session_id!r} has edited "
+                "arguments that are not a JSON object; the database was changed outside the kit",
+                session_id=session_id or None,
+            )
     return ApprovalEvent(
         str(tool_call_id), event, str(tool_name), str(digest),
-        None if reason is None else str(reason), int(created_at),
+        None if reason is None else str(reason), int(created_at), arguments,
+        None if arguments_digest is None else str(arguments_digest),
     )  # fmt: skip
 
 

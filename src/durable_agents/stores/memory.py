@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
@@ -13,6 +15,7 @@ from ._sql import (
     append_rows,
     check_limit,
     decode_cursor,
+    encode_arguments,
     fired_schedules,
     page_of,
     session_state,
@@ -180,7 +183,14 @@ class MemoryStore:
             name = basis.tool_name if basis is not None else change.tool_name
             known.append(
                 ApprovalEvent(
-                    change.tool_call_id, change.event, name, change.digest, change.reason, now
+                    change.tool_call_id,
+                    change.event,
+                    name,
+                    change.digest,
+                    change.reason,
+                    now,
+                    _stored_copy(change.arguments),
+                    change.arguments_digest,
                 )
             )
         return known[len(self._approvals.get(session_id, ())) :]
@@ -274,6 +284,13 @@ class MemoryStore:
             input_tokens=session.input_tokens,
             output_tokens=session.output_tokens,
         )
+
+
+def _stored_copy(arguments: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The arguments as a SQL store gives them back (a JSON round trip): the caller's
+    dict, changed later, does not change what is stored."""
+    text = encode_arguments(arguments)
+    return None if text is None else dict(json.loads(text))
 
 
 def memory_store(

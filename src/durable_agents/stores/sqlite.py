@@ -128,7 +128,7 @@ class SQLiteStore:
         rows = await self._call(
             lambda c: c.execute(_sql.SELECT_APPROVALS, (session_id,)).fetchall(), session_id
         )
-        return [_sql.row_approval_event(row) for row in rows]
+        return [_sql.row_approval_event(row, session_id) for row in rows]
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None

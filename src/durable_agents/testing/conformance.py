@@ -66,14 +66,23 @@ async def unknown_session_is_empty(store: Store) -> None:
 
 async def round_trip_keeps_every_field(store: Store) -> None:
     call = ToolCall("toolu_01", "post", {"nested": {"list": [1, 2.5, None, True]}, "txt": "é€😀"})
+    policy = {
+        "source": "mcp:notes", "safe_to_retry": False, "requires_approval": True,
+        "annotations": {"destructiveHint": True},
+        "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}},
+    }  # fmt: skip
+    listed = ToolCall("toolu_02", "add_note", {"text": "x"}, provider_id="p/1", policy=policy)
     messages = [
         Message("user", "héllo 😀\nline two", request_key="req-1"),
-        Message.assistant("", [call], Usage(123, 45)),
+        Message.assistant("", [call, listed], Usage(123, 45)),
         Message.tool_result(call, '{"error": "boom", "kind": "tool-failed"}'),
+        Message.tool_result(listed, "added"),
         Message.assistant("done ✓", usage=Usage(0, 7)),
     ]
-    assert await store.append_messages_atomic("s", 0, messages, agent_name="support") == 4
-    assert await store.load_messages("s") == messages
+    assert await store.append_messages_atomic("s", 0, messages, agent_name="support") == 5
+    stored = await store.load_messages("s")
+    assert stored == messages
+    assert stored[1].tool_calls[1].policy == policy  # a toolset call keeps what was decided
 
 
 async def appends_keep_order(store: Store) -> None:
@@ -670,6 +679,93 @@ async def delete_removes_the_schedules(store: Store) -> None:
     assert await store.load_schedules("s") == []
 
 
+async def instructions_round_trip_on_a_user_message_and_a_summary(store: Store) -> None:
+    first = [
+        Message("user", "q1", request_key="k1", instructions="Be brief.\nToday is 2027-01-15 😀"),
+        Message.assistant("a1"),
+        Message.user("q2"),  # fixed instructions: none stored
+        Message.assistant("a2"),
+    ]
+    await store.append_messages_atomic("s", 0, first)
+    summary = Message("system", "q1 and q2 answered", summary_of=4, instructions="Be brief.")
+    later = Message("user", "q3", instructions="")  # empty, yet stored: not None
+    odd = Message("user", "q4", instructions="a\ud800b\x00\x01")  # stored as valid UTF-8
+    await store.append_messages_atomic("s", 4, [summary, later, odd])
+    stored = await store.load_messages("s")
+    assert stored == [*first, summary, later, odd], stored
+    assert [m.instructions for m in stored] == [
+        "Be brief.\nToday is 2027-01-15 😀", None, None, None, "Be brief.", "", "a\ufffdb\x00\x01",
+    ]  # fmt: skip
+    assert await store.load_context("s") == (4, [summary, later, odd])
+    assert [m for _, m in await store.load_timeline("s")] == stored
+    # They count toward the row limit, with the content.
+    half = "x" * 1_000_000
+    try:
+        await store.append_messages_atomic("s", 7, [Message("user", half, instructions=half)])
+    except MessageTooLargeError:
+        pass
+    else:
+        raise AssertionError("a user message and its instructions over the row limit were kept")
+    assert len(await store.load_messages("s")) == 7
+
+
+async def an_approval_keeps_the_approvers_edited_arguments(store: Store) -> None:
+    await store.append_messages_atomic(
+        "s", 0, [Message.user("go")], approvals=[_request("r1"), _request("r2")]
+    )
+    # Kept as sent: key order, nesting, text JSON must escape.
+    edited = {"order_id": "A-1", "amount_cents": 2500, "note": 'é "😀"\n', "items": [{"n": 1}]}
+    approved = ApprovalChange(
+        "r1", "approved", "d1", reason="ann: less", arguments=edited, arguments_digest="e1"
+    )
+    await store.append_messages_atomic("s", 1, [], approvals=[approved])
+    denied = ApprovalChange("r2", "denied", "d1", reason="no")
+    await store.append_messages_atomic("s", 1, [], approvals=[denied])
+    await store.append_messages_atomic(
+        "s", 1, [], approvals=[ApprovalChange("r1", "claimed", "d1")]
+    )
+    events = await store.load_approvals("s")
+    assert [(e.tool_call_id, e.event, e.arguments, e.arguments_digest) for e in events] == [
+        ("r1", "requested", None, None),
+        ("r2", "requested", None, None),
+        ("r1", "approved", edited, "e1"),
+        ("r2", "denied", None, None),
+        ("r1", "claimed", None, None),
+    ], events
+    assert events[2].arguments is not None
+    assert list(events[2].arguments) == list(edited)  # the keys in the order sent
+    assert (events[2].tool_name, events[2].digest, events[2].reason) == (
+        "refund",
+        "d1",
+        "ann: less",
+    )
+
+
+async def only_an_approval_carries_edited_arguments(store: Store) -> None:
+    await store.append_messages_atomic("s", 0, [Message.user("go")], approvals=[_request("r1")])
+    refused = [
+        ApprovalChange("r1", "denied", "d1", arguments={"a": 1}, arguments_digest="e"),
+        ApprovalChange("r2", "requested", "d2", "refund", arguments={"a": 1}, arguments_digest="e"),
+        ApprovalChange("r1", "approved", "d1", arguments={"a": 1}),  # no digest of them
+        ApprovalChange("r1", "approved", "d1", arguments_digest="e"),  # a digest of nothing
+        ApprovalChange("r1", "approved", "d1", arguments={"a": float("nan")}, arguments_digest="e"),
+    ]
+    for change in refused:
+        try:
+            await store.append_messages_atomic("s", 1, [Message.user("x")], approvals=[change])
+        except ConfigurationError:
+            continue
+        raise AssertionError(f"{change} was accepted")
+    assert [e.event for e in await store.load_approvals("s")] == ["requested"]
+    assert await store.load_messages("s") == [Message.user("go")]
+    # Decided without an edit: a plain approval, nothing extra stored.
+    await store.append_messages_atomic(
+        "s", 1, [], approvals=[ApprovalChange("r1", "approved", "d1")]
+    )
+    decided = (await store.load_approvals("s"))[-1]
+    assert (decided.event, decided.arguments, decided.arguments_digest) == ("approved", None, None)
+
+
 async def origins_round_trip(store: Store) -> None:
     await _expect_conflict(  # a scheduled turn's message names a stored schedule
         store.append_messages_atomic("s", 0, [Message("user", "x", origin="scheduled")])
@@ -729,4 +825,7 @@ CHECKS: tuple[Check, ...] = (
     a_cancelled_schedule_never_fires,
     delete_removes_the_schedules,
     origins_round_trip,
+    instructions_round_trip_on_a_user_message_and_a_summary,
+    an_approval_keeps_the_approvers_edited_arguments,
+    only_an_approval_carries_edited_arguments,
 )

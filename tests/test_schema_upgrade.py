@@ -1,0 +1,133 @@
+"""A database written before migration 0007 (instructions, edited approvals) is upgraded in
+place by every SQL store that applies the schema itself: SQLite on open, D1 by
+`create_tables` (deployments: `wrangler d1 migrations apply`, see
+tests/cloudflare/test_wrangler_migrations.py), a Durable Object's SQLite on first use.
+Its old rows read back unchanged, new ones carry the new fields, and a second open
+changes nothing."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_do_store import FakeDurableObjectStorage
+
+from durable_agents.cloudflare import d1_store, durable_object_store
+from durable_agents.messages import Message, ToolCall, encode_tool_calls
+from durable_agents.stores import Store, _sql, sqlite_store
+from durable_agents.stores.base import ApprovalChange
+from durable_agents.testing.fake_d1 import FakeD1Database
+
+BEFORE = [name for name, _ in _sql.MIGRATIONS].index("0007_instructions_and_edited_approvals.sql")
+CALL = ToolCall("r1", "refund", {"order_id": "A-1", "amount_cents": 500})
+
+
+def write_old_rows(conn: sqlite3.Connection) -> None:
+    """Migrations 0001-0006, and a session with a decided call, as the kit wrote them then."""
+    for _, statements in _sql.MIGRATIONS[:BEFORE]:
+        for statement in statements:
+            conn.execute(statement)
+    conn.execute(
+        "INSERT INTO agent_sessions (id, agent_name, state, message_count, created_at, "
+        "updated_at, name) VALUES ('old', 'refunds', 'awaiting_tool_results', 2, 1000, 2000, 'old')"
+    )
+    for seq, role, calls in ((0, "user", None), (1, "assistant", encode_tool_calls([CALL]))):
+        conn.execute(
+            "INSERT INTO agent_messages (session_id, seq, role, content, tool_calls, created_at) "
+            "VALUES ('old', ?, ?, 'x', ?, 1000)",
+            (seq, role, calls),
+        )
+    for event, reason in (("requested", None), ("approved", "ann: ok")):
+        conn.execute(
+            "INSERT INTO agent_approvals (session_id, tool_call_id, event, tool_name, digest, "
+            "reason, created_at) VALUES ('old', 'r1', ?, 'refund', 'd1', ?, 1500)",
+            (event, reason),
+        )
+
+
+@pytest.fixture(params=["sqlite", "d1-fake", "durable-object"])
+async def old_database(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Callable[[], Any], sqlite3.Connection]]:
+    """(open: a new store on the old database, upgraded as that backend upgrades it; a
+    connection to the database itself)."""
+    if request.param == "durable-object":
+        storage = FakeDurableObjectStorage()
+        write_old_rows(storage.connection)
+
+        async def open_object() -> Store:
+            return durable_object_store(storage)
+
+        yield open_object, storage.connection
+        return
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    write_old_rows(conn)
+    opened: list[Any] = []
+
+    async def open_file() -> Store:
+        if request.param == "sqlite":
+            store = sqlite_store(path)
+            opened.append(store)
+            await store.load_messages("warm-up")  # opening migrates
+            return store
+        database = FakeD1Database(str(path))
+        opened.append(database)
+        d1 = d1_store(database)
+        await d1.create_tables()
+        return d1
+
+    yield open_file, conn
+    for thing in opened:
+        if isinstance(thing, FakeD1Database):
+            thing.close()
+        else:
+            await thing.close()
+    conn.close()
+
+
+async def test_an_old_database_is_upgraded_in_place_and_keeps_its_rows(
+    old_database: tuple[Callable[[], Any], sqlite3.Connection],
+) -> None:
+    open_store, conn = old_database
+    store = await open_store()
+    old = await store.load_messages("old")
+    assert old == [Message.user("x"), Message.assistant("x", [CALL])]
+    assert [m.instructions for m in old] == [None, None]
+    events = await store.load_approvals("old")
+    assert [(e.event, e.reason, e.arguments, e.arguments_digest) for e in events] == [
+        ("requested", None, None, None),
+        ("approved", "ann: ok", None, None),
+    ]
+    # The old session goes on with the new fields.
+    other = ToolCall("r2", "refund", {"order_id": "B-2", "amount_cents": 900})
+    await store.append_messages_atomic(
+        "old", 2,
+        [Message.tool_result(CALL, "ok"), Message("user", "more", instructions="Be brief."),
+         Message.assistant("", [other])],
+        approvals=[ApprovalChange("r2", "requested", "d2", tool_name="refund")],
+    )  # fmt: skip
+    edit = {"order_id": "B-2", "amount_cents": 450}
+    await store.append_messages_atomic(
+        "old", 5, [],
+        approvals=[ApprovalChange("r2", "approved", "d2", arguments=edit, arguments_digest="e2")],
+    )  # fmt: skip
+    # Opened again: nothing is added twice, everything reads back.
+    again = await open_store()
+    assert (await again.load_messages("old"))[3].instructions == "Be brief."
+    assert (await again.load_approvals("old"))[-1].arguments == edit
+    # The schema itself keeps edits to approvals (a write from outside the kit included).
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
+        conn.execute(
+            "INSERT INTO agent_approvals (session_id, tool_call_id, event, tool_name, digest, "
+            "created_at, arguments, arguments_digest) VALUES ('old', 'r2', 'claimed', 'refund', "
+            "'d2', 3000, '{}', 'e')"
+        )
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
+        conn.execute(
+            "INSERT INTO agent_approvals (session_id, tool_call_id, event, tool_name, digest, "
+            "created_at, arguments) VALUES ('x', 'r9', 'approved', 't', 'd', 3000, '{}')"
+        )
