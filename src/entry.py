@@ -168,6 +168,7 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             keep_alive=self.keep_alive,
             alarm=self.alarm_state,
             budget=budget,
+            settings=SERVED.settings,
         )
 
     def keep_alive(self, task: Any) -> None:

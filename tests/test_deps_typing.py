@@ -85,7 +85,8 @@ def test_output_of_a_typed_agent_is_its_type(tmp_path: Path) -> None:
     source = PROGRAM.replace("print(result.output.refund)", "print(result.output.missing)")
     out, _ = _mypy(tmp_path, source)
     errors = [line for line in out.splitlines() if ": error:" in line]
-    assert len(errors) == 1 and '"Answer" has no attribute "missing"' in errors[0], out
+    assert len(errors) == 1, out
+    assert '"Answer" has no attribute "missing"' in errors[0], out
 
 
 def test_wrong_deps_for_a_typed_agent_is_a_type_error(tmp_path: Path) -> None:

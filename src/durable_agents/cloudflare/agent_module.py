@@ -13,7 +13,8 @@ A Worker built on the kit serves one agent, defined in one module that
     make_llm(env) -> LLM              optional; default `llm_from_env(env)`
     SETTINGS: tuple[str, ...]         optional: the names of the settings it reads; the
                                       dev server passes them from the environment and
-                                      prints them
+                                      prints them. Those its toolsets read
+                                      (`MCPTools(url_setting="MCP_URL")`) are added
     DEV_STUBS: {name: stub}           optional: for the dev server only. A setting
                                       `name` left empty is pointed at
                                       `<dev server>/__dev/<name>`, and the Worker
@@ -99,7 +100,7 @@ class AgentModule:
             agent,
             make_deps,
             make_llm,
-            _settings(getattr(module, "SETTINGS", ()), where),
+            _settings(getattr(module, "SETTINGS", ()), where, agent.settings),
             _dev_stubs(getattr(module, "DEV_STUBS", None), where),
         )
 
@@ -133,12 +134,15 @@ def _function(module: Any, name: str, parameters: str, arity: int, where: str) -
     return value
 
 
-def _settings(value: Any, where: str) -> tuple[str, ...]:
+def _settings(value: Any, where: str, toolsets: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """`SETTINGS` as names, then those the agent's toolsets read (`MCPTools(url_setting=)`)
+    that it does not list itself."""
     if isinstance(value, str) or not isinstance(value, tuple | list | frozenset | set):
         raise ConfigurationError(
             f'{where}: SETTINGS must be a tuple of setting names, e.g. ("MY_API_URL",)'
         )
-    return tuple(_setting_name(name, "SETTINGS", where) for name in value)
+    names = tuple(_setting_name(name, "SETTINGS", where) for name in value)
+    return names + tuple(name for name in toolsets if name not in names)
 
 
 def _dev_stubs(value: Any, where: str) -> Mapping[str, DevStub]:

@@ -17,9 +17,11 @@ Endpoints (JSON in and out; `Authorization: Bearer <API_TOKEN>` on every one):
                                     "next", "message_count"}: one page of the stored messages
     GET  /sessions/{name}/approvals                     -> {"session_id", "pending": [...]}
     POST /sessions/{name}/approvals/{tool_call_id}
-                    {"approved": bool, "digest": "...", "reason": "..."}
+                    {"approved": bool, "digest": "...", "reason": "...", "arguments": {...}}
                     -> the turn's result once the step's last call is decided,
                        else {"status": "awaiting_approval", "pending": [...]}
+                       (`arguments`, with an approval only: the approver's edit,
+                       checked against the tool's schema; 422 invalid-arguments)
     GET  /sessions/{name}/events    (Last-Event-ID: N or ?after=N) -> SSE: the stored messages
                                     after position N, then the running turn live, then `done`
     POST /sessions/{name}/cancel                        -> the running turn's result, once it
@@ -73,7 +75,7 @@ import time
 import traceback
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -100,6 +102,7 @@ from ..errors import (
     SessionConflictError,
     SessionNotFoundError,
     StoreError,
+    ToolArgumentsError,
 )
 from ..events import CancelToken, OnEvent
 from ..llm.base import LLM
@@ -217,6 +220,7 @@ ERROR_STATUS: Mapping[type[DurableAgentsError], int] = {
     MessageTooLargeError: 413,
     RequestKeyReusedError: 422,
     ScheduleError: 422,
+    ToolArgumentsError: 422,
     ConfigurationError: 500,
     StoreError: 503,
 }
@@ -288,7 +292,8 @@ class Command:
     ]  # fmt: skip
     message: str | None = None
     request_key: str | None = None  # the client's Idempotency-Key, with a message
-    decision: Mapping[str, Any] | None = None  # tool_call_id, approved, digest, reason
+    # tool_call_id, approved, digest, reason, arguments (an approval's edit, an object)
+    decision: Mapping[str, Any] | None = None
     stream: bool = False  # answer a turn as server-sent events
     after: int | None = None  # events, history, view: the messages after this position
     name: str | None = None  # the session's name, as the client gave it (set by the Worker)
@@ -329,7 +334,9 @@ class Command:
     @classmethod
     def from_json(cls, text: str) -> Command:
         """Parse the Worker's command; ValueError if it is not one."""
-        data = _json.loads(text)
+        # One level deeper than the request body it carries (a decision's edited
+        # arguments sit inside "decision"), which was held to MAX_DEPTH.
+        data = _json.loads(text, max_depth=_json.MAX_DEPTH + 1)
         if not isinstance(data, dict):
             raise ValueError("a command is a JSON object")
         action, message, key = data.get("action"), data.get("message"), data.get("request_key")
@@ -394,13 +401,15 @@ _LIMITS = {"history": (HISTORY_LIMIT, MAX_HISTORY_LIMIT), "view": (VIEW_LIMIT, M
 
 def _valid_decision(decision: Mapping[str, Any]) -> bool:
     call_id, reason = decision.get("tool_call_id"), decision.get("reason")
+    arguments = decision.get("arguments")
     return (
-        set(decision) <= {"tool_call_id", "approved", "digest", "reason"}
+        set(decision) <= {"tool_call_id", "approved", "digest", "reason", "arguments"}
         and isinstance(call_id, str)
         and TOOL_CALL_ID.fullmatch(call_id) is not None
         and isinstance(decision.get("approved"), bool)
         and isinstance(decision.get("digest"), str)
         and (reason is None or isinstance(reason, str))
+        and (arguments is None or (isinstance(arguments, dict) and decision["approved"] is True))
     )
 
 
@@ -720,8 +729,11 @@ async def _approval_request(
     data = await _read_json(headers, body, settings.max_body_bytes, required=True)
     if isinstance(data, Reply):
         return data
-    shape = "the body is {'approved': true|false, 'digest': '<64 hex>', 'reason'?: str}"
-    extra = sorted(set(data) - {"approved", "digest", "reason"})
+    shape = (
+        "the body is {'approved': true|false, 'digest': '<64 hex>', 'reason'?: str, "
+        "'arguments'?: {...} (with an approval: the approver's edit)}"
+    )
+    extra = sorted(set(data) - {"approved", "digest", "reason", "arguments"})
     if extra:
         return error_reply(422, "invalid-body", f"unknown field(s) {extra[:10]}; {shape}")
     if not isinstance(data.get("approved"), bool):
@@ -732,9 +744,19 @@ async def _approval_request(
     reason = data.get("reason")
     if reason is not None and not isinstance(reason, str):
         return error_reply(422, "invalid-body", f"'reason' must be a string; {shape}")
+    arguments = data.get("arguments")
+    if arguments is not None and not isinstance(arguments, dict):
+        return error_reply(422, "invalid-body", f"'arguments' must be a JSON object; {shape}")
+    if arguments is not None and not data["approved"]:
+        return error_reply(
+            422, "invalid-body", f"'arguments' go with an approval only (a denial runs nothing); "
+            f"{shape}",
+        )  # fmt: skip
     decision = {"tool_call_id": call_id, "approved": data["approved"], "digest": digest}
     if reason is not None:
         decision["reason"] = reason
+    if arguments is not None:
+        decision["arguments"] = arguments
     return await _forward(dispatch, name, Command("approve", decision=decision, stream=stream))
 
 
@@ -912,6 +934,7 @@ async def serve_session(
     index: SessionIndex | None = None,
     alarm: ObjectAlarm | None = None,
     budget: InvocationBudget | None = None,
+    settings: Sequence[str] = (),
 ) -> Reply:
     """Carry out a command in the session's Durable Object; never raises for expected errors.
 
@@ -935,6 +958,8 @@ async def serve_session(
     armed for the session's next schedule. `budget` is the invocation's (`budget.py`,
     `plan_budget`): a step whose calls do not all fit it ends this invocation's part of
     the turn ("deferred", HTTP 202) and the alarm goes on with it at once.
+    `settings` names the agent module's settings (`SETTINGS`): with those its toolsets
+    read, each turn's `RunContext.settings` holds their values from `env`.
     """
     try:
         if command.action in ("schedule", "schedules", "unschedule"):
@@ -981,7 +1006,7 @@ async def serve_session(
                         await alarm.turn_started(command.origin)
                     reply = await _turn(
                         command, session_id, store, env, agent, llm, make_llm, make_deps,
-                        http_client, turn,
+                        http_client, turn, settings,
                     )  # fmt: skip
                     if alarm is not None and reply.run_status == "deferred":
                         await alarm.turn_continues()
@@ -1033,19 +1058,25 @@ async def _turn(
     make_deps: MakeDeps,
     http_client: httpx.AsyncClient | None,
     turn: LiveTurn,
+    settings: Sequence[str] = (),
 ) -> Reply:
     try:
         if command.action == "approve":
             assert command.decision is not None  # from_json guarantees it
             decision = command.decision
-            await approve(
-                store,
-                session_id,
-                str(decision["tool_call_id"]),
-                digest=str(decision["digest"]),
-                approved=bool(decision["approved"]),
-                reason=decision.get("reason"),
-            )
+            try:
+                await approve(
+                    store,
+                    session_id,
+                    str(decision["tool_call_id"]),
+                    digest=str(decision["digest"]),
+                    approved=bool(decision["approved"]),
+                    reason=decision.get("reason"),
+                    arguments=decision.get("arguments"),
+                    agent=agent,
+                )
+            except ToolArgumentsError as exc:
+                return _invalid_edit(exc, str(decision["tool_call_id"]))
             rest = await pending_approvals(store, session_id)
             if rest:  # the step waits for more decisions
                 return Reply(200, _awaiting(session_id, rest))
@@ -1058,7 +1089,7 @@ async def _turn(
             return _result_reply(session_id, result)
         return await _run_turn(
             command, session_id, store, env, agent, llm, make_llm, make_deps, http_client,
-            on_event=turn.on_event, cancel=turn.cancel,
+            on_event=turn.on_event, cancel=turn.cancel, settings=settings,
         )  # fmt: skip
     except SessionNotFoundError:
         return _no_session(session_id)
@@ -1066,6 +1097,20 @@ async def _turn(
         return error_for(exc)
     except Exception as exc:
         return internal_error(exc, f"session {session_id}")
+
+
+def _invalid_edit(exc: ToolArgumentsError, tool_call_id: str) -> Reply:
+    """422 `invalid-arguments`: the approver's edit does not fit the tool's input schema
+    (`problems`, as the run loop would tell the model); nothing was decided."""
+    tool = exc.tool_name or "the tool"
+    reply = error_reply(
+        ERROR_STATUS[ToolArgumentsError], exc.code,
+        f"the edited arguments of call {tool_call_id!r} do not fit {tool}'s input schema: "
+        f"{exc.problems}. Nothing was decided; send the decision again with arguments that "
+        "fit, or without them to approve the call as the model asked",
+    )  # fmt: skip
+    reply.body["error"]["problems"] = exc.problems
+    return reply
 
 
 class SessionIndex(Protocol):
@@ -1491,6 +1536,7 @@ async def _run_turn(
     *,
     on_event: OnEvent | None = None,
     cancel: CancelToken | None = None,
+    settings: Sequence[str] = (),
 ) -> Reply:
     async with contextlib.AsyncExitStack() as owned:  # closes what this turn opened, all of it
         model = llm if llm is not None else make_llm(env)
@@ -1515,6 +1561,13 @@ async def _run_turn(
             on_event=on_event,
             cancel=cancel,
             origin=command.origin,  # type: ignore[arg-type]  # the object's own: checked by run
+            # the settings the agent module names (its toolsets' too), and the tools' client
+            settings={
+                name: str(value)
+                for name in (*settings, *agent.settings)
+                if (value := setting(env, name)) is not None
+            },
+            http=client,
         )
     return _result_reply(session_id, result)
 
@@ -1528,6 +1581,8 @@ def _result_reply(session_id: str, result: RunResult) -> Reply:
         "steps": result.steps,
         "usage": result.usage.to_dict(),
     }
+    if result.output is not None:  # Agent(output_type=...): the answer, as stored (JSON)
+        body["output"] = json.loads(result.response)
     if result.status == "awaiting_approval":
         body["pending"] = [p.to_dict() for p in result.pending]
     if result.status == "error" and result.error_code == "turn-stopped":
