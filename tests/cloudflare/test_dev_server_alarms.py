@@ -59,18 +59,13 @@ class ManyPosts(FakeServices):
                 "usage": usage}  # fmt: skip
 
 
-@pytest.fixture
-def services() -> Iterator[FakeServices]:
-    with FakeServices() as fake:
-        yield fake
-
-
 @pytest.fixture(scope="module")
-def shared(
+def module_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[DevWorker, ManyPosts]]:
-    """One dev server for the tests that do not kill it (the free plan: the template's),
-    serving the triage example (src/agent.py is the user's)."""
+    """One dev server for the module (the free plan: the template's), serving the triage
+    example (src/agent.py is the user's); each test its own sessions. The kill -9 test
+    kills it and starts it again on its state."""
     project = find_project(Path(str(request.config.rootpath)))
     with ManyPosts() as fake:
         settings = {**fake.worker_env(), "SELF_RESUME_SECONDS": str(WATCH_S),
@@ -79,18 +74,23 @@ def shared(
         try:
             yield worker.start(), fake
         finally:
+            fake.release_posts.set()
             worker.close()
 
 
-def _started(dev_worker: Callable[..., DevWorker], services: FakeServices) -> DevWorker:
-    return dev_worker(
-        settings={
-            **services.worker_env(),
-            "SELF_RESUME_SECONDS": str(WATCH_S),
-            "SESSION_TOKEN_SECRET": SECRET,
-        },
-        agent=TRIAGE_AGENT,
-    )
+@pytest.fixture
+def shared(module_server: tuple[DevWorker, ManyPosts]) -> tuple[DevWorker, ManyPosts]:
+    """The module's server, running (a test that failed while it was down left it down),
+    and its fakes with nothing recorded and no post held."""
+    worker, services = module_server
+    services.posts.clear()
+    services.llm_requests.clear()
+    services.hold_posts = False
+    services.post_received.clear()
+    services.release_posts.clear()
+    if not worker.running:
+        worker.restart()
+    return worker, services
 
 
 def _stored(worker: DevWorker, name: str) -> list[dict[str, Any]]:
@@ -122,13 +122,13 @@ def _final(messages: list[dict[str, Any]]) -> bool:
 
 
 def test_a_turn_killed_while_slack_holds_its_post_finishes_by_itself_after_a_restart(
-    dev_worker: Callable[..., DevWorker], services: FakeServices
+    shared: tuple[DevWorker, ManyPosts],
 ) -> None:
     """Two sessions killed mid-post: nothing is sent to "heal" (its alarm finishes it);
     a client reconnects to the /events of "watched" (its object resumes the turn first,
     and the client follows it to its end). And a schedule of a third session falls due
     while the server is down: it runs once after the restart."""
-    worker = _started(dev_worker, services)
+    worker, services = shared
     assert worker.post("/sessions/later/messages", {"message": "Triage issue 2"}).status == 200
     services.hold_posts = True
     turns = []
@@ -333,7 +333,8 @@ def test_a_step_of_120_fetching_calls_completes_on_the_free_plan(
     assert len(set(keys)) == 100  # each call posted once
     texts = sorted(int(body["text"].split()[1]) for _, body in posts)
     assert texts == list(range(100))
-    claimed = worker.count("SELECT * FROM agent_approvals WHERE event = 'claimed'")
-    deferred = worker.count("SELECT * FROM agent_approvals WHERE event = 'approved'")
+    events = f"SELECT * FROM agent_approvals WHERE session_id = '{durable_object_id('many')}'"
+    claimed = worker.count(f"{events} AND event = 'claimed'")
+    deferred = worker.count(f"{events} AND event = 'approved'")
     assert 0 < claimed == deferred < 100  # the first invocation's calls needed no claim
     assert worker.get("/sessions/many").status == 200
