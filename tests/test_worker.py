@@ -250,6 +250,52 @@ async def test_a_due_schedule_fires_once_and_a_cancelled_one_never(
     assert len(await store.load_messages("b")) == 10  # turn 0 only
 
 
+class FinishedByAnother:
+    """A store on which another worker finishes the turn between this worker's look at
+    the session and its claim: the first load shows the interrupted turn, the claim (an
+    `acquire_lease`) lands after the other worker ran it to the end and let go."""
+
+    def __init__(self, inner: Any, finish: Any) -> None:
+        self.inner = inner
+        self.finish = finish
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl_ms: int, **kw: Any) -> Any:
+        if self.finish is not None:
+            finish, self.finish = self.finish, None
+            await finish()
+        return await self.inner.acquire_lease(session_id, owner, ttl_ms, **kw)
+
+
+async def test_a_turn_another_worker_finished_after_the_look_is_cleared_not_run(
+    store: Any, clock: Clock, tmp_path: Path
+) -> None:
+    """Two workers race for a dead run's turn: the one whose claim lands after the other
+    finished the turn reports "cleared" and never calls the model (it once ran
+    `run(message=None)` on the finished turn and reported a second resume)."""
+    effects = tmp_path / "effects.log"
+    await interrupted_turn(store, "s1", effects, owner=f"{HOST}/{_dead_pid()}/run1")
+    other = runner_for(recording_llm([]), effects, clock)
+
+    async def finish() -> None:
+        assert outcomes(await work_once(other, store)) == [("resume", "s1", "resumed")]
+
+    calls: list[int] = []
+
+    def model(messages: list[Message], tools: Any) -> LLMResponse:
+        calls.append(len(messages))
+        return next_action(messages, tools)
+
+    llm = FunctionLLM(model)
+    report = await work_once(runner_for(llm, effects, clock), FinishedByAnother(store, finish))
+    assert outcomes(report) == [("resume", "s1", "cleared")]
+    assert "finished the turn meanwhile" in report.items[0].detail
+    assert calls == []
+    assert await leftover_leases(store) == []
+
+
 class CancelsWhileListed:
     """A store whose due schedules are cancelled right after they are listed (by a
     person, or fired by another worker)."""

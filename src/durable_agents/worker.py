@@ -362,6 +362,11 @@ class _Pass:
             if owner is None:
                 return item("busy", "another run took the session over")
             try:
+                # Under the lease: another worker may have finished the turn between the
+                # look above and this claim (its lease released, so the claim found none).
+                _, history = await self.store.load_context(session_id)
+                if history and history[-1].is_final_reply:
+                    return item("cleared", "another run finished the turn meanwhile")
                 result = await run(
                     self.runner.agent, llm=self.runner.llm, message=None, session_id=session_id,
                     store=self.store, tools=self.runner.tools, deps=self.runner.deps,
