@@ -68,6 +68,13 @@ from typing import ClassVar
 from .messages import Message, ToolErrorKind, tool_error, tool_error_content
 
 
+def describe_exception(exc: BaseException) -> str:
+    """An error in one line, as the kit quotes it in results and reports:
+    `"TypeName: message"`, or the type's name alone when it has no message."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class DurableAgentsError(Exception):
     """Root of every error raised by durable-agents."""
 

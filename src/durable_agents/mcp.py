@@ -86,7 +86,7 @@ from typing import Any, cast
 import httpx
 
 from . import _json
-from .errors import ConfigurationError, ToolFailure, ToolsetError
+from .errors import ConfigurationError, ToolFailure, ToolsetError, describe_exception
 from .llm._http import default_client
 from .llm._sse import SSEEvent, sse_events, sse_lines
 from .messages import ToolErrorKind
@@ -281,11 +281,15 @@ class MCPTools:
         elif isinstance(exc, httpx.TimeoutException):
             problem = f"the MCP server at {url} did not answer within {self.timeout:g} s"
         elif isinstance(exc, httpx.TransportError):
-            problem = f"cannot reach the MCP server at {url} ({_describe(exc)}); is it running?"
+            problem = (
+                f"cannot reach the MCP server at {url} ({describe_exception(exc)}); is it running?"
+            )
         elif isinstance(exc, httpx.DecodingError):
             problem = f"the MCP server at {url} answered with a body that cannot be read: {exc}"
         else:  # e.g. a Worker invocation out of subrequests: nothing was sent
-            problem = f"no request could be sent to the MCP server at {url}: {_describe(exc)}"
+            problem = (
+                f"no request could be sent to the MCP server at {url}: {describe_exception(exc)}"
+            )
         return _scrub(problem, token)
 
     def _tools(
@@ -456,11 +460,6 @@ def _scrub(text: str, token: str | None) -> str:
     return text.replace(token, "[redacted]") if token else text
 
 
-def _describe(exc: Exception) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 @functools.cache
 def _kit_version() -> str:
     try:
@@ -547,7 +546,7 @@ class _OpenFailed(_Problem):
 
     def __init__(self, cause: Exception) -> None:
         self.cause = cause
-        what = cause.problem if isinstance(cause, _Problem) else _describe(cause)
+        what = cause.problem if isinstance(cause, _Problem) else describe_exception(cause)
         super().__init__(f"no session could be opened ({what}), so the call was not sent")
 
 

@@ -73,6 +73,7 @@ from .errors import (
     ToolDurabilityError,
     ToolFailure,
     ToolsetError,
+    describe_exception,
 )
 from .events import CancelToken, MessageStored, OnEvent, RunEvent, RunFinished
 from .llm.base import LLM
@@ -720,7 +721,7 @@ class _Session:
             if message is not None:  # keep the turn's message, as for a failed LLM call
                 await self.append([self.user_message(message, request_key)], release=True)
             return self.result(
-                "error", "", 0, Usage(), f"{type(exc).__name__}: {exc}", error_code="toolset-error"
+                "error", "", 0, Usage(), describe_exception(exc), error_code="toolset-error"
             )
         orphans = pending_tool_calls(self.history)
         if orphans:
@@ -1228,14 +1229,7 @@ class _Session:
             return self.retry_result(call.name, exc)
         except ToolFailure as exc:
             if exc.outcome_unknown and not safe:
-                return ToolDurabilityError(
-                    call.name,
-                    call.id,
-                    f"Tool '{call.name}' (call {call.id}) may or may not have taken effect: "
-                    f"{exc.message} It was not retried because it is not declared safe_to_retry. "
-                    "Do not repeat it blindly: check whether the effect happened first, or ask "
-                    "the user.",
-                ).to_content()
+                return _uncertain(call, f"left its outcome unknown ({exc.message.rstrip('.')})")
             return tool_error_content(exc.kind, f"Tool {call.name!r} failed: {exc.message}")
         except Exception as exc:
             timed_out = isinstance(exc, TimeoutError) and timer.expired()
@@ -1245,16 +1239,10 @@ class _Session:
                 what = (
                     f"did not finish within {tool.timeout} s and was stopped"
                     if timed_out
-                    else f"lost its connection before an answer came back ({_describe(exc)})"
+                    else "lost its connection before an answer came back "
+                    f"({describe_exception(exc)})"
                 )
-                return ToolDurabilityError(
-                    call.name,
-                    call.id,
-                    f"Tool '{call.name}' (call {call.id}) {what}, so it may or may not have "
-                    "taken effect. It was not retried because it is not declared safe_to_retry. "
-                    "Do not repeat it blindly: check whether the effect happened first, or ask "
-                    "the user.",
-                ).to_content()
+                return _uncertain(call, what)
             if timed_out:
                 return tool_error_content(
                     ToolErrorKind.TOOL_TIMEOUT,
@@ -1262,7 +1250,7 @@ class _Session:
                     "stopped. It is safe to retry.",
                 )
             return tool_error_content(
-                ToolErrorKind.TOOL_FAILED, f"Tool {call.name!r} failed: {_describe(exc)}"
+                ToolErrorKind.TOOL_FAILED, f"Tool {call.name!r} failed: {describe_exception(exc)}"
             )
         try:
             content = tool.encode_result(value)
@@ -1373,7 +1361,7 @@ async def _make_instructions(agent: Agent[Any, Any], ctx: RunContext[Any]) -> st
             value = await value
     except Exception as exc:
         raise ConfigurationError(
-            f"the instructions function of agent {agent.name!r} raised {_describe(exc)}"
+            f"the instructions function of agent {agent.name!r} raised {describe_exception(exc)}"
         ) from exc
     if not isinstance(value, str):
         raise ConfigurationError(
@@ -1496,15 +1484,23 @@ async def _denied(call: ToolCall, state: ApprovalState) -> str:
     )
 
 
+def _uncertain(call: ToolCall, what: str) -> str:
+    """The result of an unsafe call that ran and may have acted, though no answer says so:
+    a `tool-durability-error`, as for a call lost in a crash, so the model checks before
+    acting again instead of making a new call."""
+    return ToolDurabilityError(
+        call.name,
+        call.id,
+        f"Tool '{call.name}' (call {call.id}) {what}, so it may or may not have taken effect. "
+        "It was not retried because it is not declared safe_to_retry. Do not repeat it "
+        "blindly: check whether the effect happened first, or ask the user.",
+    ).to_content()
+
+
 def _outcome_unknown(exc: BaseException) -> bool:
     """Whether a handler's error leaves its effect unknown: a timeout or a
     transport failure, where the request may have been received and acted on."""
     return isinstance(exc, TimeoutError | ConnectionError | httpx.TransportError)
-
-
-def _describe(exc: Exception) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 async def _all_or_crash(jobs: list[Coroutine[Any, Any, str | None]]) -> list[str | None]:

@@ -76,6 +76,7 @@ from .errors import (
     SessionBusyError,
     SessionConflictError,
     SessionNotFoundError,
+    describe_exception,
 )
 from .llm.base import LLM
 from .run import RunStatus, _died_on_this_host, _lease_owner, run, stop_reason, stop_turn
@@ -383,7 +384,7 @@ class _Pass:
             return item("gone", f"the session changed meanwhile ({exc})")
         except Exception as exc:
             _log.debug("resume of %s failed", session_id, exc_info=True)
-            return item("error", _describe(exc))
+            return item("error", describe_exception(exc))
 
     async def stop(self, session_id: str, attempts: int) -> WorkItem:
         result = await stop_turn(
@@ -445,7 +446,7 @@ class _Pass:
             return item("waiting", "calls of the session wait for approval")
         except Exception as exc:
             _log.debug("firing %s of %s failed", schedule.schedule_id, session_id, exc_info=True)
-            return item("error", _describe(exc))
+            return item("error", describe_exception(exc))
 
     async def other_agent(self, session_id: str) -> str | None:
         """Why the session is not the runner's to run, if it is not."""
@@ -478,8 +479,3 @@ class _Pass:
         """Give the lease up if the run did not (it ended early, or raised)."""
         with contextlib.suppress(Exception):
             await self.store.release_lease(session_id, owner)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
