@@ -141,6 +141,7 @@ from ..agent import Agent
 from ..approvals import ApprovalState, PendingApproval, approval_digest, approval_states, approve
 from ..errors import ConfigurationError, ToolArgumentsError, ToolDurabilityError
 from ..llm._schema_values import _Maker, _NoVariant, _Unfillable
+from ..llm._sse import sse_events, sse_lines
 from ..llm.offline import TestLLM, arguments_for
 from ..mcp import IDEMPOTENCY_KEY_META, MCPTools
 from ..messages import Message, ToolCall, ToolErrorKind, tool_error
@@ -412,7 +413,7 @@ class _Relay(httpx.AsyncByteStream):
     too), kept (up to a bound) when the check wants to read it once it is closed."""
 
     def __init__(
-        self, response: httpx.Response, keep: Callable[[bytes], None] | None = None
+        self, response: httpx.Response, keep: Callable[[bytes], Awaitable[None]] | None = None
     ) -> None:
         self.response = response
         self.keep = keep
@@ -430,7 +431,7 @@ class _Relay(httpx.AsyncByteStream):
         await self.response.aclose()
         if self.keep is not None:
             keep, self.keep = self.keep, None
-            keep(b"".join(self.seen))
+            await keep(b"".join(self.seen))
 
 
 class _Checker:
@@ -695,8 +696,8 @@ class _Checker:
             )
         )
 
-    def _read_listing(self, server: str, body: bytes) -> None:
-        for message in _messages_in(body):
+    async def _read_listing(self, server: str, body: bytes) -> None:
+        for message in await _messages_in(body):
             result = message.get("result")
             tools = result.get("tools") if isinstance(result, dict) else None
             for entry in tools if isinstance(tools, list) else ():
@@ -1273,19 +1274,20 @@ def _meta_key(message: Mapping[str, Any]) -> str | None:
     return key if isinstance(key, str) else None
 
 
-def _messages_in(body: bytes) -> list[dict[str, Any]]:
+async def _messages_in(body: bytes) -> list[dict[str, Any]]:
     """The JSON-RPC messages of an MCP server's answer: a JSON body, or an event stream's
-    `data:` events."""
+    events (read as the kit's own SSE reader reads them)."""
     text = body.decode("utf-8", "replace")
     whole = _json_value(text)
     if whole is not None:
         return [m for m in (whole if isinstance(whole, list) else [whole]) if isinstance(m, dict)]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield body
+
     found = []
-    for event in re.split(r"\r?\n\r?\n", text):
-        data = "\n".join(
-            line[5:].removeprefix(" ") for line in event.splitlines() if line.startswith("data:")
-        )
-        value = _json_value(data) if data else None
+    async for event in sse_events(sse_lines(chunks())):
+        value = _json_value(event.data)
         if isinstance(value, dict):
             found.append(value)
     return found
