@@ -83,11 +83,8 @@ def shared(module_server: tuple[DevWorker, ManyPosts]) -> tuple[DevWorker, ManyP
     """The module's server, running (a test that failed while it was down left it down),
     and its fakes with nothing recorded and no post held."""
     worker, services = module_server
-    services.posts.clear()
+    services.reset()
     services.llm_requests.clear()
-    services.hold_posts = False
-    services.post_received.clear()
-    services.release_posts.clear()
     if not worker.running:
         worker.restart()
     return worker, services

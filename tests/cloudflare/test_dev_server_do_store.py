@@ -47,10 +47,7 @@ def dev(services: FakeServices, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def worker(dev: DevServer, services: FakeServices) -> DevWorker:
     """The module's server, running (a test before may have failed while it was down),
     and the fakes as new: no post recorded, none held."""
-    services.posts.clear()
-    services.hold_posts = False
-    services.post_received.clear()
-    services.release_posts.clear()
+    services.reset()
     if not dev.worker.running:
         dev.worker.restart()
     return dev.worker

@@ -51,10 +51,7 @@ def dev(services: FakeServices, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def worker(dev: DevServer, services: FakeServices) -> DevWorker:
     """The module's server, running (the crash test kills it and starts it again; a test
     that failed while it was down left it down), and the fakes as new."""
-    services.posts.clear()
-    services.hold_posts = False
-    services.post_received.clear()
-    services.release_posts.clear()
+    services.reset()
     if not dev.worker.running:
         dev.worker.restart()
     return dev.worker

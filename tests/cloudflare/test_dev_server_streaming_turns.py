@@ -36,10 +36,7 @@ def worker(services: FakeServices, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(autouse=True)
 def _fresh_services(services: FakeServices) -> None:
-    services.posts.clear()
-    services.hold_posts = False
-    services.post_received.clear()
-    services.release_posts.clear()
+    services.reset()
 
 
 def messages_of(events: list[SSEEvent]) -> list[tuple[int, Any]]:

@@ -138,6 +138,13 @@ class FakeServices:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
+    def reset(self) -> None:
+        """As new for the next test on a shared server: no post recorded, none held."""
+        self.posts.clear()
+        self.hold_posts = False
+        self.post_received.clear()
+        self.release_posts.clear()
+
     def worker_env(self) -> dict[str, str]:
         return {
             "LLM_PROVIDER": "openai",
