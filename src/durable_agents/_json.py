@@ -228,7 +228,13 @@ def check_text_depth(text: str | bytes, max_depth: int = MAX_DEPTH) -> None:
     DepthScanner(max_depth).feed(text)
 
 
-def loads(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH, repair: bool = True) -> Any:
+def loads(
+    text: str | bytes | bytearray,
+    *,
+    max_depth: int = MAX_DEPTH,
+    repair: bool = True,
+    non_finite: bool = False,
+) -> Any:
     """`json.loads(text)` for strict JSON, refusing text nested deeper than `max_depth` first.
 
     Raises `JSONTooDeepError` (a `json.JSONDecodeError`) for too-deep text,
@@ -238,11 +244,20 @@ def loads(text: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH, repair: 
     `repair=False` (a piece of a stream: half of a pair may end one piece and the
     other half begin the next; the joined text is repaired, see `LLMResponse`).
     Bytes are decoded as `json.loads` would (UTF-8/16/32).
+
+    `non_finite=True` reads `NaN`, `Infinity` and numbers past the float range
+    as Python's `json` does (as float NaN and infinities), for a document whose
+    parts are judged one by one: a model's whole reply, where such a number in
+    one call's arguments makes that call invalid (`messages.LLMResponse` cleans
+    them), not the reply.
     """
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")
     check_text_depth(text, max_depth)
-    value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
+    if non_finite:
+        value = json.loads(text)
+    else:
+        value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
     if repair and (_SURROGATE_ESCAPE.search(text) is not None or _SURROGATE.search(text)):
         value = _repaired(value)
     return value

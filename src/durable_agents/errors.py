@@ -75,6 +75,20 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+MIN_SECRET_CHARS = 8
+"""A setting's value shorter than this is no secret to scrub: placeholders such as
+`none`, `x` or `1` would otherwise be cut out of every message that holds those letters."""
+
+
+def redact(text: str, secret: str | None) -> str:
+    """`text` with `secret` replaced by `[redacted]`: for what the kit itself writes
+    (error messages, logs), never for data it passes on (a model's reply, a tool's
+    result). A secret shorter than MIN_SECRET_CHARS is left alone."""
+    if not secret or len(secret) < MIN_SECRET_CHARS:
+        return text
+    return text.replace(secret, "[redacted]")
+
+
 class DurableAgentsError(Exception):
     """Root of every error raised by durable-agents."""
 

@@ -86,7 +86,7 @@ from typing import Any, cast
 import httpx
 
 from . import _json
-from .errors import ConfigurationError, ToolFailure, ToolsetError, describe_exception
+from .errors import ConfigurationError, ToolFailure, ToolsetError, describe_exception, redact
 from .llm._http import default_client
 from .llm._sse import SSEEvent, sse_events, sse_lines
 from .messages import ToolErrorKind
@@ -290,7 +290,7 @@ class MCPTools:
             problem = (
                 f"no request could be sent to the MCP server at {url}: {describe_exception(exc)}"
             )
-        return _scrub(problem, token)
+        return redact(problem, token)
 
     def _tools(
         self, listed: list[Any], session: _Session, client: httpx.AsyncClient, source: str
@@ -456,10 +456,6 @@ def _clip(text: str, limit: int = _ERROR_TEXT) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _scrub(text: str, token: str | None) -> str:
-    return text.replace(token, "[redacted]") if token else text
-
-
 @functools.cache
 def _kit_version() -> str:
     try:
@@ -494,17 +490,17 @@ class _Caller:
         except _RPCError as exc:
             if exc.code == -32602:
                 raise ToolFailure(
-                    _scrub(f"the MCP server refused its arguments: {exc.message}", token),
+                    redact(f"the MCP server refused its arguments: {exc.message}", token),
                     kind=ToolErrorKind.INVALID_ARGUMENTS,
                 ) from None
-            raise ToolFailure(_scrub(f"the MCP server answered {exc.problem}", token)) from None
+            raise ToolFailure(redact(f"the MCP server answered {exc.problem}", token)) from None
         except (_Refused, _OpenFailed) as exc:
             raise ToolFailure(
-                _scrub(f"the MCP server did not run it: {exc.problem}.", token)
+                redact(f"the MCP server did not run it: {exc.problem}.", token)
             ) from exc
         except _Problem as exc:  # sent, and the answer is missing or unreadable
             raise ToolFailure(
-                _scrub(f"the call reached the MCP server, but {exc.problem}.", token),
+                redact(f"the call reached the MCP server, but {exc.problem}.", token),
                 outcome_unknown=True,
             ) from exc
 

@@ -52,7 +52,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevServer
     agent = folder / "long_session_agent.py"
     agent.write_text(bench.AGENT, encoding="utf-8")
     with bench.FakeModel() as model:
-        env = {**model.worker_env(), "API_TOKEN": "test-token", "SESSION_STORE": "d1"}
+        # A placeholder key that is a word of the summary (issue 30): the summary call
+        # (a whole, non-streamed reply) must store the model's text as it was sent.
+        env = {
+            **model.worker_env(),
+            "API_TOKEN": "test-token",
+            "SESSION_STORE": "d1",
+            "LLM_API_KEY": "open",
+        }
         dev = DevServer(folder / "state", env, agent=agent)
         dev.start()
         try:

@@ -14,6 +14,7 @@ import pytest
 from llm_support import RecordingSleep, Reply, ScriptedServer, fast_retry
 
 from durable_agents import LLMResponse, Message, Usage
+from durable_agents.messages import MalformedToolCall
 from durable_agents.llm import (
     AnthropicLLM,
     LLMAuthenticationError,
@@ -311,3 +312,96 @@ def test_default_policy_is_bounded() -> None:
     assert isinstance(retry, RetryPolicy)
     assert retry.max_attempts > 1
     assert retry.deadline < 3600
+
+
+def _tool_reply(provider_name: str, arguments_json: str) -> bytes:
+    """A whole (non-streamed) reply with one call of `pick`, its arguments written as
+    `arguments_json` (raw text: it may hold NaN, which no JSON encoder writes)."""
+    if provider_name == "anthropic":
+        return (
+            '{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"tool_use",'
+            f'"id":"toolu_1","name":"pick","input":{arguments_json}}}],"stop_reason":"tool_use",'
+            '"usage":{"input_tokens":5,"output_tokens":2}}'
+        ).encode()
+    return (
+        '{"id":"c1","object":"chat.completion","choices":[{"index":0,"finish_reason":'
+        '"tool_calls","message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1",'
+        f'"type":"function","function":{{"name":"pick","arguments":{arguments_json}}}}}]}}}}]}}'
+    ).encode()
+
+
+MAKERS = {"anthropic": make_anthropic, "openai": make_openai}
+
+
+@pytest.mark.parametrize("provider_name", list(MAKERS))
+@pytest.mark.parametrize("key", ["none", "1", "x"])
+async def test_a_reply_is_read_as_sent_whatever_the_key(
+    provider_name: str, key: str, serve: Callable[[list[Reply]], ScriptedServer]
+) -> None:
+    # A placeholder key (local OpenAI-compatible servers take any) must not be cut out of
+    # what the model wrote, nor make every reply unreadable.
+    text = json.dumps({"note": "set none of them aside, 1 by 1; x marks it"})
+    arguments = json.dumps(text) if provider_name == "openai" else text
+    server = serve([Reply(raw=_tool_reply(provider_name, arguments))])
+    llm: AnthropicLLM | OpenAILLM
+    if provider_name == "openai":
+        llm = OpenAILLM("m", key, base_url=server.url + "/v1", retry=fast_retry())
+    else:
+        llm = AnthropicLLM("claude-sonnet-4-5", key, base_url=server.url, retry=fast_retry())
+    reply = await ask(llm)
+    (call,) = reply.tool_calls
+    assert call.arguments == {"note": "set none of them aside, 1 by 1; x marks it"}
+
+
+async def test_a_long_key_a_reply_holds_is_kept_there_and_out_of_errors(
+    provider: tuple[MakeLLM, dict[str, Any]], serve: Callable[[list[Reply]], ScriptedServer]
+) -> None:
+    make, ok = provider
+    echoed = json.loads(json.dumps(ok))
+    if "content" in echoed:
+        echoed["content"][0]["text"] = f"the key is {KEY}"
+    else:
+        echoed["choices"][0]["message"]["content"] = f"the key is {KEY}"
+    server = serve([Reply(echoed), Reply(raw=f"<html>{KEY}</html>".encode())])
+    assert (await ask(make(server))).text == f"the key is {KEY}"  # data, passed on as sent
+    with pytest.raises(LLMResponseError) as caught:
+        await ask(make(server))
+    assert KEY not in str(caught.value)
+    assert KEY not in caught.value.body
+
+
+@pytest.mark.parametrize("provider_name", list(MAKERS))
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+async def test_a_non_finite_number_in_a_whole_reply_makes_that_call_invalid(
+    provider_name: str, number: str, serve: Callable[[list[Reply]], ScriptedServer]
+) -> None:
+    # As on the streamed path: the call is refused with a sentence for the model (the run
+    # loop answers it invalid-arguments and never runs it), the rest of the reply stands.
+    body = _tool_reply(provider_name, f'{{"n": {number}}}')
+    server = serve([Reply(raw=body)])
+    reply = await ask(MAKERS[provider_name](server))
+    (call,) = reply.tool_calls
+    assert isinstance(call, MalformedToolCall)
+    assert call.arguments == {}
+    assert "not a JSON number" in call.arguments_error
+
+
+async def test_a_whole_reply_cut_off_is_retried_as_a_cut_stream_is(
+    provider: tuple[MakeLLM, dict[str, Any]], serve: Callable[[list[Reply]], ScriptedServer]
+) -> None:
+    make, ok = provider
+    whole = json.dumps(ok).encode()
+    server = serve([Reply(raw=whole[: len(whole) // 2]), Reply(ok)])
+    assert await ask(make(server)) == EXPECTED
+    assert len(server.requests) == 2
+
+
+async def test_a_whole_reply_cut_off_every_time_is_a_connection_error(
+    provider: tuple[MakeLLM, dict[str, Any]], serve: Callable[[list[Reply]], ScriptedServer]
+) -> None:
+    make, ok = provider
+    cut = json.dumps(ok).encode()[:40]
+    server = serve([Reply(raw=cut)] * 3)
+    with pytest.raises(LLMConnectionError, match="broke off"):
+        await ask(make(server, retry=fast_retry(max_attempts=3)))
+    assert len(server.requests) == 3

@@ -13,7 +13,7 @@ import httpx
 
 from .. import _json
 from .._http_json import refuse_deep_json
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, redact
 from ..messages import LLMResponse, StreamPart, TextDelta
 from ._retry import (
     RetryPolicy,
@@ -138,17 +138,19 @@ class HTTPPoster:
             self._client = None
 
     def scrub(self, text: str) -> str:
-        if self._secret:
-            text = text.replace(self._secret, "[redacted]")
-        return text
+        """`text` (an error message the kit writes) without the API key. Never applied
+        to a reply before it is read: a reply is data, passed on as sent."""
+        return redact(text, self._secret)
 
     async def post_json(
         self,
         url: str,
         headers: Mapping[str, str],
         body: Mapping[str, Any],
-    ) -> Any:
-        """POST `body` as JSON; the decoded JSON reply, retried per the policy."""
+        parse: Callable[[Any], LLMResponse],
+    ) -> LLMResponse:
+        """POST `body` as JSON; the reply, read by `parse` from its JSON, retried per the
+        policy. The reply is data: read as sent; only errors are scrubbed of the key."""
         payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         all_headers = {"content-type": "application/json", "accept": "application/json"}
         all_headers.update(headers)
@@ -161,10 +163,9 @@ class HTTPPoster:
                 )
             except (httpx.TransportError, httpx.DecodingError) as exc:
                 raise self.transport_error(exc, url, timeout) from exc
-            text = self.scrub(response.text)
             if response.status_code >= 400:
-                raise self.http_error(response, text)
-            return self.decode_json(response, text, url)
+                raise self.http_error(response, response.text)
+            return self.parsed(parse, self.decode_json(response, response.text, url))
 
         return await call_with_retries(self.retry, attempt)
 
@@ -200,12 +201,12 @@ class HTTPPoster:
                 try:
                     if response.status_code >= 400:
                         await response.aread()
-                        raise self.http_error(response, self.scrub(response.text))
+                        raise self.http_error(response, response.text)
                     kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
                     if kind not in ("", "text/event-stream"):  # JSON, or an HTML error page
                         await response.aread()
-                        reply = parse_whole(
-                            self.decode_json(response, self.scrub(response.text), url)
+                        reply = self.parsed(
+                            parse_whole, self.decode_json(response, response.text, url)
                         )
                         if reply.text:
                             yield TextDelta(reply.text)
@@ -227,11 +228,23 @@ class HTTPPoster:
                     ) from exc
                 raise self.transport_error(exc, url, timeout) from exc
             except LLMResponseError as exc:
-                exc.body = self.scrub(exc.body)
-                exc.args = tuple(self.scrub(str(arg)) for arg in exc.args)
+                self.scrub_error(exc)
                 raise
 
         return stream_with_retries(self.retry, attempt, provider=self.provider)
+
+    def parsed(self, parse: Callable[[Any], LLMResponse], data: Any) -> LLMResponse:
+        """`parse(data)`; an `LLMResponseError` it raises comes out scrubbed of the key."""
+        try:
+            return parse(data)
+        except LLMResponseError as exc:
+            self.scrub_error(exc)
+            raise
+
+    def scrub_error(self, exc: LLMResponseError) -> None:
+        """Scrub `exc`'s message and body of the key (an error the kit writes)."""
+        exc.body = self.scrub(exc.body)
+        exc.args = tuple(self.scrub(str(arg)) for arg in exc.args)
 
     def transport_error(
         self, exc: httpx.TransportError | httpx.DecodingError, url: str, timeout: float
@@ -257,25 +270,40 @@ class HTTPPoster:
         )
 
     def decode_json(self, response: httpx.Response, text: str, url: str) -> Any:
-        """A 2xx body as JSON; `LLMResponseError` when it is not JSON or nests too deep."""
+        """A 2xx body as JSON, read as sent (never scrubbed first).
+
+        `NaN`, `Infinity` and numbers past a double's range are read (as float),
+        so that one call's arguments holding one make that call
+        `invalid-arguments` (see `messages.LLMResponse`), as on the streamed path,
+        instead of failing the reply. `LLMResponseError` when the body is not JSON
+        or nests too deep; `LLMConnectionError` (retried, as a stream cut off is)
+        when it is JSON cut off before its end.
+        """
         try:
-            return _json.loads(text)
+            return _json.loads(text, non_finite=True)
         except _json.JSONTooDeepError as exc:
             raise LLMResponseError(
                 f"{self.provider} answered HTTP {response.status_code} with {exc} from "
                 f"{url}; refused before parsing",
                 provider=self.provider,
-                body=text,
+                body=self.scrub(text),
             ) from None
         except ValueError:
+            if _cut_off(text):
+                raise LLMConnectionError(
+                    f"the {self.provider} answer from {url} broke off: its JSON ends after "
+                    f"{len(text):,} characters, before it closes",
+                    provider=self.provider,
+                ) from None
             raise LLMResponseError(
                 f"{self.provider} answered HTTP {response.status_code} with something that "
                 f"is not JSON from {url}; check LLM_BASE_URL",
                 provider=self.provider,
-                body=text,
+                body=self.scrub(text),
             ) from None
 
     def http_error(self, response: httpx.Response, text: str) -> LLMHTTPError:
+        text = self.scrub(text)
         cls = error_class_for(response.status_code, provider_message(text))
         return cls(
             response.status_code,
@@ -283,6 +311,19 @@ class HTTPPoster:
             provider=self.provider,
             retry_after=_retry_after(response.headers),
         )
+
+
+def _cut_off(text: str) -> bool:
+    """True for an object or array that opens and never closes: JSON cut off on the way."""
+    body = text.strip()
+    if not body.startswith(("{", "[")):
+        return False
+    scanner = _json.DepthScanner()
+    try:
+        scanner.feed(body)
+    except ValueError:  # too deep: not a cut
+        return False
+    return scanner.depth > 0 or scanner.in_string
 
 
 def error_class_for(status: int, detail: str) -> type[LLMHTTPError]:

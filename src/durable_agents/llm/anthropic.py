@@ -101,12 +101,12 @@ class AnthropicLLM(HTTPAdapter):
         return body
 
     async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
-        data = await self._http.post_json(
+        return await self._http.post_json(
             f"{self.base_url}/v1/messages",
             {"x-api-key": self._api_key, "anthropic-version": ANTHROPIC_VERSION},
             self.request_body(messages, tools),
+            parse_response,
         )
-        return parse_response(data)
 
     def stream_body(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
         """The JSON body `stream()` sends: `chat()`'s with `"stream": true`."""

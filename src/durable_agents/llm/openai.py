@@ -96,10 +96,12 @@ class OpenAILLM(HTTPAdapter):
 
     async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
         headers = {"authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        data = await self._http.post_json(
-            f"{self.base_url}/chat/completions", headers, self.request_body(messages, tools)
+        return await self._http.post_json(
+            f"{self.base_url}/chat/completions",
+            headers,
+            self.request_body(messages, tools),
+            parse_response,
         )
-        return parse_response(data)
 
     def stream_body(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
         """The JSON body `stream()` sends: `chat()`'s with `"stream": true` and usage asked for."""
