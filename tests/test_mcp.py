@@ -778,15 +778,44 @@ async def test_a_destructive_call_waits_for_approval(
     assert tool_messages(llm)[0].content == "deleted note 77"
 
 
-async def test_a_clash_with_the_agents_own_tool(server: Server, http: httpx.AsyncClient) -> None:
+async def test_a_clash_with_the_agents_own_tool(
+    server: Server, http: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    # What a server lists is no programming mistake (it may start listing a clashing name
+    # any day): the turn ends as a resumable toolset-error, its message kept.
     own = tool(name="list_notes", description="Ours.", input={}, handler=lambda a, c: "ours")
     agent = Agent("notes", "", [own], toolsets=[MCPTools(server.url())])
-    with pytest.raises(ConfigurationError, match="list_notes"):
-        await run(agent, llm=ScriptedLLM([]), message="hi", http=http)
+    async with sqlite_store(tmp_path / "agents.db") as store:
+        failed = await run(agent, llm=ScriptedLLM([]), message="hi", session_id="s",
+                           store=store, http=http)  # fmt: skip
+        assert (failed.status, failed.error_code) == ("error", "toolset-error")
+        assert failed.error is not None
+        assert "list_notes" in failed.error
+        assert "prefix=" in failed.error
+        assert [m.content for m in await store.load_messages("s")] == ["hi"]
     prefixed = Agent("notes", "", [own], toolsets=[MCPTools(server.url(), prefix="srv_")])
     llm = ScriptedLLM([LLMResponse(text="ok")])
     assert (await run(prefixed, llm=llm, message="hi", http=http)).status == "complete"
     assert {"list_notes", "srv_list_notes"} <= {spec.name for spec in llm.calls[0].tools}
+
+
+async def test_a_missing_setting_at_run_time_keeps_the_message_and_ends_resumably(
+    server: Server, http: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    tools = MCPTools(url_setting="NOTES_URL", token_setting="NOTES_TOKEN", name="notes")
+    agent = Agent("notes", "", [], toolsets=[tools])
+    llm = ScriptedLLM([LLMResponse(text="Hello.")])
+    async with sqlite_store(tmp_path / "agents.db") as store:
+        failed = await run(agent, llm=llm, message="hi", session_id="s", store=store,
+                           http=http, settings={"NOTES_URL": server.url("auth")})  # fmt: skip
+        assert (failed.status, failed.error_code) == ("error", "toolset-error")
+        assert failed.error is not None
+        assert "NOTES_TOKEN" in failed.error
+        assert [m.content for m in await store.load_messages("s")] == ["hi"]
+        settings = {"NOTES_URL": server.url("auth"), "NOTES_TOKEN": TOKEN}
+        resumed = await run(agent, llm=llm, session_id="s", store=store, http=http,
+                            settings=settings)  # fmt: skip
+    assert resumed.status == "complete"
 
 
 async def test_a_server_that_cannot_be_listed_ends_the_turn_resumably(

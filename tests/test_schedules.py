@@ -576,6 +576,51 @@ async def test_a_session_holds_at_most_100() -> None:
     await schedule(store, SESSION, "now it fits", delay_seconds=1)
 
 
+async def fill(store: Store, count: int) -> None:
+    """Session SESSION with one finished turn and `count` schedules waiting."""
+    await run(PLAIN, llm=ScriptedLLM([LLMResponse(text="Hi.")]), message="hello",
+              session_id=SESSION, store=store)  # fmt: skip
+    for n in range(count):
+        await schedule(store, SESSION, f"ping {n}", delay_seconds=60 + n, new_id=ids(f"f{n}_"))
+
+
+async def test_a_tools_schedule_counts_against_the_sessions_100(db: Store) -> None:
+    # Every door counts against the same limit: a tool's ctx.schedule too. The refusal
+    # is the call's result (the model reads it), never a crash, and nothing is stored.
+    await fill(db, MAX_SCHEDULES_PER_SESSION)
+    effects = Effects()
+    result = await turn(db, reminder_agent(effects), calling("remind"), message="one more")
+    assert result.status == "complete"
+    (answer,) = [m for m in result.messages if m.role == "tool"]
+    assert kind(answer) == ToolErrorKind.TOOL_FAILED
+    assert "has 100 schedules waiting already" in answer.content
+    assert effects == {"remind": 1}
+    for n in range(5):  # and again, turn after turn
+        await turn(db, reminder_agent(effects), calling("remind", f"c{n}"), message=f"more {n}")
+    assert len(await db.load_schedules(SESSION)) == MAX_SCHEDULES_PER_SESSION
+
+
+async def test_the_calls_of_one_step_share_the_room_left(db: Store) -> None:
+    # 95 waiting: of a step of 20 calls each scheduling once, 5 are stored with write #2,
+    # 15 answered with the refusal; a call that fails gives its place back.
+    await fill(db, MAX_SCHEDULES_PER_SESSION - 5)
+    calls = [ToolCall("x", "remind_then_fail", {"text": "never"})]
+    calls += [ToolCall(f"c{n}", "remind", {"text": f"r{n}"}) for n in range(20)]
+    llm = ScriptedLLM([LLMResponse(tool_calls=calls), LLMResponse(text="Done.")])
+    result = await turn(db, reminder_agent(Effects()), llm, message="many")
+    results = [m for m in result.messages if m.role == "tool"]
+    refused = [m for m in results if "schedules waiting already" in m.content]
+    assert (len(results), len(refused)) == (21, 15)
+    assert len(await db.load_schedules(SESSION)) == MAX_SCHEDULES_PER_SESSION
+    # A tool that catches the refusal goes on: its schedules up to the limit are kept.
+    (first,) = [s for s in await db.load_schedules(SESSION) if s.message == "ping 0"]
+    assert await db.delete_schedule(SESSION, first.schedule_id)
+    again = await turn(db, reminder_agent(Effects()), calling("remind_many", "m1"), message="m")
+    answer = [m for m in again.messages if m.role == "tool"][-1]
+    assert "schedules waiting already" in answer.content
+    assert len(await db.load_schedules(SESSION)) == MAX_SCHEDULES_PER_SESSION
+
+
 async def test_a_lone_surrogate_in_a_scheduled_message_is_stored_repaired(db: Store) -> None:
     await db.append_messages_atomic(SESSION, 0, [Message.user("hi")])
     made = await schedule(db, SESSION, "file caf\udce9.txt", delay_seconds=1)

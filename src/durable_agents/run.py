@@ -63,6 +63,7 @@ from .approvals import (
 from .errors import (
     ApprovalPendingError,
     ConfigurationError,
+    DurableAgentsError,
     MemoryStoreNotDurableError,
     MessageTooLargeError,
     ModelRetry,
@@ -97,10 +98,10 @@ from .messages import (
     pending_tool_calls as pending_tool_calls,  # re-exported: it lived here first
 )
 from .output import OutputSchema
-from .schedules import StepSchedules
+from .schedules import ScheduleRoom, StepSchedules
 from .stores.base import ApprovalChange, Lease, LeaseHolder, Schedule, Store
 from .stores.memory import memory_store
-from .tools import DepsT, Handler, RunContext, Tool, ToolContext
+from .tools import DepsT, Handler, RunContext, Tool, ToolContext, Toolset
 
 RunStatus = Literal[
     "complete",
@@ -589,6 +590,8 @@ class _Session:
         self.unstarted: list[ToolCall] = []  # dispatch(budgeted=True) did not start these
         # What this step's handlers scheduled: stored with their results (write #2).
         self.scheduled: list[Schedule] = []
+        # Room for more in the session (a durable store's): counted before a handler first runs.
+        self.schedule_room: ScheduleRoom | None = None
 
     @property
     def position(self) -> int:
@@ -616,12 +619,15 @@ class _Session:
             self.instructions = text if message is not None else None
             self.system = Message.system(text)
         for toolset in agent.toolsets:
-            for listed in await toolset.list_tools(ctx):
+            for listed in await _listed(toolset, ctx):
                 if listed.name in self.tools or (self.output and listed.name == OUTPUT_TOOL):
-                    raise ConfigurationError(
-                        f"agent {agent.name!r}: {listed.source or 'a toolset'} lists a tool "
-                        f"named {listed.name!r}, which the agent has already; give the "
-                        "toolset a prefix= or leave the tool out (allow=)"
+                    # What a remote server lists is no programming mistake: the turn ends
+                    # as a toolset-error (its message kept), and a resume tries again.
+                    raise ToolsetError(
+                        listed.source or type(toolset).__name__,
+                        f"it lists a tool named {listed.name!r}, which agent {agent.name!r} "
+                        "has already; give the toolset a prefix= or leave the tool out "
+                        "(allow=)",
                     )
                 self.tools[listed.name] = listed
         self.specs = self.tool_specs()
@@ -1152,6 +1158,11 @@ class _Session:
                     in_flight -= 1
                 return content if edited is None else _ran_edited(content, edited)
 
+        runs = any(call.id not in decided or call.id in run for call in calls)
+        if runs and self.store.durable and self.schedule_room is None:
+            # Before a handler first runs (one read a run): ctx.schedule counts against it.
+            stored = await self.store.load_schedules(self.session_id)
+            self.schedule_room = ScheduleRoom(self.session_id, len(stored))
         jobs = [answer(call) for call in calls]
         contents = [await jobs[0]] if len(jobs) == 1 else await _all_or_crash(jobs)
         self.unstarted = [c for c, text in zip(calls, contents, strict=True) if text is None]
@@ -1204,8 +1215,10 @@ class _Session:
                 f"Tool {call.name!r} was not run: its arguments are invalid: {exc}",
             )
         schedules = None
-        if self.store.durable:
-            schedules = StepSchedules(self.new_id, self.clock, self.agent.max_message_bytes)
+        if self.schedule_room is not None:
+            schedules = StepSchedules(
+                self.new_id, self.clock, self.agent.max_message_bytes, self.schedule_room
+            )
         ctx = ToolContext(
             session_id=self.session_id,
             tool_call_id=call.id,
@@ -1219,10 +1232,15 @@ class _Session:
         assert tool.handler is not None  # _bind_tools guarantees it
         timer = _timeouts.timeout(tool.timeout)  # leaves no timer behind (Pyodide)
         try:
-            value = tool.handler(args, ctx)
-            if inspect.isawaitable(value):
-                async with timer:
-                    value = await value
+            try:
+                value = tool.handler(args, ctx)
+                if inspect.isawaitable(value):
+                    async with timer:
+                        value = await value
+            except BaseException:
+                if schedules is not None:  # a failed call schedules nothing
+                    schedules.discard()
+                raise
             if schedules is not None:  # it returned: what it scheduled goes with its result
                 self.scheduled += schedules.made
         except ModelRetry as exc:
@@ -1341,6 +1359,22 @@ class _Setup:
 
     settings: Mapping[str, str]
     http: httpx.AsyncClient | None
+
+
+async def _listed(toolset: Toolset, ctx: RunContext[Any]) -> Sequence[Tool]:
+    """The toolset's tools this turn. Any failure to list them (its server down, a
+    setting missing, a bug in its code) is a `ToolsetError`: the turn ends resumable
+    with its message kept, never a crash that loses the message."""
+    try:
+        return await toolset.list_tools(ctx)
+    except ToolsetError:
+        raise
+    except Exception as exc:
+        name = type(toolset).__name__
+        problem = describe_exception(exc)
+        if isinstance(exc, DurableAgentsError):  # the kit's own words (a setting missing)
+            problem = str(exc).removeprefix(f"{name}: ")
+        raise ToolsetError(name, f"its tools could not be listed: {problem}") from exc
 
 
 def _turn_instructions(history: Sequence[Message]) -> str | None:

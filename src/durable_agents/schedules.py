@@ -42,7 +42,8 @@ from .stores.base import Schedule, Store
 MAX_DELAY_SECONDS = 400 * 86400
 # A tool may schedule this many messages per call; the step's write carries them.
 MAX_SCHEDULES_PER_CALL = 10
-# And a session holds at most this many waiting schedules (checked by the API).
+# And a session holds at most this many waiting schedules, whichever door adds them:
+# `schedule()`, the Worker's API and a tool's `ctx.schedule` (see `ScheduleRoom`).
 MAX_SCHEDULES_PER_SESSION = 100
 
 
@@ -129,19 +130,56 @@ def new_schedule(
     return Schedule(schedule_id, message, due, now_ms)
 
 
+def full(session_id: str) -> ScheduleError:
+    """The refusal of a schedule past MAX_SCHEDULES_PER_SESSION, at every door."""
+    return ScheduleError(
+        f"session {session_id} has {MAX_SCHEDULES_PER_SESSION} schedules waiting already "
+        "(the most a session may hold); cancel one or wait for one to fire"
+    )
+
+
+class ScheduleRoom:
+    """How many more schedules a session may hold, shared by a run's tool calls.
+
+    Counted from what is stored when the run first runs a handler; each
+    `ctx.schedule` takes a place, a handler that fails gives its places back
+    (what it scheduled is not stored). So the calls of one step, run
+    concurrently, are checked together with what is already stored."""
+
+    def __init__(self, session_id: str, stored: int) -> None:
+        self.session_id = session_id
+        self.left = MAX_SCHEDULES_PER_SESSION - stored
+
+    def take(self) -> None:
+        if self.left <= 0:
+            raise full(self.session_id)
+        self.left -= 1
+
+
 class StepSchedules:
     """The schedules a step's handlers make, stored with the step's results.
 
     `ToolContext.schedule` adds to the call's own list; the run loop keeps a
-    call's list only if its handler returned (a failed call schedules nothing)."""
+    call's list only if its handler returned (a failed call schedules nothing:
+    `discard`)."""
 
     def __init__(
-        self, new_id: Callable[[], str], clock: Callable[[], float], max_message_bytes: int
+        self,
+        new_id: Callable[[], str],
+        clock: Callable[[], float],
+        max_message_bytes: int,
+        room: ScheduleRoom,
     ) -> None:
         self.made: list[Schedule] = []
         self._new_id = new_id
         self._clock = clock
         self._max_message_bytes = max_message_bytes
+        self._room = room
+
+    def discard(self) -> None:
+        """Forget what this call scheduled (its handler failed), giving the places back."""
+        self._room.left += len(self.made)
+        self.made = []
 
     def add(
         self,
@@ -160,6 +198,7 @@ class StepSchedules:
             at=at,
             max_message_bytes=self._max_message_bytes,
         )
+        self._room.take()
         self.made.append(made)
         return made
 
@@ -185,9 +224,7 @@ async def schedule(
     if info is None or info.message_count == 0:
         raise SessionNotFoundError(session_id)
     if len(await store.load_schedules(session_id)) >= MAX_SCHEDULES_PER_SESSION:
-        raise ScheduleError(
-            f"session {session_id} has {MAX_SCHEDULES_PER_SESSION} schedules waiting already"
-        )
+        raise full(session_id)
     made = new_schedule(
         message,
         schedule_id=f"sch_{(new_id or (lambda: uuid.uuid4().hex))()}",

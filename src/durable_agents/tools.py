@@ -85,8 +85,10 @@ class ToolContext(Generic[DepsT]):
         `at` (ISO 8601 with a zone, or an aware datetime). Durable with the step: it is
         stored in the same write as this call's result, and only if the handler
         returns (one that raises schedules nothing). Returns the schedule (its
-        `schedule_id` cancels it). ScheduleError for a bad time or message.
-        See `durable_agents.schedules`."""
+        `schedule_id` cancels it). ScheduleError for a bad time or message, more
+        than MAX_SCHEDULES_PER_CALL from one call, or a session that would hold more
+        than MAX_SCHEDULES_PER_SESSION (counted with what is stored and what the
+        step's other calls scheduled). See `durable_agents.schedules`."""
         if self.schedules is None:
             raise ConfigurationError(
                 "ctx.schedule needs a durable run: call the tool through run() with a store"

@@ -10,6 +10,7 @@ word of the turn's message.
 - `send_note` waits for a person's approval, then posts the note to NOTES_API_URL: left
   empty, the dev stub `notes_stub`, which keeps every post with its Idempotency-Key
   (`GET /notes` lists them).
+- `remind` schedules its text as a turn a day later (`ctx.schedule`).
 
 The model's moves, by the message's first word:
 
@@ -19,6 +20,7 @@ The model's moves, by the message's first word:
     retry         check_code("abc") (tool-retry), check_code("ABC"), then answers
     stubborn      check_code("abc") until its result is tool-failed, then answers
     note          asks for the note "draft", then answers with what its result said
+    remind        remind("ping"), then answers with what its result said
 """
 
 from __future__ import annotations
@@ -87,6 +89,17 @@ def check_code(args: Code) -> dict[str, Any]:
     return {"code": args.code, "valid": True}
 
 
+class Reminder(BaseModel):
+    text: str = Field(min_length=1, max_length=200)
+
+
+@tool
+def remind(args: Reminder, ctx: ToolContext[Deps]) -> dict[str, Any]:
+    """Schedule a reminder a day from now."""
+    made = ctx.schedule(args.text, delay_seconds=86_400)
+    return {"schedule_id": made.schedule_id}
+
+
 @tool(requires_approval=True, timeout=10)
 async def send_note(args: Note, ctx: ToolContext[Deps]) -> dict[str, Any]:
     """Post a note to a channel, once a person approved it."""
@@ -102,7 +115,7 @@ async def send_note(args: Note, ctx: ToolContext[Deps]) -> dict[str, Any]:
 AGENT = Agent(
     "turn-features",
     instructions,
-    [check_code, send_note],
+    [check_code, send_note, remind],
     deps_type=Deps,
     output_type=Report,
     max_tool_retries=1,
@@ -141,6 +154,10 @@ def play(messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
             return call("send_note", {"text": text, "channel": "general"}, f"saw: {system}")
         edited = "edited_arguments" in last
         return answer(f"note {last.get('result', last).get('id')}; edited: {edited}")
+    if move == "remind":
+        if not results:
+            return call("remind", {"text": "ping"})
+        return answer(json.dumps(last))
     if move == "typed":
         return answer("typed", -1 if not results else 3)
     if move == "retry":

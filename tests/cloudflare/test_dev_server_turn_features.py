@@ -155,6 +155,29 @@ def test_model_retry_sends_the_model_back_at_most_max_tool_retries_times(
 
 
 @pytest.mark.slow
+def test_a_tools_schedule_counts_against_the_sessions_100(worker: DevWorker) -> None:
+    # Issue 30: with 100 schedules waiting (the API's limit), a tool's ctx.schedule is
+    # refused too, as the call's result; turn after turn the session still holds 100.
+    made = send(worker, "full", "remind me")
+    assert (made.status, made.body["status"]) == (200, "complete"), made.text
+    assert made.body["output"]["summary"].startswith('{"schedule_id": "sch_')
+    for n in range(99):
+        added = worker.post("/sessions/full/schedules", {"message": f"p{n}", "delay_seconds": 60})
+        assert added.status == 201, added.text
+    refused = worker.post("/sessions/full/schedules", {"message": "one more", "delay_seconds": 1})
+    assert refused.status == 422, refused.text
+    for n in range(3):
+        again = send(worker, "full", f"remind again {n}")
+        assert (again.status, again.body["status"]) == (200, "complete"), again.text
+        result = json.loads(again.body["output"]["summary"])
+        assert result["kind"] == "tool-failed"
+        assert "has 100 schedules waiting already" in result["error"]
+    listed = worker.get("/sessions/full/schedules")
+    assert listed.status == 200, listed.text
+    assert len(listed.body["schedules"]) == 100
+
+
+@pytest.mark.slow
 def test_an_edited_approval_runs_the_call_once_with_the_edit(worker: DevWorker) -> None:
     asked = send(worker, "note", "note for the team")
     assert (asked.status, asked.body["status"]) == (200, "awaiting_approval"), asked.text

@@ -1011,9 +1011,12 @@ async def serve_session(
                     if alarm is not None and reply.run_status == "deferred":
                         await alarm.turn_continues()
                     elif alarm is not None:
-                        # A store down or a bug (a 5xx that is no result): the mark stays,
-                        # so the alarm tries the turn again later.
-                        failed = reply.status in (500, 503) and reply.run_status is None
+                        # A store down or a bug (a 5xx that is no result), or a toolset
+                        # that could not be listed: the mark stays, so the alarm tries the
+                        # turn again later (with its back-off; stopped after 3).
+                        failed = (
+                            reply.status in (500, 503) and reply.run_status is None
+                        ) or reply.error_code == "toolset-error"
                         await alarm.turn_ended(store, session_id, keep_watch=failed)
                 finally:
                     live.turn = None
