@@ -14,7 +14,6 @@ import pytest
 from llm_support import RecordingSleep, Reply, ScriptedServer, fast_retry
 
 from durable_agents import LLMResponse, Message, Usage
-from durable_agents.messages import MalformedToolCall
 from durable_agents.llm import (
     AnthropicLLM,
     LLMAuthenticationError,
@@ -28,6 +27,7 @@ from durable_agents.llm import (
     OpenAILLM,
     RetryPolicy,
 )
+from durable_agents.messages import MalformedToolCall
 
 KEY = "sk-test-do-not-leak-0123456789"
 
