@@ -26,7 +26,12 @@ from durable_agents import (
     run,
     tool,
 )
-from durable_agents.context import estimate_tokens
+from durable_agents.context import (
+    BYTES_PER_TOKEN,
+    estimate_tokens,
+    message_size,
+    summary_message,
+)
 from durable_agents.stores import Store, sqlite_store
 from durable_agents.testing import FunctionLLM, SimulatedCrash, count_writes, crash_on_write
 
@@ -127,7 +132,7 @@ async def test_a_summary_covers_a_prefix_that_ends_where_a_turn_begins(world: Wo
     for summary in (m for m in history if m.is_summary):
         assert summary.summary_of is not None
         assert history[summary.summary_of].role == "user"
-        assert history.index(summary) >= summary.summary_of
+        assert history.index(summary) > summary.summary_of
 
 
 async def test_a_turn_loads_only_the_latest_summarys_tail(world: World) -> None:
@@ -139,6 +144,48 @@ async def test_a_turn_loads_only_the_latest_summarys_tail(world: World) -> None:
     assert tail == history[base:]
     assert len(tail) < len(history) // 3
     assert sum(m.is_summary for m in tail) == 1
+
+
+async def test_a_step_measures_its_new_messages_not_the_whole_window() -> None:
+    """What a step costs to estimate does not grow with the window: in a turn of 60
+    steps, an LLM's `message_size` is asked about each message once (the turn's
+    message twice: before and after its first write), not once a step."""
+    asked: Counter[str] = Counter()
+
+    def message_size(message: Message) -> int:
+        asked[message.role] += 1
+        return len(message.content) + 64 * (1 + len(message.tool_calls))
+
+    def answer(messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        steps = sum(m.role == "assistant" for m in messages)
+        if steps == 60:
+            return LLMResponse("done")
+        return LLMResponse("", [ToolCall(f"c{steps}", "post", {"text": f"n{steps}"})])
+
+    async def post(args: Note, ctx: ToolContext) -> str:
+        return "posted"
+
+    llm = FunctionLLM(answer)
+    llm.message_size = message_size  # type: ignore[attr-defined]
+    agent = Agent("noter", "Post notes.", [tool(post, input=Note)], max_steps=61)
+    result = await run(agent, llm=llm, message="post 60 notes")
+    assert (result.status, result.steps) == ("complete", 61)
+    assert asked == Counter({"system": 1, "user": 2, "assistant": 60, "tool": 60})
+
+
+async def test_a_summary_over_half_the_budget_is_cut_to_fit(tmp_path: Path) -> None:
+    world = World(
+        sqlite_store(tmp_path / "s.db"), summarize=lambda previous, messages: "s" * 20_000
+    )
+    for n in range(12):
+        assert (await world.turn(n)).status == "complete"
+    summaries = [m for m in await world.store.load_messages(SESSION) if m.is_summary]
+    assert summaries
+    for summary in summaries:
+        assert "more characters of the summary cut" in summary.content
+        assert message_size(summary_message(summary)) <= BUDGET * BYTES_PER_TOKEN // 2
+    for window in world.sent:
+        assert estimate_tokens(window) <= BUDGET
 
 
 async def test_the_default_summarizer_is_the_runs_own_model(tmp_path: Path) -> None:
@@ -199,7 +246,7 @@ async def test_the_session_budget_counts_the_whole_history_not_the_window(tmp_pa
 async def test_every_crash_point_of_compacting_turns_loses_nothing_and_repeats_nothing(
     tmp_path: Path,
 ) -> None:
-    """Run 14 turns (compacting from the 7th or so) once to count the writes, then
+    """Run 14 turns (compacting from the 5th or so) once to count the writes, then
     once per write, crashing before and after it, and finishing every turn after."""
     plain = World(sqlite_store(tmp_path / "plain.db"))
     counter = count_writes(plain.store)

@@ -63,10 +63,14 @@ class Agent(Generic[DepsT, OutputT]):
     - `max_tool_calls_per_step`: the calls of one LLM reply that are run
       (default 100); the rest are answered `too-many-calls` and never run
       (nor wait for approval), so the model can ask again in smaller steps.
-    - `max_context_tokens`: what one LLM call may be sent, estimated (about 4
-      characters a token; default 64,000). Over it, older messages are folded
-      into a stored summary before the call (`durable_agents.context`); the
-      history itself keeps every message.
+    - `max_context_tokens`: what one LLM call may be sent (default 64,000),
+      estimated at 4 bytes a token of the request as serialized for the
+      provider (ids, type tags and escapes counted): a request's body stays
+      within `4 * max_context_tokens` bytes, except while the running turn,
+      sent whole, is too large by itself (with the instructions, tool specs
+      and summary). Over it, older messages are folded into a stored summary
+      before the call (`durable_agents.context`); the history itself keeps
+      every message.
     - `summarize`: `summarize(previous_summary, messages) -> str` (sync or
       async) writes that summary; default: the run's own model, without tools.
     - `history_processor`: `process(messages) -> messages`, applied to what each

@@ -569,6 +569,7 @@ class _Session:
         self.specs = self.tool_specs()
         self.answer: tuple[Any] | None = None  # a final_result call of this step accepted
         self.nudge: list[Message] = []  # a text answer sent back (never stored)
+        self.meter: context.WindowMeter | None = None  # what compact() measures with
         # Answers sent back in this turn (output_type): those stored before this run
         # (counted when first needed), and this run's own, text ones included.
         self.rejected: int | None = None
@@ -858,27 +859,33 @@ class _Session:
         return call.result()
 
     async def compact(self, llm: LLM, unstored: list[Message]) -> Usage:
-        """Fold older messages into a stored summary if the window is over the agent's
-        `max_context_tokens` (see `durable_agents.context`): one append, at a step
-        boundary, after which the loaded history begins at the cut. Returns the
-        summarizer's usage."""
-        budget = self.agent.max_context_tokens
-        if context.estimate_tokens(
-            context.window(self.system, self.history, unstored), self.specs
-        ) <= budget:  # fmt: skip
+        """Fold older messages into a stored summary if the request for the window is over
+        the agent's `max_context_tokens` (see `durable_agents.context`): one append, at a
+        step boundary, after which the loaded history begins at the cut. At a turn's first
+        step the turn's message (`unstored`) is stored in that append, before the summary
+        (so a stored summary always follows the message of the turn it was made in), and
+        `unstored` is emptied. Returns the summarizer's usage."""
+        if self.meter is None or self.meter.llm is not llm:
+            self.meter = context.WindowMeter(llm)  # sizes each stored message once
+        meter, limit = self.meter, self.agent.max_context_tokens * context.BYTES_PER_TOKEN
+        reserved = meter.reserved_size(self.system, [*unstored, *self.nudge], self.specs)
+        if reserved + meter.history_size(self.history) <= limit:
             return Usage()
-        reserved = context.estimate_tokens([self.system, *unstored], self.specs)
-        cut = context.cut_position(self.base, self.history, budget // 2, reserved)
+        sizes = meter.sizes(self.history)
+        cut = context.cut_position(
+            self.base, self.history, sizes, limit // 2 - reserved, turn_unstored=bool(unstored)
+        )
         if cut is None:
-            return Usage()  # one step larger than the budget: it is sent as it is
+            return Usage()  # the running turn began before the cut: it is sent whole
         summaries = [m for m in self.history if m.is_summary]
-        text = summaries[-1].content if summaries else None
-        usage = Usage()
-        for chunk in context.chunks(
-            [m for m in self.history[: cut - self.base] if not m.is_summary], budget // 2
-        ):
-            text, used = await self.summarize(llm, text, chunk)
-            usage += used or Usage()
+        text, usage = await context.fold(
+            lambda previous, chunk: self.summarize(llm, previous, chunk),
+            summaries[-1].content if summaries else None,
+            [m for m in self.history[: cut - self.base] if not m.is_summary],
+            meter,
+            limit,
+            cut,
+        )
         assert text is not None  # (there was something to fold: the cut is past a step)
         summary = Message(
             "system",
@@ -888,7 +895,8 @@ class _Session:
             # the turn's instructions, for a resume that no longer loads its first message
             instructions=None if isinstance(self.agent.instructions, str) else self.system.content,
         )
-        await self.append([summary])
+        await self.append([*unstored, summary])
+        unstored.clear()  # stored now: what follows sends and stores it as history
         self.history = self.history[cut - self.base :]
         self.base = cut
         return usage

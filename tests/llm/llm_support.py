@@ -146,18 +146,21 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: Any
+    size: int = 0  # bytes of the body as sent
 
 
 class ScriptedServer:
     """A real HTTP server on 127.0.0.1 that answers from a script, one reply per request.
 
     Plays the provider: it records every request (path, lower-cased headers,
-    decoded JSON body) and fails loudly (HTTP 599, and `exhausted` set) when
-    its script runs out.
+    decoded JSON body, its size) and fails loudly (HTTP 599, and `exhausted`
+    set) when its script runs out. With `answer`, every reply is
+    `answer(body)` instead (a model that reads what it is sent).
     """
 
-    def __init__(self, replies: list[Reply]) -> None:
+    def __init__(self, replies: list[Reply], answer: Callable[[Any], Reply] | None = None) -> None:
         self.replies = list(replies)
+        self.answer = answer
         self.requests: list[Recorded] = []
         self.exhausted = False
         self.release = threading.Event()  # lets a held stream go on
@@ -186,9 +189,13 @@ class ScriptedServer:
                             self.path,
                             {k.lower(): v for k, v in self.headers.items()},
                             body,
+                            len(raw),
                         )
                     )
-                    reply = server.replies.pop(0) if server.replies else None
+                    if server.answer is not None:
+                        reply = server.answer(body)
+                    else:
+                        reply = server.replies.pop(0) if server.replies else None
                 if reply is None:
                     server.exhausted = True
                     reply = Reply({"error": {"message": "script exhausted"}}, status=599)

@@ -39,6 +39,7 @@ from ..messages import (
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
 from ._sse import SSEEvent, json_data, stream_cut, stream_error
+from .base import wire_size
 from .errors import LLMResponseError
 from .tool_calls import is_error_result, make_tool_call, token_count
 
@@ -107,6 +108,24 @@ class AnthropicLLM(HTTPAdapter):
             self.request_body(messages, tools),
             parse_response,
         )
+
+    def request_size(self, tools: Sequence[ToolSpec]) -> int:
+        """The bytes of a request without messages (`SizedLLM`): `stream()`'s, the larger."""
+        return wire_size(self.stream_body([], tools))
+
+    def message_size(self, message: Message) -> int:
+        """The bytes `message` adds to a request (`SizedLLM`): a system message its part of
+        the `system` string (and the key, and the blank line that joins it); any other a
+        turn of its own, with its comma (the same or less when it joins the turn before)."""
+        if message.role == "system":
+            if not message.content:
+                return 0
+            return wire_size(message.content) + len(',"system":') + len(r"\n\n")
+        blocks = _blocks(message, {})
+        if not blocks:
+            return 0
+        role = "assistant" if message.role == "assistant" else "user"
+        return wire_size({"role": role, "content": blocks}) + 1
 
     def stream_body(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
         """The JSON body `stream()` sends: `chat()`'s with `"stream": true`."""

@@ -36,6 +36,7 @@ from ..messages import (
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
 from ._sse import SSEEvent, json_data, stream_cut, stream_error
+from .base import wire_size
 from .errors import LLMResponseError, provider_message
 from .tool_calls import make_tool_call, token_count
 
@@ -102,6 +103,14 @@ class OpenAILLM(HTTPAdapter):
             self.request_body(messages, tools),
             parse_response,
         )
+
+    def request_size(self, tools: Sequence[ToolSpec]) -> int:
+        """The bytes of a request without messages (`SizedLLM`): `stream()`'s, the larger."""
+        return wire_size(self.stream_body([], tools))
+
+    def message_size(self, message: Message) -> int:
+        """The bytes `message` adds to a request, with its comma (`SizedLLM`)."""
+        return message_wire_size(to_openai_messages([message]))
 
     def stream_body(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
         """The JSON body `stream()` sends: `chat()`'s with `"stream": true` and usage asked for."""
@@ -177,6 +186,11 @@ def to_openai_messages(
                 }
             )
     return out
+
+
+def message_wire_size(entries: Sequence[Mapping[str, Any]]) -> int:
+    """The bytes these entries of `messages` take in a body, each with its comma."""
+    return sum(wire_size(entry) + 1 for entry in entries)
 
 
 def _wire_id(wire_ids: Mapping[str, str], call_id: str | None) -> str | None:

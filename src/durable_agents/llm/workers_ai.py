@@ -47,6 +47,7 @@ from ..messages import (
 )
 from ._retry import RetryPolicy, attempt_timeout, call_with_retries, stream_with_retries
 from ._sse import sse_events, sse_lines
+from .base import wire_size
 from .errors import (
     LLMAuthenticationError,
     LLMConnectionError,
@@ -60,6 +61,7 @@ from .errors import (
 )
 from .openai import (
     ChunkReader,
+    message_wire_size,
     parse_tool_calls,
     parse_usage,
     read_chunks,
@@ -144,6 +146,14 @@ class WorkersAILLM:
             inputs["max_tokens"] = self.max_tokens
         inputs.update(self.extra_inputs)
         return inputs
+
+    def request_size(self, tools: Sequence[ToolSpec]) -> int:
+        """The bytes of the inputs without messages, as JSON (`SizedLLM`): `stream()`'s."""
+        return wire_size({**self.request_inputs([], tools), "stream": True})
+
+    def message_size(self, message: Message) -> int:
+        """The bytes `message` adds to the inputs, as JSON, with its comma (`SizedLLM`)."""
+        return message_wire_size(_messages([message]))
 
     async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
         inputs = self.request_inputs(messages, tools)
