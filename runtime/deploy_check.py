@@ -7,8 +7,10 @@
 Needed: API_TOKEN (without it the Worker refuses every request), what the configured model
 needs (the agent's `make_llm`, or `llm_from_env`, is called here on CPython with the
 config's [vars]: LLM_API_KEY for LLM_PROVIDER=anthropic, ...), and the agent module's
-SETTINGS and DEV_STUBS (no stub answers on Cloudflare). A setting has a value when [vars]
-gives it a non-empty one or it is one of the Worker's secrets.
+SETTINGS (with those its toolsets read: `MCPTools(url_setting="MCP_URL")` refuses every
+turn without a value, and is named beside them) and DEV_STUBS (no stub answers on
+Cloudflare). A setting has a value when [vars] gives it a non-empty one or it is one of
+the Worker's secrets.
 
 Which secrets the Worker has cannot be known offline. Counted as secrets:
 - what `wrangler secret list` says (online and logged in, as a deploy is anyway; skipped
@@ -23,8 +25,9 @@ to set it) when one has none, 2 for a usage error. scripts/deploy stops on 1, ex
 `--dry-run`, which deploys nothing: there the check only warns.
 
 The helpers shared with the dev server (runtime/dev.py) are here too: `load_agent` (the
-agent module as the Worker reads it, on CPython) and `model_problem` (why the agent's model
-cannot be made from some settings, and which setting would fix it).
+agent module as the Worker reads it, on CPython), `model_problem` (why the agent's model
+cannot be made from some settings, and which setting would fix it) and `toolset_settings`
+(the settings the agent's toolsets need, and which toolset reads each).
 """
 
 from __future__ import annotations
@@ -128,6 +131,17 @@ def model_problem(
     return ModelProblem(str(error), None)
 
 
+def toolset_settings(agent: Any) -> dict[str, str]:
+    """The settings the agent's toolsets read (each toolset's `settings`), each with the
+    toolset that reads it first (its repr, `MCPTools(url_setting='MCP_URL', name=None)`):
+    a toolset refuses every turn while a setting of its own is missing or empty."""
+    found: dict[str, str] = {}
+    for toolset in agent.agent.toolsets:
+        for name in getattr(toolset, "settings", ()):
+            found.setdefault(name, repr(toolset))
+    return found
+
+
 # -- the check -----------------------------------------------------------------------------
 
 
@@ -156,7 +170,13 @@ def needed_settings(
                 lacking = model_problem(agent.make_llm, without, bindings)
                 if lacking is not None and lacking.missing == name:
                     needed.append(Needed(name, lacking.message))
-    needed += [Needed(name, "the agent's SETTINGS") for name in agent.settings]
+    toolsets = toolset_settings(agent)
+    needed += [
+        Needed(name, f"read by the toolset {toolsets[name]}: without it every turn fails")
+        if name in toolsets
+        else Needed(name, "the agent's SETTINGS")
+        for name in agent.settings
+    ]
     needed += [
         Needed(name, "the agent's DEV_STUBS (no stub answers on Cloudflare)")
         for name in agent.dev_stubs

@@ -26,7 +26,9 @@ nothing of the Worker's runtime is ours):
   SESSION_TOKEN_SECRET.
 - Fail fast: the agent's model is made once at start, on CPython, from these settings (its
   make_llm, or llm_from_env): a setting it needs and lacks (LLM_API_KEY for
-  LLM_PROVIDER=anthropic, ...) stops the server, saying where to set it.
+  LLM_PROVIDER=anthropic, ...) stops the server, saying where to set it. So does a setting
+  one of its toolsets reads (`MCPTools(url_setting="MCP_URL")`: each of the toolset's
+  `settings`) left empty, unless DEV_STUBS has a stub for it.
 - Reload. For this kit's Worker this server stages the Worker itself (build_worker.py, in
   its process, into its staging folder) and restages it when a file under src/, the
   --agent file (wherever it is) or the config changes: wrangler, given a copy of the
@@ -34,8 +36,10 @@ nothing of the Worker's runtime is ours):
   request served by the new code, nearly all of it workerd starting Python and importing
   the Worker). State under --persist-to (D1, Durable Objects) stays. Another Python
   Worker: its main module's folder is followed the same way.
-- D1 migrations: `wrangler d1 migrations apply --local` for each database with a
-  migrations folder, while the Worker starts.
+- D1 migrations: before `wrangler dev` starts (it serves requests as soon as it listens),
+  `wrangler d1 migrations apply --local` for each database with a migrations folder whose
+  local SQLite file (read read-only) does not record every migration in wrangler's
+  d1_migrations table; a start on an up-to-date database runs no wrangler command for it.
 - Cron: GET /cdn-cgi/handler/scheduled?cron=... runs the Worker's scheduled() (as
   `wrangler dev --test-scheduled`).
 - Limits: WORKERS_PLAN = free (the default) | paid, read like the settings: Cloudflare's
@@ -53,24 +57,33 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import hmac
 import importlib.util
 import json
 import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import dev_limits  # runtime/, beside this file
-from deploy_check import SECRET_SETTINGS, config_bindings, load_agent, model_problem
+from deploy_check import (
+    SECRET_SETTINGS,
+    config_bindings,
+    load_agent,
+    model_problem,
+    toolset_settings,
+)
 
 PROJECT = Path(__file__).resolve().parent.parent
 # The project's wrangler on its Node, with runtime/workerd as its workerd.
@@ -124,32 +137,53 @@ def say(message: str) -> None:
 # -- the config ----------------------------------------------------------------------------
 
 
-def _jsonc(text: str) -> Any:
-    """JSON with comments and trailing commas, as wrangler.jsonc allows."""
-    out, i, n = [], 0, len(text)
+def jsonc(text: str) -> Any:
+    """JSON with comments (`//` to the line's end, `/* */`) and trailing commas (before `}`
+    or `]`), as wrangler reads wrangler.json and wrangler.jsonc: outside strings only (a
+    string's `//`, `/*` and `, }` are its text; a backslash escapes its next character).
+    Comments and trailing commas become spaces, so an error's line and column
+    (json.JSONDecodeError, a ValueError) are those of `text`."""
+    out = list(text)
+    i, n = 0, len(text)
+    comma = -1  # a comma outside strings with no value after it yet
+
+    def blank(start: int, stop: int) -> None:
+        out[start:stop] = [c if c in "\r\n" else " " for c in text[start:stop]]
+
     while i < n:
         c = text[i]
         if c == '"':
-            j = i + 1
-            while j < n and text[j] != '"':
-                j += 2 if text[j] == "\\" else 1
-            out.append(text[i : j + 1])
-            i = j + 1
-        elif text.startswith("//", i):
-            i = text.find("\n", i) if "\n" in text[i:] else n
-        elif text.startswith("/*", i):
-            i = text.index("*/", i) + 2
-        else:
-            out.append(c)
             i += 1
-    return json.loads(re.sub(r",(\s*[}\]])", r"\1", "".join(out)))
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            comma = -1
+        elif text.startswith("//", i):
+            stop = text.find("\n", i)
+            stop = n if stop < 0 else stop
+            blank(i, stop)
+            i = stop - 1
+        elif text.startswith("/*", i):
+            stop = text.find("*/", i + 2)
+            if stop < 0:
+                raise json.JSONDecodeError("Unterminated /* comment", text, i)
+            blank(i, stop + 2)
+            i = stop + 1
+        elif c in "}]" and comma >= 0:
+            out[comma] = " "
+            comma = -1
+        elif c == ",":
+            comma = i if comma < 0 else -1  # `,,` is no trailing comma: JSON's error
+        elif not c.isspace():
+            comma = -1
+        i += 1
+    return json.loads("".join(out))
 
 
 def read_config(file: Path) -> dict[str, Any]:
     """What this server needs of a Worker's config: wrangler reads the rest itself."""
     try:
         text = file.read_text()
-        config = tomllib.loads(text) if file.suffix == ".toml" else _jsonc(text)
+        config = tomllib.loads(text) if file.suffix == ".toml" else jsonc(text)
     except (OSError, ValueError) as exc:
         fail(f"cannot read {file}: {exc}")
     if not isinstance(config, dict) or not isinstance(config.get("main"), str):
@@ -326,6 +360,31 @@ def model_failure(
     )
 
 
+def toolset_failure(
+    agent: Any, settings: Mapping[str, Setting], config_file: Path, dev_vars_file: Path
+) -> str | None:
+    """Why every turn would fail for want of a setting one of the agent's toolsets reads
+    (MCPTools refuses a turn while its url_setting or token_setting is missing or empty),
+    said for this server's user; a setting of DEV_STUBS has a value (its stub's URL)."""
+    missing: dict[str, list[str]] = {}
+    for name, toolset in toolset_settings(agent).items():
+        if is_empty(getattr(settings.get(name), "value", "")):
+            missing.setdefault(toolset, []).append(name)
+    if not missing:
+        return None
+    names = [name for group in missing.values() for name in group]
+    needs = "; ".join(
+        f"the agent's toolset {toolset} needs {' and '.join(group)}, which "
+        f"{'is' if len(group) == 1 else 'are'} not set"
+        for toolset, group in missing.items()
+    )
+    return (
+        f"{needs}: every turn would fail. Set {', '.join(names)} in {dev_vars_file}, the "
+        f"environment or [vars] of {config_file.name}. On Cloudflare: [vars], or a secret "
+        f"(`scripts/wrangler secret put {names[0]}`)"
+    )
+
+
 # -- processes -----------------------------------------------------------------------------
 
 
@@ -386,16 +445,76 @@ def start_lock(config_file: Path) -> Any:
     return lock
 
 
-def apply_migrations(
-    config_file: Path, config: dict[str, Any], persist: Path, env: dict[str, str]
-) -> list[str]:
-    """`wrangler d1 migrations apply --local` for each database with a migrations folder:
-    wrangler's own command, so its d1_migrations table stays the record."""
-    applied: list[str] = []
+# Where miniflare keeps a local D1 database, and wrangler's default record of its migrations.
+D1_OBJECTS = "miniflare-D1DatabaseObject"
+MIGRATIONS_TABLE = "d1_migrations"
+
+
+def d1_file(persist: Path, database: Mapping[str, Any]) -> Path:
+    """The SQLite file of a local D1 database under `persist`, as wrangler and miniflare name
+    it: the database is the Durable Object of namespace miniflare-D1DatabaseObject named
+    by its `preview_database_id`, else its `database_id`, else its binding; the file is
+    `<persist>/v3/d1/miniflare-D1DatabaseObject/<that object's id>.sqlite`, the id derived
+    as workerd derives a local object's (HMAC-SHA256 of the name, keyed by the SHA-256 of
+    the namespace; 16 bytes of it, then 16 of an HMAC of those)."""
+    ids = [database.get(k) for k in ("preview_database_id", "database_id")]
+    name = next((i for i in ids if isinstance(i, str)), str(database.get("binding")))
+    key = hashlib.sha256(D1_OBJECTS.encode()).digest()
+    first = hmac.new(key, name.encode(), "sha256").digest()[:16]
+    object_id = (first + hmac.new(key, first, "sha256").digest()[:16]).hex()
+    return persist / "v3" / "d1" / D1_OBJECTS / f"{object_id}.sqlite"
+
+
+def migrations_folder(config_file: Path, database: Mapping[str, Any]) -> Path:
+    return config_file.parent / str(database.get("migrations_dir") or "migrations")
+
+
+def pending_migrations(
+    config_file: Path, config: Mapping[str, Any], persist: Path
+) -> list[Mapping[str, Any]]:
+    """The D1 databases of `config` with a migrations folder whose local database under
+    `persist` may lack one of its migrations. Up to date is only what can be read for sure:
+    the database's SQLite file (opened read-only) records every `*.sql` file of the folder in
+    wrangler's migrations table; anything else (no file yet, no table, a
+    `migrations_pattern`, a file SQLite cannot read) is pending, for wrangler to decide."""
+    pending = []
     for database in config.get("d1_databases") or []:
-        folder = config_file.parent / str(database.get("migrations_dir") or "migrations")
-        if not folder.is_dir():
-            continue
+        folder = migrations_folder(config_file, database)
+        if folder.is_dir() and not _up_to_date(database, folder, persist):
+            pending.append(database)
+    return pending
+
+
+def _up_to_date(database: Mapping[str, Any], folder: Path, persist: Path) -> bool:
+    if database.get("migrations_pattern") is not None:
+        return False  # wrangler's own glob: not read here
+    names = {
+        p.name for p in folder.iterdir()
+        if p.name.endswith(".sql") and not p.name.startswith(".") and p.is_file()
+    }  # fmt: skip
+    file = d1_file(persist, database)
+    if not file.is_file():
+        return not names
+    table = str(database.get("migrations_table") or MIGRATIONS_TABLE).replace('"', '""')
+    try:
+        connection = sqlite3.connect(f"{file.as_uri()}?mode=ro", uri=True, timeout=5)
+        try:
+            applied = {row[0] for row in connection.execute(f'SELECT name FROM "{table}"')}
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return False
+    return names <= applied
+
+
+def apply_migrations(
+    config_file: Path, databases: Sequence[Mapping[str, Any]], persist: Path, env: dict[str, str]
+) -> list[str]:
+    """`wrangler d1 migrations apply --local` for each of `databases` (see
+    pending_migrations): wrangler's own command, so its migrations table stays the record.
+    The migrations it applied; RuntimeError with its output if it fails."""
+    applied: list[str] = []
+    for database in databases:
         name = str(database.get("database_name") or database["binding"])
         args = ["d1", "migrations", "apply", name, "--local", "--persist-to", str(persist),
                 "--config", str(config_file)]  # fmt: skip
@@ -404,7 +523,9 @@ def apply_migrations(
         )
         output, _ = child.communicate()
         if child.returncode != 0:
-            fail(f"wrangler {' '.join(args)} failed (exit {child.returncode}):\n{output}")
+            raise RuntimeError(
+                f"wrangler {' '.join(args)} failed (exit {child.returncode}):\n{output}"
+            )
         applied += dict.fromkeys(re.findall(r"│\s*(\S+\.sql)\s*│\s*✅", output))
     return applied
 
@@ -542,7 +663,10 @@ def main(argv: list[str] | None = None) -> int:
     if agent is not None:
         dev_vars_file = options.dev_vars or config_file.parent / ".dev.vars"
         placeholder = with_defaults(settings, agent, f"http://{host}:{options.port}")
-        if failure := model_failure(agent, placeholder, config, dev_vars_file):
+        failure = model_failure(agent, placeholder, config, dev_vars_file) or toolset_failure(
+            agent, placeholder, config_file, dev_vars_file
+        )
+        if failure:
             fail(failure)
     bundle = bundle_choice()
     date = str(config.get("compatibility_date") or "")
@@ -570,6 +694,23 @@ def main(argv: list[str] | None = None) -> int:
     if bundle == "development" and SNAPSHOT.is_file():
         extra["DURABLE_AGENTS_PYODIDE_SNAPSHOT"] = SNAPSHOT.name
     persist.mkdir(parents=True, exist_ok=True)
+    # D1 migrations before `wrangler dev` starts: wrangler serves a request as soon as it
+    # listens, and the Worker would fail it for a table not made yet. A local database
+    # found up to date needs no wrangler (3-6 s saved); otherwise wrangler's command runs
+    # while this server stages the Worker.
+    migrated: Future[list[str]] = Future()
+    pending = pending_migrations(config_file, config, persist)
+    if pending:
+
+        def migrate() -> None:
+            try:
+                migrated.set_result(apply_migrations(config_file, pending, persist, node_env({})))
+            except BaseException as exc:  # handed to the main thread
+                migrated.set_exception(exc)
+
+        threading.Thread(target=migrate, daemon=True).start()
+    else:
+        migrated.set_result([])
     # The Worker's main under the plan's limits: a generated module in a staging folder of
     # this server (dev_limits.Stage), which `wrangler dev` runs as its script.
     stage = None
@@ -598,12 +739,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
-    migrated: list[list[str]] = []
-    migrations = threading.Thread(
-        target=lambda: migrated.append(apply_migrations(config_file, config, persist, env)),
-        daemon=True,
-    )
-    migrations.start()
+    try:
+        applied = migrated.result()
+    except (RuntimeError, OSError) as exc:  # wrangler failed, or did not run
+        fail(f"D1 migrations: {exc}")
     # A free port is free when looked up, not always when wrangler binds it (another
     # server may take it meanwhile): with --port 0, a start that finds any of its ports
     # taken is tried again with new ones, three times.
@@ -645,13 +784,9 @@ def main(argv: list[str] | None = None) -> int:
             line = ANSI.sub("", line.rstrip("\n"))
             if not ready and "Ready on" in line:
                 starting.close()
-                migrations.join()
-                if not migrated:
-                    server.kill()
-                    return 1
                 ready = True
                 notes = [*notes, plan_note]
-                announce(config_file, config, bundle, notes, persist, migrated[0], started, origin)
+                announce(config_file, config, bundle, notes, persist, applied, started, origin)
                 chat_page = served.get("CHAT_PAGE")
                 if agent is not None and chat_page is not None and chat_page.value == "on":
                     say(f"chat page: {origin}/")

@@ -1,8 +1,9 @@
 """Cloudflare's per-invocation limits, inside a Python Worker that `scripts/dev` serves.
 
 Not imported by anyone on CPython: `runtime/dev_limits.py` stages this file beside the
-Worker's modules as `_workers_plan.py`, with a generated main module that imports the
-Worker's own main and hands it to `enforce()` (see that module for why and where).
+Worker's modules as `_workers_plan.py`, with a generated main module that calls
+`wrap_fetch()`, then imports the Worker's own main and hands it to `enforce()` (see that
+module for why and where).
 
 An invocation is one call of a public handler method (fetch, scheduled, alarm, queue,
 webSocketMessage, an RPC method...) of a WorkerEntrypoint or DurableObject subclass, or of
@@ -11,9 +12,12 @@ variable, which every task it starts (`ctx.waitUntil`, `asyncio.create_task`) sh
 call of such a method from inside an invocation (a helper of the same class) is part of
 that invocation. Counted, each against the plan's number (Cloudflare's messages):
 
-- external subrequests: the runtime's `fetch` (`js.fetch`, the kit's FetchTransport,
-  `workers.fetch`, `pyodide.http.pyfetch`); at most `connections` of them await their
-  response at once, the others wait (a queue, not an error);
+- external subrequests: the runtime's `fetch`, however and whenever the Worker reached
+  it (`js.fetch`, `from js import fetch` at import or later, the kit's FetchTransport,
+  `workers.fetch`, `pyodide.http.pyfetch`): `wrap_fetch`, before the Worker's main is
+  imported, makes `globalThis.fetch` a Proxy, counting from the first invocation on; at
+  most `connections` of them await their response at once, the others wait (a queue,
+  not an error);
 - D1 queries: a prepared statement's first/all/run/raw, a database's batch (one query for
   the whole batch), exec and dump;
 - other Cloudflare services: KV, R2 and Queue operations, and `fetch` and RPC calls on
@@ -156,13 +160,30 @@ def _patch(owner: Any, names: tuple[str, ...], kind: str) -> None:
             setattr(owner, name, js.Proxy.new(original, handler))
 
 
-def _patch_fetch() -> None:
-    js.globalThis.fetch = js.Proxy.new(js.globalThis.fetch, _handler("subrequests"))
-    try:  # pyfetch (workers.fetch) took `fetch` from `js` when it was imported
+_fetch_handler: Any = None  # the handler of the Proxy that globalThis.fetch is
+
+
+def wrap_fetch() -> None:
+    """Make `globalThis.fetch` a Proxy before the Worker's modules are imported (the
+    generated main calls this first), so that a name bound to it at import is the Proxy
+    too: `from js import fetch`, pyfetch's (`workers.fetch`), `js.fetch` at any time. Its
+    handler has no trap (a call goes straight to the runtime's fetch) until the first
+    invocation installs the traps (`_install`): the wasm module cannot be had before."""
+    global _fetch_handler
+    if _fetch_handler is not None:
+        return
+    _fetch_handler = js.Object.new()
+    js.globalThis.fetch = js.Proxy.new(js.globalThis.fetch, _fetch_handler)
+    try:  # pyfetch took `fetch` from `js` when it was imported (if it was already)
         import pyodide.http._pyfetch as pyfetch
     except ImportError:
         return
     pyfetch._jsfetch = js.fetch
+
+
+def _patch_fetch() -> None:
+    wrap_fetch()  # done at import by the generated main; here for a main that did not
+    _fetch_handler.apply = _traps.apply_fetch
 
 
 def _rejected(message: str) -> Any:

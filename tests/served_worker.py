@@ -12,6 +12,7 @@ own: `start()` links the kit's (`link_python_modules`; the links are gitignored)
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 
 from durable_agents.testing.worker import run_wrangler, running_in_group
 
@@ -29,6 +31,24 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ROOT / "tests" / "workers"
 DEV = ROOT / "runtime" / "dev.py"
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
+
+
+def runtime_module(name: str) -> ModuleType:
+    """runtime/<name>.py (the dev server's own modules: dev, dev_limits, deploy_check),
+    imported as `name` with runtime/ importable, as they import each other; loaded once."""
+    file = ROOT / "runtime" / f"{name}.py"
+    if str(file.parent) not in sys.path:
+        sys.path.append(str(file.parent))
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__file__", None) == str(file):
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
 
 
 def link_python_modules(directory: Path) -> None:

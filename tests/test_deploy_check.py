@@ -134,6 +134,28 @@ def test_a_model_no_secret_can_fix_is_an_error(
     assert deploy_check.main([*args, "--offline", *told]) == 0
 
 
+def test_a_setting_a_toolset_reads_is_needed_naming_the_toolset(
+    deploy_check: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # tests/agents/mcp_only.py: its only tools are MCPTools(url_setting="MCP_URL"), which
+    # refuses every turn without it; a stub in DEV_STUBS would not answer on Cloudflare.
+    (tmp_path / "wrangler.toml").write_text(CONFIG.format(provider="demo"))
+    agent = ROOT / "tests" / "agents" / "mcp_only.py"
+    args = ["--config", str(tmp_path / "wrangler.toml"), "--agent", str(agent), "--offline"]
+    assert deploy_check.main([*args, "--secret", "API_TOKEN"]) == 1
+    out = capsys.readouterr().out
+    rows = {
+        line.split()[0]: line.split(maxsplit=2)[1:] for line in out.splitlines() if line[:2] == "  "
+    }
+    assert rows["MCP_URL"] == [
+        "MISSING",
+        "read by the toolset MCPTools(url_setting='MCP_URL', name=None): without it every "
+        "turn fails",
+    ]
+    assert "check-deploy: no value on Cloudflare for MCP_URL: set each with " in out
+    assert deploy_check.main([*args, "--secret", "API_TOKEN", "--secret", "MCP_URL"]) == 0
+
+
 def test_wrangler_secret_names_in_a_secrets_file(deploy_check: ModuleType, tmp_path: Path) -> None:
     file = tmp_path / "prod.env"
     file.write_text("# prod\nAPI_TOKEN=abc\nexport LLM_API_KEY='k'\n")

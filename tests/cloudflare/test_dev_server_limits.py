@@ -144,6 +144,7 @@ def test_the_banner_says_the_plan(probes: dict[str, Probe]) -> None:
     ("mode", "error"),
     [
         ("js", f"#51: JsException: Error: {SUBREQUESTS}"),  # js.fetch, as FetchTransport
+        ("bound", f"#51: JsException: Error: {SUBREQUESTS}"),  # `from js import fetch`
         ("seq", f"#51: AbortError: {SUBREQUESTS}"),  # workers.fetch (pyodide's pyfetch)
     ],
 )

@@ -11,7 +11,8 @@ tests write to a temporary folder, with wrangler.toml as it is. One server for t
   seconds (the time is printed), and the sessions stored before it are still there; a
   broken edit leaves the running Worker alone.
 - Fail fast: LLM_PROVIDER=anthropic without LLM_API_KEY stops scripts/dev before
-  wrangler starts, naming the setting and where to set it.
+  wrangler starts, naming the setting and where to set it; so does a setting an agent's
+  toolset reads (tests/agents/mcp_only.py: MCPTools(url_setting="MCP_URL")) left empty.
 
 Needs `scripts/setup-runtime` (node_modules/ and python_modules/).
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import DevServer
+from worker_fakes import PROJECT, DevServer
 
 pytestmark = pytest.mark.slow
 
@@ -193,3 +194,18 @@ def test_a_model_that_needs_a_key_without_one_stops_the_start(tmp_path: Path) ->
     assert "(LLM_PROVIDER=anthropic is from environment): set LLM_API_KEY in " in why
     assert "dev-worker.dev.vars or the environment" in why
     assert "`scripts/wrangler secret put LLM_API_KEY`" in why
+
+
+def test_a_setting_a_toolset_reads_without_a_value_stops_the_start(tmp_path: Path) -> None:
+    agent = PROJECT / "tests" / "agents" / "mcp_only.py"  # MCPTools(url_setting="MCP_URL")
+    server = DevServer(tmp_path / "state", {}, "MCP_URL=\n", agent=agent)  # empty: not set
+    with pytest.raises(RuntimeError, match=r"exited \(1\) before it was ready") as raised:
+        server.start()
+    why = str(raised.value)
+    assert (
+        "dev: the agent's toolset MCPTools(url_setting='MCP_URL', name=None) needs MCP_URL, "
+        "which is not set: every turn would fail. Set MCP_URL in "
+    ) in why
+    assert "dev-worker.dev.vars, the environment or [vars] of wrangler.toml. " in why
+    assert "`scripts/wrangler secret put MCP_URL`" in why
+    assert "Ready on" not in why  # wrangler never started

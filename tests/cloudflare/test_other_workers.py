@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from served_worker import ServedWorker, link_python_modules, wrangler
+from served_worker import ServedWorker, link_python_modules, runtime_module, wrangler
 
 pytestmark = pytest.mark.slow
 
@@ -211,12 +211,22 @@ def test_kv_namespace(workers: dict[str, Served]) -> None:
 
 
 def test_jsonc_comments_and_trailing_commas(workers: dict[str, Served]) -> None:
-    # "//" and "/* */" in strings are no comments; an escaped quote ends no string.
-    assert workers["kv"].get_json("/vars") == {
+    # "//" and "/* */" in strings are no comments; an escaped quote ends no string; a
+    # string's ", }" is no trailing comma.
+    served = workers["kv"].get_json("/vars")
+    assert served == {
         "URL_WITH_SLASHES": "https://example.com/a//b",
         "NOT_A_COMMENT": "/* not a comment */",
         "QUOTED": '"//"',
+        "COMMA_BRACE": "x, }",
+        "COMMA_BRACKET": "[a, ]",
+        "BACKSLASH": "C:\\",
     }
+    # The dev server reads the file as wrangler (which gave the Worker its vars) does.
+    assert (
+        runtime_module("dev").jsonc((WORKERS / "kv" / "wrangler.jsonc").read_text())["vars"]
+        == served
+    )
 
 
 def test_r2_bucket_is_served_locally(workers: dict[str, Served]) -> None:

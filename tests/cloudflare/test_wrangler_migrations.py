@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from served_worker import runtime_module
+
 PROJECT = Path(__file__).resolve().parents[2]
 KIT = tomllib.loads((PROJECT / "wrangler.toml").read_text())
 DATABASE = KIT["d1_databases"][0]
@@ -107,10 +109,20 @@ def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -
         results: list[dict[str, Any]] = json.loads(output)[0]["results"]
         return results
 
+    # What the dev server reads of wrangler's record, before it starts wrangler dev.
+    dev = runtime_module("dev")
+    worker_config = json.loads(config.read_text())
+
+    def pending() -> list[str]:
+        return [db["binding"] for db in dev.pending_migrations(config, worker_config, state)]
+
+    assert pending() == ["DB"]  # no database yet
     # The database as a Worker of the older schema left it.
     assert applied(dev_process.wrangler(["d1", "migrations", "apply", name, *local])) == [
         f.name for f in before
     ]
+    assert dev.d1_file(state, DATABASE).is_file()  # where wrangler keeps it
+    assert pending() == []  # every file of the folder recorded
     d1(
         f"INSERT INTO agent_sessions VALUES ('{OLD}', 'triage', 'idle', 2, 1000, 2000); "
         "INSERT INTO agent_messages (session_id, seq, role, content, input_tokens, "
@@ -124,9 +136,11 @@ def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -
     # The later migrations, over the old rows.
     for file in later:
         shutil.copy2(file, project / "migrations" / file.name)
+    assert pending() == ["DB"]
     assert applied(dev_process.wrangler(["d1", "migrations", "apply", name, *local])) == [
         f.name for f in later
     ]
+    assert pending() == []
     assert d1(
         f"SELECT name, input_tokens, output_tokens FROM agent_sessions WHERE id = '{OLD}'"
     ) == [{"name": OLD, "input_tokens": 12, "output_tokens": 5}], (

@@ -113,7 +113,8 @@ class DevWorker:
     absolute or relative to the project. `settings`: added to wrangler.toml's
     `[vars]`. `token`: the `API_TOKEN`, sent as `Authorization: Bearer` by
     `post`/`get`/`request` unless they are given `token=`. `env`: extra
-    environment variables for the server process.
+    environment variables for the server process. `port`: the port to serve on
+    (`--port`; 0, the default: any free one, which `url` says once it is ready).
     """
 
     project: Path
@@ -123,6 +124,7 @@ class DevWorker:
     token: str = "test-token"
     env: Mapping[str, str] = field(default_factory=dict)
     start_timeout: float = START_TIMEOUT_S
+    port: int = 0
     url: str = field(default="", init=False)
     lines: list[str] = field(default_factory=list, init=False)
     start_s: float = field(default=0.0, init=False)
@@ -141,7 +143,7 @@ class DevWorker:
         dev_vars = self.state_dir / "dev-worker.dev.vars"
         dev_vars.write_text(self.dev_vars_text())
         command = [
-            str(self.project / "scripts" / "dev"), "--port", "0",
+            str(self.project / "scripts" / "dev"), "--port", str(self.port),
             "--persist-to", str(self.state_dir), "--dev-vars", str(dev_vars),
         ]  # fmt: skip
         if self.agent is not None:

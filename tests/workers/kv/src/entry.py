@@ -19,7 +19,14 @@ class Default(WorkerEntrypoint):
             listed = await self.env.FOO.list()
             return Response.json([key["name"] for key in listed["keys"]])
         if parts[0] == "vars":
-            names = ("URL_WITH_SLASHES", "NOT_A_COMMENT", "QUOTED")
+            names = (
+                "URL_WITH_SLASHES",
+                "NOT_A_COMMENT",
+                "QUOTED",
+                "COMMA_BRACE",
+                "COMMA_BRACKET",
+                "BACKSLASH",
+            )
             return Response.json({name: getattr(self.env, name) for name in names})
         if parts[:2] == ["bucket", "put"]:
             stored = await self.env.BUCKET.put(parts[2], parts[3])

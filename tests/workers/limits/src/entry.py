@@ -3,7 +3,9 @@ tests/cloudflare/test_dev_server_limits.py). Every answer is JSON: how many call
 and the first failure, as `#i: Type: message`.
 
     GET /fetch?n=&target=&mode=   n fetches of target (mode: seq, gather: all at once, js:
-                                  js.fetch, as the kit's FetchTransport; else workers.fetch)
+                                  js.fetch, as the kit's FetchTransport; bound: the `fetch`
+                                  of `from js import fetch` at import, as Cloudflare's
+                                  examples write it; else workers.fetch)
     GET /d1?n=&how=               n D1 queries (how: run, first, all, raw; batch: n batches
                                   of two statements)
     GET /do?n=&target=&calls=     `calls` requests to a Durable Object, each making n fetches
@@ -14,6 +16,7 @@ import json
 from urllib.parse import parse_qs, urlparse
 
 import js
+from js import fetch as bound_fetch
 from workers import DurableObject, Response, WorkerEntrypoint, fetch
 
 
@@ -29,6 +32,9 @@ async def fetches(n, target, mode):
         try:
             if mode == "js":
                 response = await js.fetch(target)
+                await response.text()
+            elif mode == "bound":
+                response = await bound_fetch(target)
                 await response.text()
             else:
                 response = await fetch(target)
