@@ -1,12 +1,13 @@
 """The dev server: a Python Worker served by `wrangler dev` on real workerd, offline.
 
     scripts/dev [--port 8787] [--ip 127.0.0.1] [--persist-to DIR] [--config FILE]
-                [--dev-vars FILE] [--agent FILE]
+                [--dev-vars FILE] [--agent FILE] [--migrate-only]
 
     --config FILE    any Python Worker's wrangler.toml, .json or .jsonc (default: this
                      repo's wrangler.toml); --persist-to and .dev.vars default to its folder
     --agent FILE     serve this agent module instead of src/agent.py (this kit's Worker only)
     --port 0         any free port (the `ready on` line says which)
+    --migrate-only   apply the config's D1 migrations to the local state and exit
 
 What it adds to `wrangler dev` (wrangler reads the config, builds, bundles and runs workerd;
 nothing of the Worker's runtime is ours):
@@ -641,12 +642,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path)
     parser.add_argument("--dev-vars", type=Path)
     parser.add_argument("--agent", type=Path)
+    parser.add_argument("--migrate-only", action="store_true")
     options = parser.parse_args(argv)
     if not 0 <= options.port <= 65535:
         fail("--port must be 0-65535")
     config_file = (options.config or find_config()).resolve()
     config = read_config(config_file)
     persist = (options.persist_to or config_file.parent / ".wrangler" / "state").resolve()
+    if options.migrate_only:
+        persist.mkdir(parents=True, exist_ok=True)
+        try:
+            pending = pending_migrations(config_file, config, persist)
+            applied = apply_migrations(config_file, pending, persist, node_env({}))
+        except (RuntimeError, OSError) as exc:
+            fail(f"D1 migrations: {exc}")
+        say(f"state in {persist}; D1 migrations: {', '.join(applied) or 'up to date'}")
+        return 0
     dev_vars = read_dotenv((options.dev_vars or config_file.parent / ".dev.vars").resolve())
     main_module = (config_file.parent / config["main"]).resolve()
     is_kit = config_file.parent == PROJECT and main_module.parent == PROJECT / "build" / "worker"

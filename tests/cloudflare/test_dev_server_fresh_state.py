@@ -74,7 +74,7 @@ def start_and_post_at_once(worker: DevWorker) -> tuple[int, Any]:
 def test_the_first_request_on_fresh_state_and_after_a_restart_is_served(tmp_path: Path) -> None:
     worker = DevWorker(
         PROJECT, tmp_path / "state", agent=TRIAGE_AGENT, token=TOKEN,
-        start_timeout=START_TIMEOUT_S, port=free_port(),
+        start_timeout=START_TIMEOUT_S, port=free_port(), migrated_d1=False,
     )  # fmt: skip
     try:
         status, reply = start_and_post_at_once(worker)

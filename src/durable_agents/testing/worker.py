@@ -41,10 +41,13 @@ No pytest import: usable from scripts too.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import http.client
 import json as jsonlib
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -115,6 +118,10 @@ class DevWorker:
     `post`/`get`/`request` unless they are given `token=`. `env`: extra
     environment variables for the server process. `port`: the port to serve on
     (`--port`; 0, the default: any free one, which `url` says once it is ready).
+    `migrated_d1`: a state directory without D1 yet starts from a copy of the project's
+    D1 with every migration applied (made once per set of migrations, in
+    `.cache/dev-d1/`, by `scripts/dev --migrate-only`), so the start runs no migration
+    (about 6 s saved); False: the server migrates it itself, as on a fresh clone.
     """
 
     project: Path
@@ -125,6 +132,7 @@ class DevWorker:
     env: Mapping[str, str] = field(default_factory=dict)
     start_timeout: float = START_TIMEOUT_S
     port: int = 0
+    migrated_d1: bool = True
     url: str = field(default="", init=False)
     lines: list[str] = field(default_factory=list, init=False)
     start_s: float = field(default=0.0, init=False)
@@ -140,6 +148,9 @@ class DevWorker:
         if self.running:
             raise RuntimeError(f"the dev server is already running on {self.url}")
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        d1 = self.state_dir / "v3" / "d1"
+        if self.migrated_d1 and not d1.exists():
+            shutil.copytree(migrated_d1(self.project, self.env), d1)
         dev_vars = self.state_dir / "dev-worker.dev.vars"
         dev_vars.write_text(self.dev_vars_text())
         command = [
@@ -444,6 +455,36 @@ def running_in_group(group: int) -> list[int]:
         if int(fields[2]) == group and fields[0] not in ("Z", "X"):
             members.append(int(entry.name))
     return members
+
+
+def migrated_d1(project: Path, env: Mapping[str, str] | None = None) -> Path:
+    """The `v3/d1` folder of a dev server state whose D1 databases have every migration of
+    the project applied: made once per wrangler.toml and migrations (`scripts/dev
+    --migrate-only`, under a lock: test processes may ask at once), then reused."""
+    digest = hashlib.sha256((project / "wrangler.toml").read_bytes())
+    for migration in sorted((project / "migrations").glob("*.sql")):
+        digest.update(migration.name.encode() + b"\0" + migration.read_bytes())
+    root = project / ".cache" / "dev-d1"
+    root.mkdir(parents=True, exist_ok=True)
+    made = root / digest.hexdigest()[:16]
+    with (root / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (made / "v3" / "d1").is_dir():
+            scratch = root / f"{made.name}.new"
+            shutil.rmtree(scratch, ignore_errors=True)
+            done = subprocess.run(
+                [str(project / "scripts" / "dev"), "--migrate-only", "--persist-to", str(scratch)],
+                cwd=project, env=_child_env(env or {}), capture_output=True, text=True,
+            )  # fmt: skip
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"scripts/dev --migrate-only failed ({done.returncode}):\n"
+                    f"{done.stdout}{done.stderr}"
+                )
+            (scratch / "v3" / "d1").mkdir(parents=True, exist_ok=True)  # (a config without D1)
+            shutil.rmtree(made, ignore_errors=True)
+            scratch.rename(made)
+    return made / "v3" / "d1"
 
 
 def _child_env(extra: Mapping[str, str]) -> dict[str, str]:
