@@ -1,5 +1,6 @@
-"""A toolset that cannot be listed, on `scripts/dev` (real workerd, the session's Durable
-Object and its alarm): `tests/agents/mcp_only.py`, whose only tools are
+"""Toolsets that cannot be listed, on `scripts/dev` (real workerd, the session's Durable
+Object and its alarm): `tests/agents/failing_toolsets.py`, whose toolsets are one that
+lists a tool named like the agent's own (for sessions named "clash...") and
 `MCPTools(url_setting="MCP_URL")`, with MCP_URL pointing at a port nothing listens on.
 
 Issue 30, item 5: what a remote server lists (or fails to) at run time is not a
@@ -25,7 +26,7 @@ from durable_agents.testing.worker import DevWorker, find_project
 
 pytestmark = pytest.mark.slow
 
-AGENT_FILE = Path(__file__).resolve().parents[1] / "agents" / "mcp_only.py"
+AGENT_FILE = Path(__file__).resolve().parents[1] / "agents" / "failing_toolsets.py"
 
 
 def closed_port() -> int:
@@ -83,3 +84,16 @@ def test_a_toolset_that_cannot_be_listed_keeps_the_message_and_the_alarm_stops_t
     # And the session takes its next message (the toolset still down: the same answer).
     again = worker.post("/sessions/down/messages", {"message": "notes again"})
     assert (again.status, again.body["error"]["code"]) == (502, "toolset-error"), again.text
+
+
+def test_a_toolset_listing_a_name_the_agent_has_keeps_the_message(worker: DevWorker) -> None:
+    # A server that starts listing a tool named like one of the agent's own: no 500 that
+    # drops the message, but the resumable toolset-error naming the clash and the fix.
+    reply = worker.post("/sessions/clash-1/messages", {"message": "look it up"})
+    assert reply.status == 502, reply.text
+    assert reply.body["error"]["code"] == "toolset-error"
+    assert "'lookup'" in reply.body["error"]["message"]
+    assert "prefix=" in reply.body["error"]["message"]
+    assert [(m["role"], m["content"]) for m in stored(worker, "clash-1")] == [
+        ("user", "look it up")
+    ]
