@@ -451,18 +451,25 @@ D1_OBJECTS = "miniflare-D1DatabaseObject"
 MIGRATIONS_TABLE = "d1_migrations"
 
 
+def local_object_id(unique_key: str, name: str) -> str:
+    """`idFromName(name)` of a Durable Object namespace that `wrangler dev` serves, as
+    workerd's local actor-id factory derives it: the key is the SHA-256 of the namespace's
+    unique key (`<worker>-<class>` for a Worker's own class, `miniflare-D1DatabaseObject`
+    for local D1); 16 bytes of HMAC-SHA256(key, name), then 16 of HMAC-SHA256(key, those),
+    as hex."""
+    key = hashlib.sha256(unique_key.encode()).digest()
+    first = hmac.new(key, name.encode(), "sha256").digest()[:16]
+    return (first + hmac.new(key, first, "sha256").digest()[:16]).hex()
+
+
 def d1_file(persist: Path, database: Mapping[str, Any]) -> Path:
     """The SQLite file of a local D1 database under `persist`, as wrangler and miniflare name
     it: the database is the Durable Object of namespace miniflare-D1DatabaseObject named
-    by its `preview_database_id`, else its `database_id`, else its binding; the file is
-    `<persist>/v3/d1/miniflare-D1DatabaseObject/<that object's id>.sqlite`, the id derived
-    as workerd derives a local object's (HMAC-SHA256 of the name, keyed by the SHA-256 of
-    the namespace; 16 bytes of it, then 16 of an HMAC of those)."""
+    by its `preview_database_id`, else its `database_id`, else its binding, in
+    `<persist>/v3/d1/miniflare-D1DatabaseObject/<that object's id>.sqlite`."""
     ids = [database.get(k) for k in ("preview_database_id", "database_id")]
     name = next((i for i in ids if isinstance(i, str)), str(database.get("binding")))
-    key = hashlib.sha256(D1_OBJECTS.encode()).digest()
-    first = hmac.new(key, name.encode(), "sha256").digest()[:16]
-    object_id = (first + hmac.new(key, first, "sha256").digest()[:16]).hex()
+    object_id = local_object_id(D1_OBJECTS, name)
     return persist / "v3" / "d1" / D1_OBJECTS / f"{object_id}.sqlite"
 
 

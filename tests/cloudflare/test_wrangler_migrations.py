@@ -11,8 +11,6 @@ it, checked on the old rows. Then this repo's Worker on real workerd (`scripts/d
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import importlib.util
 import json
 import re
@@ -46,15 +44,7 @@ def _script(name: str) -> ModuleType:
 
 
 dev_process = _script("dev_process")
-
-
-def local_object_id(unique_key: str, name: str) -> str:
-    """`idFromName(name)` of a namespace `wrangler dev` serves (workerd's
-    server/actor-id-impl.c++): key = SHA-256(unique key, "<worker>-<class>"); 16 bytes of
-    HMAC(key, name), then 16 bytes of HMAC(key, those), as hex. A Worker's session id."""
-    key = hashlib.sha256(unique_key.encode()).digest()
-    first = hmac.new(key, name.encode(), hashlib.sha256).digest()[:16]
-    return (first + hmac.new(key, first, hashlib.sha256).digest()[:16]).hex()
+local_object_id = runtime_module("dev").local_object_id  # a session's object id
 
 
 UNIQUE_KEY = f"{KIT['name']}-{KIT['durable_objects']['bindings'][0]['class_name']}"

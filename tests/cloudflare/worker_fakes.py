@@ -30,8 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
-import hashlib
-import hmac
 import json
 import re
 import threading
@@ -45,6 +43,7 @@ from typing import Any
 from durable_agents import Message, ToolCall, Usage
 from durable_agents.stores import sqlite_store
 from durable_agents.testing.worker import DevWorker
+from served_worker import runtime_module
 
 PROJECT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0  # a start takes 10-15 s; far longer on a busy machine
@@ -54,13 +53,10 @@ DURABILITY_REPLY = "The post may already have gone out; I will not post again. C
 
 
 def durable_object_id(name: str, namespace: str = "durable-agents-AgentSession") -> str:
-    """The id `SESSIONS.idFromName(name)` gives under `wrangler dev`, derived as workerd's
-    local ActorIdFactory derives it (an HMAC-SHA256 of the name, keyed by the SHA-256 of
-    the namespace's unique key, `<worker name>-<class name>` in miniflare, then 16
-    bytes of HMAC of that)."""
-    key = hashlib.sha256(namespace.encode()).digest()
-    first = hmac.new(key, name.encode(), "sha256").digest()[:16]
-    return (first + hmac.new(key, first, "sha256").digest()[:16]).hex()
+    """The id `SESSIONS.idFromName(name)` gives under `wrangler dev` (`namespace`: its
+    unique key in miniflare, `<worker name>-<class name>`; see the dev server's
+    `local_object_id`)."""
+    return str(runtime_module("dev").local_object_id(namespace, name))
 
 
 def read_history(get: Callable[[str], Any], name: str, limit: int | None = None) -> list[Any]:
