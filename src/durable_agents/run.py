@@ -98,7 +98,7 @@ from .messages import (
     pending_tool_calls as pending_tool_calls,  # re-exported: it lived here first
 )
 from .output import OutputSchema
-from .schedules import ScheduleRoom, StepSchedules
+from .schedules import ScheduleRoom, StepSchedules, room_left
 from .stores.base import ApprovalChange, Lease, LeaseHolder, Schedule, Store
 from .stores.memory import memory_store
 from .tools import DepsT, Handler, RunContext, Tool, ToolContext, Toolset
@@ -1169,8 +1169,7 @@ class _Session:
         runs = any(call.id not in decided or call.id in run for call in calls)
         if runs and self.store.durable and self.schedule_room is None:
             # Before a handler first runs (one read a run): ctx.schedule counts against it.
-            stored = await self.store.load_schedules(self.session_id)
-            self.schedule_room = ScheduleRoom(self.session_id, len(stored))
+            self.schedule_room = await room_left(self.store, self.session_id)
         jobs = [answer(call) for call in calls]
         contents = [await jobs[0]] if len(jobs) == 1 else await _all_or_crash(jobs)
         self.unstarted = [c for c, text in zip(calls, contents, strict=True) if text is None]

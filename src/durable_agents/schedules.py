@@ -156,6 +156,12 @@ class ScheduleRoom:
         self.left -= 1
 
 
+async def room_left(store: Store, session_id: str) -> ScheduleRoom:
+    """The room for more schedules in the session, counted from what is stored now: every
+    door (`schedule`, the Worker's API, a run's `ctx.schedule`) takes its places from it."""
+    return ScheduleRoom(session_id, len(await store.load_schedules(session_id)))
+
+
 class StepSchedules:
     """The schedules a step's handlers make, stored with the step's results.
 
@@ -223,8 +229,7 @@ async def schedule(
     info = await store.get_session(session_id)
     if info is None or info.message_count == 0:
         raise SessionNotFoundError(session_id)
-    if len(await store.load_schedules(session_id)) >= MAX_SCHEDULES_PER_SESSION:
-        raise full(session_id)
+    (await room_left(store, session_id)).take()
     made = new_schedule(
         message,
         schedule_id=f"sch_{(new_id or (lambda: uuid.uuid4().hex))()}",

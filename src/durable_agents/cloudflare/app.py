@@ -109,7 +109,7 @@ from ..llm.base import LLM
 from ..llm.settings import llm_from_env, setting
 from ..messages import CALL_ID, Message
 from ..run import RunResult, run, stop_turn
-from ..schedules import MAX_SCHEDULES_PER_SESSION, due_time, new_schedule
+from ..schedules import due_time, new_schedule, room_left
 from ..stores._sql import MAX_BOUND_INT
 from ..stores.base import SessionInfo, Store
 from .agent_module import DEV_STUB_PREFIX, DevStub, MakeDeps, MakeLLM
@@ -1494,12 +1494,10 @@ async def _schedules(
     info = await store.get_session(session_id)
     if info is None or info.message_count == 0:
         return _no_session(session_id)
-    if len(await store.load_schedules(session_id)) >= MAX_SCHEDULES_PER_SESSION:
-        return error_reply(
-            422, "invalid-schedule",
-            f"session {session_id} has {MAX_SCHEDULES_PER_SESSION} schedules waiting already; "
-            "delete one first",
-        )  # fmt: skip
+    try:
+        (await room_left(store, session_id)).take()
+    except ScheduleError as exc:
+        return error_for(exc)  # 422 invalid-schedule
     spec = command.schedule
     made = new_schedule(
         str(spec["message"]),
