@@ -219,3 +219,98 @@ def test_src_agent_and_the_examples_are_found() -> None:
     agents = [p for p in user_files() if is_agent_module(p)]
     assert SRC / "agent.py" in agents
     assert len(agents) >= 3  # src/agent.py and at least two examples
+
+
+# -- no circles ---------------------------------------------------------------------------
+
+RUNTIME = ROOT / "runtime"
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the modules it imports, over the kit (src/) and runtime/*.py (whose
+    modules import each other by their bare names). Every import counts: inside
+    functions and under TYPE_CHECKING too. `from P import m` with `P.m` a module is
+    an arrow to `P.m` only; importing a package's module is not an arrow to the
+    package's `__init__` (which every Python package import also runs, and which
+    only re-exports)."""
+    files = {module_name(p, SRC): p for p in SRC.rglob("*.py")}
+    files |= {p.stem: p for p in RUNTIME.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        is_package = path.name == "__init__.py"
+        package = name.split(".") if is_package else name.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    above = package[: len(package) - node.level + 1]
+                    base = ".".join([*above, base] if base else above)
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    targets.add(sub if sub in files else base)
+        arrows = set()
+        for target in targets:
+            parts = target.split(".")
+            while parts and ".".join(parts) not in files:
+                parts.pop()
+            if parts and ".".join(parts) != name:
+                arrows.add(".".join(parts))
+        graph[name] = arrows
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_circle_and_only_that() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_of_the_kit_or_the_runtime_imports_itself_in_a_circle() -> None:
+    graph = module_graph()
+    assert {"durable_agents.run", "durable_agents.events", "dev", "deploy_check"} <= set(graph)
+    assert cycles(graph) == []
