@@ -86,9 +86,9 @@ from typing import Any, cast
 import httpx
 
 from . import _json
+from ._http.client import default_client
+from ._http.sse import SSEEvent, sse_events, sse_lines
 from .errors import ConfigurationError, ToolFailure, ToolsetError, describe_exception, redact
-from .llm._http import default_client
-from .llm._sse import SSEEvent, sse_events, sse_lines
 from .messages import ToolErrorKind
 from .tools import RunContext, Tool, ToolContext
 

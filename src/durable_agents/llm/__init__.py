@@ -15,8 +15,8 @@ protocol); each retries transient failures itself (`RetryPolicy`), and
 raises an `LLMError` subclass when a call fails for good.
 """
 
+from .._http.client import default_client
 from ..messages import MalformedToolCall, StreamPart, TextDelta, ToolCallDelta
-from ._http import default_client
 from ._retry import RetryPolicy
 from .anthropic import AnthropicLLM
 from .base import LLM, StreamingLLM

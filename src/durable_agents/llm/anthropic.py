@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from .._http.sse import SSEEvent
 from ..errors import ConfigurationError
 from ..messages import (
     LLMResponse,
@@ -38,7 +39,7 @@ from ..messages import (
 )
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
-from ._sse import SSEEvent, json_data, stream_cut, stream_error
+from ._stream import json_data, stream_cut, stream_error
 from .base import wire_size
 from .errors import LLMResponseError
 from .tool_calls import is_error_result, make_tool_call, token_count

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from .._http.sse import SSEEvent
 from ..errors import ConfigurationError
 from ..messages import (
     LLMResponse,
@@ -35,7 +36,7 @@ from ..messages import (
 )
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
-from ._sse import SSEEvent, json_data, stream_cut, stream_error
+from ._stream import json_data, stream_cut, stream_error
 from .base import wire_size
 from .errors import LLMResponseError, provider_message
 from .tool_calls import make_tool_call, token_count

@@ -36,6 +36,7 @@ import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+from .._http.sse import sse_events, sse_lines
 from ..errors import ConfigurationError
 from ..messages import (
     LLMResponse,
@@ -46,7 +47,6 @@ from ..messages import (
     provider_call_ids,
 )
 from ._retry import RetryPolicy, attempt_timeout, call_with_retries, stream_with_retries
-from ._sse import sse_events, sse_lines
 from .base import wire_size
 from .errors import (
     LLMAuthenticationError,
