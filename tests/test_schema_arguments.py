@@ -36,7 +36,7 @@ from pydantic import (
 )
 
 from durable_agents import Agent, ConfigurationError, ToolContext, run, tool
-from durable_agents.llm._regex_sample import PatternNotSampled, sample_pattern
+from durable_agents._schema.regex_sample import PatternNotSampled, sample_pattern
 from durable_agents.llm.offline import arguments_for
 from durable_agents.testing import TestLLM
 
@@ -454,7 +454,7 @@ def test_the_generator_draws_on_no_randomness_or_clock() -> None:
     # must always give the same arguments.
     sources = [
         Path(sys.modules[name].__file__ or "").read_text()
-        for name in ("durable_agents.llm._regex_sample", "durable_agents.llm._schema_values")
+        for name in ("durable_agents._schema.regex_sample", "durable_agents._schema.values")
     ]
     for source in sources:
         assert not re.search(r"^\s*(import|from) (random|secrets|time)\b", source, re.M)

@@ -24,6 +24,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from .._schema.values import example_arguments
 from ..messages import (
     OUTPUT_TOOL,
     LLMResponse,
@@ -35,7 +36,6 @@ from ..messages import (
     ToolSpec,
     Usage,
 )
-from ._schema_values import example_arguments
 
 ModelFunction = Callable[[list[Message], list[ToolSpec]], LLMResponse | Awaitable[LLMResponse]]
 
