@@ -158,39 +158,15 @@ class MCPTools:
         name: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        if (url is None) == (url_setting is None):
-            raise ConfigurationError(
-                "MCPTools takes the server's url or url_setting (the name of the setting "
-                "that holds it): exactly one of them"
-            )
-        if url is not None:
-            _check_url(url, "url")
-        for what, setting in (("url_setting", url_setting), ("token_setting", token_setting)):
-            if setting is not None and (not isinstance(setting, str) or not setting):
-                raise ConfigurationError(f"MCPTools: {what} must name a setting, got {setting!r}")
-        if allow is not None:
-            if isinstance(allow, str):
-                raise ConfigurationError(
-                    f"MCPTools: allow is a list of tool names, got the string {allow!r}"
-                )
-            allow = tuple(allow)
-            if not allow or not all(isinstance(n, str) and n for n in allow):
-                raise ConfigurationError(
-                    f"MCPTools: allow must name at least one tool (or be None for all), "
-                    f"got {allow!r}"
-                )
-        if prefix and not (_NAME.fullmatch(prefix) and len(prefix) <= 32):
-            raise ConfigurationError(
-                f"MCPTools: prefix {prefix!r} must be at most 32 letters, digits, '_' or '-'"
-            )
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ConfigurationError(f"MCPTools: name must be a non-empty string, got {name!r}")
+        _check_endpoint(url, url_setting, token_setting)
+        allow = _allowed(allow)
+        _check_naming(prefix, name)
         if not (isinstance(timeout, int | float) and timeout > 0):
             raise ConfigurationError(f"MCPTools: timeout must be positive seconds, got {timeout!r}")
         self.url = url
         self.url_setting = url_setting
         self.token_setting = token_setting
-        self.allow: tuple[str, ...] | None = allow
+        self.allow = allow
         self.prefix = prefix
         self.approve_destructive = approve_destructive
         self.name = name
@@ -436,6 +412,46 @@ def _without_data(block: Any) -> Any:
 
 def _omitted(data: str, kind: str) -> str:
     return f"({len(data) * 3 // 4:,} bytes of {kind} data, not kept)"
+
+
+def _check_endpoint(url: str | None, url_setting: str | None, token_setting: str | None) -> None:
+    """The server's URL, or the names of the settings that hold it and its token."""
+    if (url is None) == (url_setting is None):
+        raise ConfigurationError(
+            "MCPTools takes the server's url or url_setting (the name of the setting "
+            "that holds it): exactly one of them"
+        )
+    if url is not None:
+        _check_url(url, "url")
+    for what, setting in (("url_setting", url_setting), ("token_setting", token_setting)):
+        if setting is not None and (not isinstance(setting, str) or not setting):
+            raise ConfigurationError(f"MCPTools: {what} must name a setting, got {setting!r}")
+
+
+def _allowed(allow: Sequence[str] | None) -> tuple[str, ...] | None:
+    """`allow` as a tuple of tool names (None: all); refused if it names none."""
+    if allow is None:
+        return None
+    if isinstance(allow, str):
+        raise ConfigurationError(
+            f"MCPTools: allow is a list of tool names, got the string {allow!r}"
+        )
+    names = tuple(allow)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ConfigurationError(
+            f"MCPTools: allow must name at least one tool (or be None for all), got {names!r}"
+        )
+    return names
+
+
+def _check_naming(prefix: str, name: str | None) -> None:
+    """The prefix of the model's tool names, and the server's name in errors."""
+    if prefix and not (_NAME.fullmatch(prefix) and len(prefix) <= 32):
+        raise ConfigurationError(
+            f"MCPTools: prefix {prefix!r} must be at most 32 letters, digits, '_' or '-'"
+        )
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ConfigurationError(f"MCPTools: name must be a non-empty string, got {name!r}")
 
 
 def _check_url(url: Any, what: str) -> None:

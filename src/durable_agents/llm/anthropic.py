@@ -264,11 +264,7 @@ async def parse_stream(events: AsyncIterator[SSEEvent]) -> AsyncGenerator[Stream
     and message_stop; an `error` event raises (see `stream_error`), and a
     stream that ends before message_stop is a cut (`LLMConnectionError`).
     """
-    blocks: dict[int, dict[str, Any]] = {}  # by the stream's block index
-    partial: dict[int, str] = {}  # a tool_use block's input JSON so far
-    call_index: dict[int, int] = {}  # block index -> the call's place in the reply
-    usage: dict[str, Any] = {}
-    stop_reason: Any = None
+    reader = _StreamReader()
     async for event in events:
         if event.event == "ping":
             continue
@@ -277,60 +273,87 @@ async def parse_stream(events: AsyncIterator[SSEEvent]) -> AsyncGenerator[Stream
         data = json_data(event, "anthropic")
         if not isinstance(data, dict):
             raise _bad_event(event)
+        if data.get("type", event.event) == "message_stop":
+            yield reader.reply()
+            return
+        for part in reader.read(event, data):
+            yield part
+    raise stream_cut("anthropic", "message_stop")
+
+
+class _StreamReader:
+    """What a Messages API event stream has said so far: its content blocks, each
+    tool_use block's input JSON, the usage and the stop reason."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, dict[str, Any]] = {}  # by the stream's block index
+        self.partial: dict[int, str] = {}  # a tool_use block's input JSON so far
+        self.call_index: dict[int, int] = {}  # block index -> the call's place in the reply
+        self.usage: dict[str, Any] = {}
+        self.stop_reason: Any = None
+
+    def read(self, event: SSEEvent, data: dict[str, Any]) -> list[StreamPart]:
+        """The deltas one event (other than message_stop) adds."""
         kind = data.get("type", event.event)
         if kind == "error":
             raise stream_error("anthropic", event.data)
         if kind == "message_start":
             message = data.get("message")
             if isinstance(message, dict):
-                _merge_usage(usage, message.get("usage"))
-                stop_reason = message.get("stop_reason") or stop_reason
+                _merge_usage(self.usage, message.get("usage"))
+                self.stop_reason = message.get("stop_reason") or self.stop_reason
         elif kind == "content_block_start":
-            index, block = data.get("index"), data.get("content_block")
-            if not isinstance(index, int) or not isinstance(block, dict):
-                raise _bad_event(event)
-            blocks[index] = dict(block)
-            if block.get("type") == "tool_use":
-                call_index[index] = len(call_index)
-                partial[index] = ""
-                yield ToolCallDelta(
-                    call_index[index], str(block.get("id") or ""), str(block.get("name") or "")
-                )
-            elif (
-                block.get("type") == "text" and isinstance(block.get("text"), str) and block["text"]
-            ):
-                yield TextDelta(block["text"])
+            return self.block_start(event, data)
         elif kind == "content_block_delta":
-            index, delta = data.get("index"), data.get("delta")
-            if not isinstance(delta, dict) or index not in blocks:
-                raise _bad_event(event)
-            block = blocks[index]
-            if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
-                block["text"] = str(block.get("text") or "") + delta["text"]
-                if delta["text"]:
-                    yield TextDelta(delta["text"])
-            elif delta.get("type") == "input_json_delta" and index in partial:
-                piece = delta.get("partial_json")
-                if isinstance(piece, str) and piece:
-                    partial[index] += piece
-                    yield ToolCallDelta(call_index[index], arguments=piece)
+            return self.block_delta(event, data)
         elif kind == "message_delta":
             delta = data.get("delta")
             if isinstance(delta, dict):
-                stop_reason = delta.get("stop_reason") or stop_reason
-            _merge_usage(usage, data.get("usage"))
-        elif kind == "message_stop":
-            order = sorted(blocks)
-            raw_inputs = {
-                position: partial[index]
-                for position, index in enumerate(order)
-                if partial.get(index)
-            }
-            content = [blocks[index] for index in order]
-            yield _reply(content, stop_reason, usage or None, raw_inputs)
-            return
+                self.stop_reason = delta.get("stop_reason") or self.stop_reason
+            _merge_usage(self.usage, data.get("usage"))
         # content_block_stop and event types added later need nothing
-    raise stream_cut("anthropic", "message_stop")
+        return []
+
+    def block_start(self, event: SSEEvent, data: dict[str, Any]) -> list[StreamPart]:
+        index, block = data.get("index"), data.get("content_block")
+        if not isinstance(index, int) or not isinstance(block, dict):
+            raise _bad_event(event)
+        self.blocks[index] = dict(block)
+        if block.get("type") == "tool_use":
+            self.call_index[index] = len(self.call_index)
+            self.partial[index] = ""
+            call_id, name = str(block.get("id") or ""), str(block.get("name") or "")
+            return [ToolCallDelta(self.call_index[index], call_id, name)]
+        text = block.get("text")
+        if block.get("type") == "text" and isinstance(text, str) and text:
+            return [TextDelta(text)]
+        return []
+
+    def block_delta(self, event: SSEEvent, data: dict[str, Any]) -> list[StreamPart]:
+        index, delta = data.get("index"), data.get("delta")
+        if not isinstance(delta, dict) or index not in self.blocks:
+            raise _bad_event(event)
+        block = self.blocks[index]
+        if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+            block["text"] = str(block.get("text") or "") + delta["text"]
+            return [TextDelta(delta["text"])] if delta["text"] else []
+        if delta.get("type") == "input_json_delta" and index in self.partial:
+            piece = delta.get("partial_json")
+            if isinstance(piece, str) and piece:
+                self.partial[index] += piece
+                return [ToolCallDelta(self.call_index[index], arguments=piece)]
+        return []
+
+    def reply(self) -> LLMResponse:
+        """The whole reply, at message_stop."""
+        order = sorted(self.blocks)
+        raw_inputs = {
+            position: self.partial[index]
+            for position, index in enumerate(order)
+            if self.partial.get(index)
+        }
+        content = [self.blocks[index] for index in order]
+        return _reply(content, self.stop_reason, self.usage or None, raw_inputs)
 
 
 def _merge_usage(usage: dict[str, Any], raw: Any) -> None:
