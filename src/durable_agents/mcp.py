@@ -12,37 +12,10 @@ at the start of every turn, and each becomes a `Tool` whose handler calls it:
     result = await run(agent, llm=llm, message="Drop the milk note", session_id="s1", store=store)
     # the model sees list_notes, add_note, delete_note...: the server's tools
 
-The durability mapping. A tool's annotations are the server's word on it:
-
-- `readOnlyHint: true`: `safe_to_retry`. A call whose result a crash lost is
-  sent again on resume.
-- anything else (no annotations; `idempotentHint: true` too): a side effect,
-  never sent twice by the kit. A lost one is answered `tool-durability-error`.
-- with `approve_destructive=True`, a tool that is not read-only and whose
-  `destructiveHint` is not false (the spec's default is true) waits for a
-  person's approval, call by call.
-
-What the kit decided is stored with each call (`ToolCall.policy`), so a resume
-goes by what the server said when the call was made, not by what it says
-later. Every call carries its idempotency key (`ToolContext.idempotency_key`)
-in `_meta`, under `"io.github.durable-agents/idempotency-key"`: a server that
-deduplicates by it makes even a repeated side effect harmless.
-
-A call's answer becomes its result:
-
-    structuredContent                  the result (a JSON object)
-    content, all text blocks           the texts joined by "\\n"
-    content, other blocks too          a JSON list of the blocks; the data of an image
-                                       or audio block and a resource's blob are
-                                       replaced by their size (a model reads text)
-    isError: true                      a `tool-failed` result with the text
-    JSON-RPC error -32602              `invalid-arguments` (an unknown tool, for many
-                                       servers); any other code: `tool-failed`
-    HTTP 4xx (not processed)           `tool-failed`: the server refused the call
-    HTTP 5xx; a body that is not its   outcome unknown (`ToolFailure(outcome_unknown=
-    JSON-RPC answer or over 8 MB; an   True)`): `tool-durability-error` for a side
-    event stream that ends without it  effect, `tool-failed` for a read
-    a connection lost mid-call         the same, decided by the run loop
+What the server's annotations decide (`safe_to_retry`, approval), what each
+call's answer becomes, and how a failure to list ends the turn: the guide,
+docs/mcp.md. What the kit decided is stored with each call (`ToolCall.policy`);
+each call carries its idempotency key in `_meta`, under `IDEMPOTENCY_KEY_META`.
 
 Names. The model sees `prefix` + the server's name, each character outside
 `[A-Za-z0-9_-]` replaced by `_` (`notes.search` becomes `notes_search`); a

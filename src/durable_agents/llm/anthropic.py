@@ -1,19 +1,9 @@
-"""Anthropic's Messages API (`POST /v1/messages`) with tool use.
+"""Anthropic's Messages API (`POST /v1/messages`) with tool use: `AnthropicLLM`.
 
-Use `AnthropicLLM` for Claude models with an Anthropic API key. For any
-server that speaks OpenAI's Chat Completions (OpenAI, Workers AI's REST
-endpoint, Ollama, vLLM, llama.cpp) use `OpenAILLM`; inside a Worker with an
-`AI` binding and no key, `WorkersAILLM`.
-
-How the neutral conversation maps onto the wire:
-
-- every `system` message → the top-level `system` string (joined);
-- an assistant message → one `assistant` turn: its text block (if any),
-  then one `tool_use` block per call;
-- tool results → `tool_result` blocks (in the order stored, `is_error` set when the
-  content is the run loop's `{"error": ...}` JSON) in one `user` turn, and a
-  user message right after them joins that same turn, since the API wants
-  user and assistant turns to alternate.
+Use it for Claude models with an Anthropic API key; for an OpenAI-compatible
+server, `OpenAILLM`; inside a Worker with an `AI` binding, `WorkersAILLM`.
+How the conversation maps onto the wire (system, `tool_use`, `tool_result`
+turns) is in docs/llm-providers.md#what-the-adapters-do-with-the-conversation.
 """
 
 from __future__ import annotations
