@@ -35,7 +35,7 @@ from durable_agents import (
     run,
     tool,
 )
-from durable_agents._http_json import DepthCheckedStream, refuse_deep_json
+from durable_agents._http.json_guard import DepthCheckedStream, refuse_deep_json
 from durable_agents._json import (
     MAX_DEPTH,
     STORED_MAX_DEPTH,

@@ -302,7 +302,7 @@ def test_a_message_repairs_its_content() -> None:
 
 
 async def test_a_surrogate_pair_split_between_streamed_chunks_is_kept_whole() -> None:
-    from durable_agents.llm._sse import SSEEvent
+    from durable_agents._http.sse import SSEEvent
     from durable_agents.llm.openai import parse_stream
     from durable_agents.messages import TextDelta
 

@@ -35,8 +35,9 @@ from pydantic import (
     constr,
 )
 
-from durable_agents import Agent, ConfigurationError, ToolContext, run, tool
-from durable_agents.llm._regex_sample import PatternNotSampled, sample_pattern
+from durable_agents import Agent, ConfigurationError, ToolArgumentsError, ToolContext, run, tool
+from durable_agents._schema.check import json_type
+from durable_agents._schema.regex_sample import PatternNotSampled, sample_pattern
 from durable_agents.llm.offline import arguments_for
 from durable_agents.testing import TestLLM
 
@@ -454,8 +455,42 @@ def test_the_generator_draws_on_no_randomness_or_clock() -> None:
     # must always give the same arguments.
     sources = [
         Path(sys.modules[name].__file__ or "").read_text()
-        for name in ("durable_agents.llm._regex_sample", "durable_agents.llm._schema_values")
+        for name in ("durable_agents._schema.regex_sample", "durable_agents._schema.values")
     ]
     for source in sources:
         assert not re.search(r"^\s*(import|from) (random|secrets|time)\b", source, re.M)
         assert not re.search(r"\.(now|today|utcnow)\(", source)
+
+
+# -- the one check: a schema-only tool's arguments, and the values made ----------------
+
+
+def test_json_types_count_an_integral_float_as_an_integer() -> None:
+    assert [json_type(v) for v in (1, 1.0, 1.5, True, None, "x", [], {})] == [
+        "integer", "integer", "number", "boolean", "null", "string", "array", "object",
+    ]  # fmt: skip
+
+
+def test_a_schema_only_tool_is_checked_by_the_same_check_as_the_values_made() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "minimum": 1},
+            "day": {"type": "string", "format": "date"},
+            "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        },
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    lookup = tool(name="lookup", description="Look up.", input=schema)
+    # 2.0 is an integer (JSON Schema's count); `format` is an annotation for a tool's check.
+    fine = {"n": 2.0, "day": "someday", "code": "ABC"}
+    assert lookup.parse_arguments(fine) == fine
+    with pytest.raises(ToolArgumentsError) as failure:
+        lookup.parse_arguments({"n": 0, "code": "abc", "x": 1})
+    assert failure.value.problems == (
+        "arguments.n: must lie within minimum 1; arguments.code: must match the pattern "
+        "'^[A-Z]{3}$'; arguments.x: not allowed"
+    )
+    # The generator holds the format too, so what it makes is a date.
+    assert arguments_for(schema) == {"n": 1, "day": "2000-01-01", "code": "AAA"}

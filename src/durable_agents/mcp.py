@@ -12,37 +12,10 @@ at the start of every turn, and each becomes a `Tool` whose handler calls it:
     result = await run(agent, llm=llm, message="Drop the milk note", session_id="s1", store=store)
     # the model sees list_notes, add_note, delete_note...: the server's tools
 
-The durability mapping. A tool's annotations are the server's word on it:
-
-- `readOnlyHint: true`: `safe_to_retry`. A call whose result a crash lost is
-  sent again on resume.
-- anything else (no annotations; `idempotentHint: true` too): a side effect,
-  never sent twice by the kit. A lost one is answered `tool-durability-error`.
-- with `approve_destructive=True`, a tool that is not read-only and whose
-  `destructiveHint` is not false (the spec's default is true) waits for a
-  person's approval, call by call.
-
-What the kit decided is stored with each call (`ToolCall.policy`), so a resume
-goes by what the server said when the call was made, not by what it says
-later. Every call carries its idempotency key (`ToolContext.idempotency_key`)
-in `_meta`, under `"io.github.durable-agents/idempotency-key"`: a server that
-deduplicates by it makes even a repeated side effect harmless.
-
-A call's answer becomes its result:
-
-    structuredContent                  the result (a JSON object)
-    content, all text blocks           the texts joined by "\\n"
-    content, other blocks too          a JSON list of the blocks; the data of an image
-                                       or audio block and a resource's blob are
-                                       replaced by their size (a model reads text)
-    isError: true                      a `tool-failed` result with the text
-    JSON-RPC error -32602              `invalid-arguments` (an unknown tool, for many
-                                       servers); any other code: `tool-failed`
-    HTTP 4xx (not processed)           `tool-failed`: the server refused the call
-    HTTP 5xx; a body that is not its   outcome unknown (`ToolFailure(outcome_unknown=
-    JSON-RPC answer or over 8 MB; an   True)`): `tool-durability-error` for a side
-    event stream that ends without it  effect, `tool-failed` for a read
-    a connection lost mid-call         the same, decided by the run loop
+What the server's annotations decide (`safe_to_retry`, approval), what each
+call's answer becomes, and how a failure to list ends the turn: the guide,
+docs/mcp.md. What the kit decided is stored with each call (`ToolCall.policy`);
+each call carries its idempotency key in `_meta`, under `IDEMPOTENCY_KEY_META`.
 
 Names. The model sees `prefix` + the server's name, each character outside
 `[A-Za-z0-9_-]` replaced by `_` (`notes.search` becomes `notes_search`); a
@@ -86,9 +59,9 @@ from typing import Any, cast
 import httpx
 
 from . import _json
+from ._http.client import default_client
+from ._http.sse import SSEEvent, sse_events, sse_lines
 from .errors import ConfigurationError, ToolFailure, ToolsetError, describe_exception, redact
-from .llm._http import default_client
-from .llm._sse import SSEEvent, sse_events, sse_lines
 from .messages import ToolErrorKind
 from .tools import RunContext, Tool, ToolContext
 
@@ -158,39 +131,15 @@ class MCPTools:
         name: str | None = None,
         timeout: float = 30.0,
     ) -> None:
-        if (url is None) == (url_setting is None):
-            raise ConfigurationError(
-                "MCPTools takes the server's url or url_setting (the name of the setting "
-                "that holds it): exactly one of them"
-            )
-        if url is not None:
-            _check_url(url, "url")
-        for what, setting in (("url_setting", url_setting), ("token_setting", token_setting)):
-            if setting is not None and (not isinstance(setting, str) or not setting):
-                raise ConfigurationError(f"MCPTools: {what} must name a setting, got {setting!r}")
-        if allow is not None:
-            if isinstance(allow, str):
-                raise ConfigurationError(
-                    f"MCPTools: allow is a list of tool names, got the string {allow!r}"
-                )
-            allow = tuple(allow)
-            if not allow or not all(isinstance(n, str) and n for n in allow):
-                raise ConfigurationError(
-                    f"MCPTools: allow must name at least one tool (or be None for all), "
-                    f"got {allow!r}"
-                )
-        if prefix and not (_NAME.fullmatch(prefix) and len(prefix) <= 32):
-            raise ConfigurationError(
-                f"MCPTools: prefix {prefix!r} must be at most 32 letters, digits, '_' or '-'"
-            )
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ConfigurationError(f"MCPTools: name must be a non-empty string, got {name!r}")
+        _check_endpoint(url, url_setting, token_setting)
+        allow = _allowed(allow)
+        _check_naming(prefix, name)
         if not (isinstance(timeout, int | float) and timeout > 0):
             raise ConfigurationError(f"MCPTools: timeout must be positive seconds, got {timeout!r}")
         self.url = url
         self.url_setting = url_setting
         self.token_setting = token_setting
-        self.allow: tuple[str, ...] | None = allow
+        self.allow = allow
         self.prefix = prefix
         self.approve_destructive = approve_destructive
         self.name = name
@@ -436,6 +385,46 @@ def _without_data(block: Any) -> Any:
 
 def _omitted(data: str, kind: str) -> str:
     return f"({len(data) * 3 // 4:,} bytes of {kind} data, not kept)"
+
+
+def _check_endpoint(url: str | None, url_setting: str | None, token_setting: str | None) -> None:
+    """The server's URL, or the names of the settings that hold it and its token."""
+    if (url is None) == (url_setting is None):
+        raise ConfigurationError(
+            "MCPTools takes the server's url or url_setting (the name of the setting "
+            "that holds it): exactly one of them"
+        )
+    if url is not None:
+        _check_url(url, "url")
+    for what, setting in (("url_setting", url_setting), ("token_setting", token_setting)):
+        if setting is not None and (not isinstance(setting, str) or not setting):
+            raise ConfigurationError(f"MCPTools: {what} must name a setting, got {setting!r}")
+
+
+def _allowed(allow: Sequence[str] | None) -> tuple[str, ...] | None:
+    """`allow` as a tuple of tool names (None: all); refused if it names none."""
+    if allow is None:
+        return None
+    if isinstance(allow, str):
+        raise ConfigurationError(
+            f"MCPTools: allow is a list of tool names, got the string {allow!r}"
+        )
+    names = tuple(allow)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ConfigurationError(
+            f"MCPTools: allow must name at least one tool (or be None for all), got {names!r}"
+        )
+    return names
+
+
+def _check_naming(prefix: str, name: str | None) -> None:
+    """The prefix of the model's tool names, and the server's name in errors."""
+    if prefix and not (_NAME.fullmatch(prefix) and len(prefix) <= 32):
+        raise ConfigurationError(
+            f"MCPTools: prefix {prefix!r} must be at most 32 letters, digits, '_' or '-'"
+        )
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ConfigurationError(f"MCPTools: name must be a non-empty string, got {name!r}")
 
 
 def _check_url(url: Any, what: str) -> None:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from typing_extensions import TypeVar
 
 from . import _json
+from ._schema.check import json_type, schema_problems
 from .errors import ConfigurationError, ToolArgumentsError
 from .messages import ToolSpec
 from .stores.base import Schedule
@@ -183,7 +184,7 @@ class Tool:
         """The handler's `args`: a model instance or the checked dict; else ToolArgumentsError."""
         if not isinstance(arguments, dict):
             raise ToolArgumentsError(
-                f"arguments must be a JSON object, got {_json_type(arguments)}",
+                f"arguments must be a JSON object, got {json_type(arguments)}",
                 tool_name=self.name,
             )
         if self.input_model is not None:
@@ -191,9 +192,10 @@ class Tool:
                 return self.input_model.model_validate(arguments)
             except ValidationError as exc:
                 raise ToolArgumentsError(_summarise(exc), tool_name=self.name) from None
-        problems = _check_schema(arguments, self.input_schema, "arguments")
+        problems = schema_problems(arguments, self.input_schema, "arguments")
         if problems:
-            raise ToolArgumentsError("; ".join(problems), tool_name=self.name)
+            said = "; ".join(f"{p.path}: {p.why}" for p in problems)
+            raise ToolArgumentsError(said, tool_name=self.name)
         return arguments
 
     def encode_result(self, value: Any) -> str:
@@ -393,50 +395,3 @@ def _summarise(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in error["loc"]) or "(root)"
         parts.append(f"{where}: {error['msg']}")
     return "; ".join(parts)
-
-
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,),
-    "array": (list,),
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "null": (type(None),),
-}
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    for name in ("object", "array", "string", "integer", "number", "null"):
-        if isinstance(value, _JSON_TYPES[name]):
-            return name
-    return type(value).__name__
-
-
-def _check_schema(value: Any, schema: dict[str, Any], where: str) -> list[str]:
-    """The problems of `value` against the common core of JSON schema (type,
-    enum, properties, required, additionalProperties, items). Enough to stop a
-    malformed call before its handler runs; a pydantic model gives full checks."""
-    expected = schema.get("type")
-    if expected is not None:
-        names = expected if isinstance(expected, list) else [expected]
-        actual = _json_type(value)
-        if not any(actual == n or (n == "number" and actual == "integer") for n in names):
-            return [f"{where}: expected {' or '.join(names)}, got {actual}"]
-    if "enum" in schema and value not in schema["enum"]:
-        return [f"{where}: must be one of {schema['enum']!r}"]
-    problems: list[str] = []
-    if isinstance(value, dict):
-        properties = schema.get("properties", {})
-        problems += [f"{where}.{k}: required" for k in schema.get("required", ()) if k not in value]
-        for key, item in value.items():
-            if key in properties:
-                problems += _check_schema(item, properties[key], f"{where}.{key}")
-            elif schema.get("additionalProperties") is False:
-                problems.append(f"{where}.{key}: not allowed")
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            problems += _check_schema(item, schema["items"], f"{where}[{i}]")
-    return problems

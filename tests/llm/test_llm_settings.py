@@ -12,6 +12,7 @@ import pytest
 
 import durable_agents.llm as llm_package
 from durable_agents import ConfigurationError, DurableAgentsError
+from durable_agents._http import client as client_module
 from durable_agents.cloudflare import FetchTransport
 from durable_agents.llm import (
     DEFAULT_MODELS,
@@ -29,7 +30,6 @@ from durable_agents.llm import (
     OpenAILLM,
     TestLLM,
     WorkersAILLM,
-    _http,
     default_client,
     llm_from_env,
 )
@@ -148,11 +148,11 @@ async def test_default_client_takes_the_transport_it_is_given() -> None:
 async def test_the_default_transport_is_what_the_worker_side_sets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_http, "_default_transport", None)
+    monkeypatch.setattr(client_module, "_default_transport", None)
     monkeypatch.setattr(sys, "platform", "emscripten")
     with pytest.raises(ConfigurationError, match="FetchTransport"):
         default_client(7.0)
-    _http.set_default_transport(FetchTransport)
+    client_module.set_default_transport(FetchTransport)
     async with default_client(7.0) as client:
         assert isinstance(client._transport, FetchTransport)
     llm = OpenAILLM("m", "k")
@@ -166,7 +166,7 @@ async def test_the_default_transport_is_what_the_worker_side_sets(
 def test_importing_cloudflare_under_pyodide_makes_fetch_the_default() -> None:
     code = (
         "import sys\n"
-        "from durable_agents.llm import _http\n"
+        "from durable_agents._http import client as _http\n"
         "assert 'durable_agents.cloudflare' not in sys.modules\n"
         "assert _http._default_transport is None\n"
         "sys.platform = 'emscripten'\n"

@@ -24,6 +24,7 @@ from openai.types.chat import ChatCompletionChunk
 from pydantic import TypeAdapter
 
 from durable_agents import LLMResponse, Message, ToolCall, Usage
+from durable_agents._http.sse import SSEEvent, sse_events, sse_lines
 from durable_agents.llm import (
     AnthropicLLM,
     FunctionLLM,
@@ -41,7 +42,6 @@ from durable_agents.llm import (
     ToolCallDelta,
     WorkersAILLM,
 )
-from durable_agents.llm._sse import SSEEvent, sse_events, sse_lines
 from durable_agents.testing import ScriptedLLM
 
 KEY = "sk-test-stream-secret-0123456789"

@@ -18,7 +18,7 @@ import httpx
 from pydantic import BaseModel
 
 from durable_agents import Agent, LLMResponse, Message, StoreError, ToolCall, run, tool
-from durable_agents._http_json import refuse_deep_json
+from durable_agents._http.json_guard import refuse_deep_json
 from durable_agents._json import JSONTooDeepError, loads
 from durable_agents.cloudflare import FetchTransport, d1_store
 from durable_agents.cloudflare.app import handle_request

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from ..llm._http import set_default_transport
+from .._http.client import set_default_transport
 from .d1 import D1Store, d1_store
 from .do_store import DurableObjectStore, durable_object_store
 from .fetch_transport import FetchTransport, InvocationLimitError

@@ -82,7 +82,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import httpx
 
 from .. import _json
-from .._http_json import refuse_deep_json
+from .._http.json_guard import refuse_deep_json
 from .._timeouts import timeout
 from ..agent import Agent
 from ..approvals import approval_states, approve, pending_approvals, waiting_calls
@@ -908,7 +908,7 @@ async def serve_dev_stub(
 def tools_client(timeout: float = HTTP_TIMEOUT_S) -> httpx.AsyncClient:
     """The `http` a Worker hands `make_deps`: over the runtime's `fetch` inside a Worker
     (httpx's own transport needs sockets), httpx's own on CPython. A response whose JSON
-    nests deeper than 128 levels raises `httpx.DecodingError` when read (`_http_json`)."""
+    nests deeper than 128 levels raises `httpx.DecodingError` when read (`_http.json_guard`)."""
     transport: httpx.AsyncBaseTransport | None = None
     if sys.platform == "emscripten":
         from .fetch_transport import FetchTransport

@@ -8,15 +8,14 @@
     TestLLM        offline, for any agent: calls each tool once, then replies
     FunctionLLM    offline, your own answers: fn(messages, tools) -> LLMResponse
 
-Each has `async chat(messages, tools) -> LLMResponse` (the `LLM` protocol)
-and `stream(messages, tools)`, an async iterator of `TextDelta`s and
-`ToolCallDelta`s ending with the same `LLMResponse` (the `StreamingLLM`
-protocol); each retries transient failures itself (`RetryPolicy`), and
-raises an `LLMError` subclass when a call fails for good.
+Each is an `LLM` (`chat`) and a `StreamingLLM` (`stream`), retries transient
+failures itself (`RetryPolicy`) and raises an `LLMError` when a call fails for
+good. The guide: docs/llm-providers.md (settings, retries, errors, what each
+adapter does with the conversation); the offline models: docs/testing.md.
 """
 
+from .._http.client import default_client
 from ..messages import MalformedToolCall, StreamPart, TextDelta, ToolCallDelta
-from ._http import default_client
 from ._retry import RetryPolicy
 from .anthropic import AnthropicLLM
 from .base import LLM, StreamingLLM

@@ -1,18 +1,22 @@
-"""The HTTP side shared by the HTTP adapters: the client, one POST (whole or streamed),
-and error mapping."""
+"""What the HTTP adapters (OpenAI, Anthropic) share: one POST of a request, whole or
+streamed, with retries, and the mapping of HTTP failures to `LLMError`s.
+
+The client itself and SSE reading are the kit's (`durable_agents._http`); see
+docs/llm-providers.md for the errors and retries.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, Self
 
 import httpx
 
 from .. import _json
-from .._http_json import refuse_deep_json
+from .._http.client import default_client
+from .._http.sse import SSEEvent, sse_events
 from ..errors import ConfigurationError, redact
 from ..messages import LLMResponse, StreamPart, TextDelta
 from ._retry import (
@@ -22,7 +26,6 @@ from ._retry import (
     parse_retry_after,
     stream_with_retries,
 )
-from ._sse import SSEEvent, sse_events
 from .errors import (
     LLMAuthenticationError,
     LLMConnectionError,
@@ -53,49 +56,6 @@ def check_base_url(base_url: str, setting: str = "LLM_BASE_URL") -> str:
     if not base_url.startswith(("http://", "https://")):
         raise ConfigurationError(f"{setting} must be an http:// or https:// URL, got {base_url!r}")
     return base_url.rstrip("/")
-
-
-TransportFactory = Callable[[], httpx.AsyncBaseTransport]
-
-_default_transport: TransportFactory | None = None
-
-
-def set_default_transport(factory: TransportFactory | None) -> None:
-    """Where clients made by `default_client` without a `transport` send requests.
-
-    `None` (the start) is httpx's own transport. The Worker side sets it:
-    importing `durable_agents.cloudflare` under Pyodide sets `FetchTransport`,
-    so an adapter built anywhere in a Worker (say by `llm_from_env` in an
-    agent's `make_llm`) reaches its provider through `fetch`. This package
-    never imports `cloudflare/`: the dependency points the other way.
-    """
-    global _default_transport
-    _default_transport = factory
-
-
-def default_client(
-    timeout: float, transport: httpx.AsyncBaseTransport | None = None
-) -> httpx.AsyncClient:
-    """The client an adapter uses when none is injected, and the Worker hands the tools.
-
-    It sends through `transport`, else through the default transport (see
-    `set_default_transport`; inside a Worker, `fetch`), else httpx's own.
-    Under Pyodide with neither, it refuses (`ConfigurationError`): httpx's
-    own transport cannot open sockets there. Its responses whose JSON nests
-    deeper than 128 levels raise `httpx.DecodingError` when read, before
-    anything parses them (on Pyodide, parsing them would crash the runtime;
-    see `durable_agents._http_json`).
-    """
-    if transport is None and _default_transport is not None:
-        transport = _default_transport()
-    if transport is None and sys.platform == "emscripten":
-        raise ConfigurationError(
-            "httpx cannot open sockets under Pyodide: pass "
-            "transport=durable_agents.cloudflare.FetchTransport(), or import "
-            "durable_agents.cloudflare first (it makes fetch the default)"
-        )
-    hooks = {"response": [refuse_deep_json]}
-    return httpx.AsyncClient(timeout=timeout, transport=transport, event_hooks=hooks)
 
 
 class HTTPPoster:

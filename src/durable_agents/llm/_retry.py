@@ -4,6 +4,8 @@ Only `chat()` and `stream()` retry. An LLM call has no side effect, so
 repeating it is safe; a tool call is never retried here (see `safe_to_retry`
 in tools.py). A stream that breaks midway is retried whole, and what was
 already yielded is not yielded again (`stream_with_retries`).
+
+The policy's knobs and the errors: docs/llm-providers.md#retries-timeouts-errors.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""Anthropic's Messages API (`POST /v1/messages`) with tool use.
+"""Anthropic's Messages API (`POST /v1/messages`) with tool use: `AnthropicLLM`.
 
-Use `AnthropicLLM` for Claude models with an Anthropic API key. For any
-server that speaks OpenAI's Chat Completions (OpenAI, Workers AI's REST
-endpoint, Ollama, vLLM, llama.cpp) use `OpenAILLM`; inside a Worker with an
-`AI` binding and no key, `WorkersAILLM`.
-
-How the neutral conversation maps onto the wire:
-
-- every `system` message → the top-level `system` string (joined);
-- an assistant message → one `assistant` turn: its text block (if any),
-  then one `tool_use` block per call;
-- tool results → `tool_result` blocks (in the order stored, `is_error` set when the
-  content is the run loop's `{"error": ...}` JSON) in one `user` turn, and a
-  user message right after them joins that same turn, since the API wants
-  user and assistant turns to alternate.
+Use it for Claude models with an Anthropic API key; for an OpenAI-compatible
+server, `OpenAILLM`; inside a Worker with an `AI` binding, `WorkersAILLM`.
+How the conversation maps onto the wire (system, `tool_use`, `tool_result`
+turns) is in docs/llm-providers.md#what-the-adapters-do-with-the-conversation.
 """
 
 from __future__ import annotations
@@ -23,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from .._http.sse import SSEEvent
 from ..errors import ConfigurationError
 from ..messages import (
     LLMResponse,
@@ -38,7 +29,7 @@ from ..messages import (
 )
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
-from ._sse import SSEEvent, json_data, stream_cut, stream_error
+from ._stream import json_data, stream_cut, stream_error
 from .base import wire_size
 from .errors import LLMResponseError
 from .tool_calls import is_error_result, make_tool_call, token_count
@@ -263,11 +254,7 @@ async def parse_stream(events: AsyncIterator[SSEEvent]) -> AsyncGenerator[Stream
     and message_stop; an `error` event raises (see `stream_error`), and a
     stream that ends before message_stop is a cut (`LLMConnectionError`).
     """
-    blocks: dict[int, dict[str, Any]] = {}  # by the stream's block index
-    partial: dict[int, str] = {}  # a tool_use block's input JSON so far
-    call_index: dict[int, int] = {}  # block index -> the call's place in the reply
-    usage: dict[str, Any] = {}
-    stop_reason: Any = None
+    reader = _StreamReader()
     async for event in events:
         if event.event == "ping":
             continue
@@ -276,60 +263,87 @@ async def parse_stream(events: AsyncIterator[SSEEvent]) -> AsyncGenerator[Stream
         data = json_data(event, "anthropic")
         if not isinstance(data, dict):
             raise _bad_event(event)
+        if data.get("type", event.event) == "message_stop":
+            yield reader.reply()
+            return
+        for part in reader.read(event, data):
+            yield part
+    raise stream_cut("anthropic", "message_stop")
+
+
+class _StreamReader:
+    """What a Messages API event stream has said so far: its content blocks, each
+    tool_use block's input JSON, the usage and the stop reason."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, dict[str, Any]] = {}  # by the stream's block index
+        self.partial: dict[int, str] = {}  # a tool_use block's input JSON so far
+        self.call_index: dict[int, int] = {}  # block index -> the call's place in the reply
+        self.usage: dict[str, Any] = {}
+        self.stop_reason: Any = None
+
+    def read(self, event: SSEEvent, data: dict[str, Any]) -> list[StreamPart]:
+        """The deltas one event (other than message_stop) adds."""
         kind = data.get("type", event.event)
         if kind == "error":
             raise stream_error("anthropic", event.data)
         if kind == "message_start":
             message = data.get("message")
             if isinstance(message, dict):
-                _merge_usage(usage, message.get("usage"))
-                stop_reason = message.get("stop_reason") or stop_reason
+                _merge_usage(self.usage, message.get("usage"))
+                self.stop_reason = message.get("stop_reason") or self.stop_reason
         elif kind == "content_block_start":
-            index, block = data.get("index"), data.get("content_block")
-            if not isinstance(index, int) or not isinstance(block, dict):
-                raise _bad_event(event)
-            blocks[index] = dict(block)
-            if block.get("type") == "tool_use":
-                call_index[index] = len(call_index)
-                partial[index] = ""
-                yield ToolCallDelta(
-                    call_index[index], str(block.get("id") or ""), str(block.get("name") or "")
-                )
-            elif (
-                block.get("type") == "text" and isinstance(block.get("text"), str) and block["text"]
-            ):
-                yield TextDelta(block["text"])
+            return self.block_start(event, data)
         elif kind == "content_block_delta":
-            index, delta = data.get("index"), data.get("delta")
-            if not isinstance(delta, dict) or index not in blocks:
-                raise _bad_event(event)
-            block = blocks[index]
-            if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
-                block["text"] = str(block.get("text") or "") + delta["text"]
-                if delta["text"]:
-                    yield TextDelta(delta["text"])
-            elif delta.get("type") == "input_json_delta" and index in partial:
-                piece = delta.get("partial_json")
-                if isinstance(piece, str) and piece:
-                    partial[index] += piece
-                    yield ToolCallDelta(call_index[index], arguments=piece)
+            return self.block_delta(event, data)
         elif kind == "message_delta":
             delta = data.get("delta")
             if isinstance(delta, dict):
-                stop_reason = delta.get("stop_reason") or stop_reason
-            _merge_usage(usage, data.get("usage"))
-        elif kind == "message_stop":
-            order = sorted(blocks)
-            raw_inputs = {
-                position: partial[index]
-                for position, index in enumerate(order)
-                if partial.get(index)
-            }
-            content = [blocks[index] for index in order]
-            yield _reply(content, stop_reason, usage or None, raw_inputs)
-            return
+                self.stop_reason = delta.get("stop_reason") or self.stop_reason
+            _merge_usage(self.usage, data.get("usage"))
         # content_block_stop and event types added later need nothing
-    raise stream_cut("anthropic", "message_stop")
+        return []
+
+    def block_start(self, event: SSEEvent, data: dict[str, Any]) -> list[StreamPart]:
+        index, block = data.get("index"), data.get("content_block")
+        if not isinstance(index, int) or not isinstance(block, dict):
+            raise _bad_event(event)
+        self.blocks[index] = dict(block)
+        if block.get("type") == "tool_use":
+            self.call_index[index] = len(self.call_index)
+            self.partial[index] = ""
+            call_id, name = str(block.get("id") or ""), str(block.get("name") or "")
+            return [ToolCallDelta(self.call_index[index], call_id, name)]
+        text = block.get("text")
+        if block.get("type") == "text" and isinstance(text, str) and text:
+            return [TextDelta(text)]
+        return []
+
+    def block_delta(self, event: SSEEvent, data: dict[str, Any]) -> list[StreamPart]:
+        index, delta = data.get("index"), data.get("delta")
+        if not isinstance(delta, dict) or index not in self.blocks:
+            raise _bad_event(event)
+        block = self.blocks[index]
+        if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+            block["text"] = str(block.get("text") or "") + delta["text"]
+            return [TextDelta(delta["text"])] if delta["text"] else []
+        if delta.get("type") == "input_json_delta" and index in self.partial:
+            piece = delta.get("partial_json")
+            if isinstance(piece, str) and piece:
+                self.partial[index] += piece
+                return [ToolCallDelta(self.call_index[index], arguments=piece)]
+        return []
+
+    def reply(self) -> LLMResponse:
+        """The whole reply, at message_stop."""
+        order = sorted(self.blocks)
+        raw_inputs = {
+            position: self.partial[index]
+            for position, index in enumerate(order)
+            if self.partial.get(index)
+        }
+        content = [self.blocks[index] for index in order]
+        return _reply(content, self.stop_reason, self.usage or None, raw_inputs)
 
 
 def _merge_usage(usage: dict[str, Any], raw: Any) -> None:

@@ -12,6 +12,9 @@ after a crash, they continue from what is stored. Neither touches the network.
 Both stream too (`stream()`, see `StreamingLLM`): the reply's text in
 word-sized `TextDelta`s, `delta_delay` seconds apart (0 by default), so a
 served offline agent streams visibly.
+
+The guide: docs/testing.md#offline-models-and-crash-points. The arguments
+`TestLLM` makes come from the kit's JSON Schema generator (`durable_agents._schema`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from .._schema.values import example_arguments
 from ..messages import (
     OUTPUT_TOOL,
     LLMResponse,
@@ -35,7 +39,6 @@ from ..messages import (
     ToolSpec,
     Usage,
 )
-from ._schema_values import example_arguments
 
 ModelFunction = Callable[[list[Message], list[ToolSpec]], LLMResponse | Awaitable[LLMResponse]]
 

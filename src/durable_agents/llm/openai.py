@@ -1,16 +1,12 @@
-"""OpenAI Chat Completions (`POST {base_url}/chat/completions`) with function tools.
+"""OpenAI Chat Completions (`POST {base_url}/chat/completions`) with function tools:
+`OpenAILLM`.
 
-Use `OpenAILLM` for OpenAI itself and for any OpenAI-compatible server:
-Workers AI's REST endpoint
-(`https://api.cloudflare.com/client/v4/accounts/<id>/ai/v1`), Ollama
-(`http://localhost:11434/v1`), vLLM, llama.cpp's server. Inside a Worker
-with an `AI` binding, `WorkersAILLM` needs no key; for Claude, `AnthropicLLM`.
-
-Compatible servers differ; this adapter tolerates the differences seen in
-practice: tool calls without ids (the run loop assigns them), no `usage`,
-`content: null`, arguments sent as an object instead of a JSON string.
-Arguments that are not a JSON object become a `MalformedToolCall` (see
-`durable_agents.llm.tool_calls`), never a crash and never a guessed call.
+Use it for OpenAI itself and any OpenAI-compatible server (Workers AI's REST
+endpoint, Ollama, vLLM, llama.cpp's server); inside a Worker with an `AI`
+binding, `WorkersAILLM` needs no key; for Claude, `AnthropicLLM`. The
+differences between compatible servers it tolerates are listed in
+docs/llm-providers.md#what-the-adapters-do-with-the-conversation; arguments
+that are not a JSON object become a `MalformedToolCall` (`llm.tool_calls`).
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from .._http.sse import SSEEvent
 from ..errors import ConfigurationError
 from ..messages import (
     LLMResponse,
@@ -35,7 +32,7 @@ from ..messages import (
 )
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
-from ._sse import SSEEvent, json_data, stream_cut, stream_error
+from ._stream import json_data, stream_cut, stream_error
 from .base import wire_size
 from .errors import LLMResponseError, provider_message
 from .tool_calls import make_tool_call, token_count

@@ -1,18 +1,9 @@
 """Choosing and building the LLM from settings: `llm_from_env(env)`.
 
-Settings (all optional):
-
-    LLM_PROVIDER   anthropic | openai | workers-ai | demo (offline: `TestLLM`)
-    LLM_MODEL      the provider's model name (each provider has a default)
-    LLM_BASE_URL   another endpoint (a proxy, an OpenAI-compatible server)
-    LLM_API_KEY    the provider's key (anthropic; openai at api.openai.com)
-    AI             the Workers AI binding (workers-ai; only inside a Worker)
-
-With neither LLM_PROVIDER nor LLM_API_KEY set, `demo` is used: `TestLLM()`,
-which calls each of the agent's tools once with arguments made from its
-schema, then replies, so any agent runs offline without an account. An
-agent that wants a better offline model returns its own (a `FunctionLLM`)
-from its `make_llm(env)` for `demo` and calls this for the rest.
+Reads `LLM_PROVIDER`, `LLM_MODEL`, `LLM_BASE_URL`, `LLM_API_KEY` and, inside a
+Worker, the `AI` binding; with neither a provider nor a key it gives the
+offline `demo` model, `TestLLM()`. What each setting means and its default:
+docs/llm-providers.md#settings.
 """
 
 from __future__ import annotations

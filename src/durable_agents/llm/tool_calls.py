@@ -8,6 +8,8 @@ a `ToolCall` with `arguments == {}` that also carries `raw_arguments` and
 `arguments_error`. The run loop answers it with an error result built from
 `arguments_error` and never calls the handler. Arguments nested deeper than
 `_json.MAX_DEPTH` (128) levels are refused the same way, before parsing.
+
+The guide: docs/llm-providers.md ("Arguments the model got wrong").
 """
 
 from __future__ import annotations

@@ -2,23 +2,9 @@
 
 Use `WorkersAILLM` inside a Cloudflare Worker that has an `[ai]` binding: no
 API key, no HTTP. Outside a Worker (or to reach Workers AI over REST), use
-`OpenAILLM` with the account's OpenAI-compatible endpoint instead.
-
-The request is the chat-model input with `messages` (OpenAI-style: assistant
-`tool_calls` with JSON-string arguments, `tool` messages with `tool_call_id`)
-and `tools` in the `{"type": "function", "function": {...}}` form that the
-function-calling models accept. Models answer in one of three shapes, all
-handled:
-
-- traditional: `{"response": "...", "tool_calls": [{"name", "arguments": {...}}],
-  "usage": {...}}` (no call ids; the run loop assigns them);
-- the same with OpenAI-style calls: `"tool_calls": [{"id", "type",
-  "function": {"name", "arguments"}}]`;
-- OpenAI-compatible: `{"choices": [{"message": {"content", "tool_calls"}}], "usage"}`.
-
-A failure raised by the binding is mapped by its Workers AI error code onto
-the same error classes the HTTP adapters raise, and retried when transient
-(3040 out of capacity, 3007/3008 timeouts).
+`OpenAILLM` with the account's OpenAI-compatible endpoint instead. The three
+answer shapes the models use and the error codes that are retried:
+docs/llm-providers.md#what-the-adapters-do-with-the-conversation.
 
 `stream()` passes `stream: true`: the binding then answers with a
 ReadableStream of server-sent events, `data: {"response": "<text piece>"}`
@@ -36,6 +22,7 @@ import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+from .._http.sse import sse_events, sse_lines
 from ..errors import ConfigurationError
 from ..messages import (
     LLMResponse,
@@ -46,7 +33,6 @@ from ..messages import (
     provider_call_ids,
 )
 from ._retry import RetryPolicy, attempt_timeout, call_with_retries, stream_with_retries
-from ._sse import sse_events, sse_lines
 from .base import wire_size
 from .errors import (
     LLMAuthenticationError,

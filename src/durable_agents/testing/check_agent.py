@@ -136,12 +136,12 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel
 
-from .._http_json import refuse_deep_json
+from .._http.json_guard import refuse_deep_json
+from .._http.sse import sse_events, sse_lines
+from .._schema.values import variant_arguments
 from ..agent import Agent
 from ..approvals import ApprovalState, PendingApproval, approval_digest, approval_states, approve
 from ..errors import ConfigurationError, ToolArgumentsError, ToolDurabilityError
-from ..llm._schema_values import _Maker, _NoVariant, _Unfillable
-from ..llm._sse import sse_events, sse_lines
 from ..llm.offline import TestLLM, arguments_for
 from ..mcp import IDEMPOTENCY_KEY_META, MCPTools
 from ..messages import Message, ToolCall, ToolErrorKind, tool_error
@@ -875,16 +875,10 @@ class _Checker:
             return copy.deepcopy(self.edits[made])
         checker = _tool_checking(call, self.tools)
         schema = checker.input_schema
-        maker = _Maker(schema)
         found = None
         for variant in range(1, _EDIT_VARIANTS + 1):
-            try:
-                value = maker.value(schema, "$", variant)
-            except (_Unfillable, _NoVariant):
-                continue
+            value = variant_arguments(schema, variant)
             if not isinstance(value, dict) or value == call.arguments:
-                continue
-            if maker.problems(value, schema, "$"):
                 continue
             try:
                 checker.parse_arguments(value)

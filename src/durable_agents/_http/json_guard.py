@@ -3,7 +3,7 @@
 A tool handler that does `response.json()` on an upstream's answer hands
 that text to `json.loads`; on Pyodide, JSON nested a few thousand levels
 deep overflows the JS stack there and kills the Worker (see `_json`). The
-client the kit builds (`llm.default_client`, also what the Worker hands the
+client the kit builds (`default_client`, also what the Worker hands the
 tools) carries `refuse_deep_json` as a response hook: a body whose first
 non-whitespace byte is `[` or `{` is scanned as it streams in, and one
 nested deeper than `_json.MAX_DEPTH` raises `httpx.DecodingError` naming the
@@ -28,7 +28,7 @@ from typing import Literal
 
 import httpx
 
-from ._json import MAX_DEPTH, DepthScanner, JSONTooDeepError, check_text_depth
+from .._json import MAX_DEPTH, DepthScanner, JSONTooDeepError, check_text_depth
 
 __all__ = ["DepthCheckedStream", "refuse_deep_json"]
 

@@ -303,6 +303,8 @@ class _Parser:
         return found
 
     def group(self, start: int) -> _Node | None:
+        """What follows a '(': a group of some kind; None for one that writes nothing
+        (a comment, flags for the whole pattern)."""
         if self.peek() != "?":
             self.count += 1
             index = self.count
@@ -313,16 +315,7 @@ class _Parser:
             self.pos += 1
             return self.close(start, None)
         if self.startswith("P<") or (char == "<" and self.peek(1) not in ("=", "!")):
-            self.foreign = self.foreign or char == "<"
-            self.pos += 2 if char == "P" else 1
-            end = self.pattern.find(">", self.pos)
-            if end < 0:
-                raise self.fail("a group name without its '>'", start)
-            name = self.pattern[self.pos : end]
-            self.pos = end + 1
-            self.count += 1
-            self.names[name] = self.count
-            return self.close(start, self.count)
+            return self.named_group(start, char)
         if self.startswith("P="):
             return self.named_backref(2, ")", start)
         if char == "#":  # a comment
@@ -331,6 +324,24 @@ class _Parser:
                 raise self.fail("a comment without its ')'", start)
             self.pos = end + 1
             return None
+        self.refuse_lookaround(start, char)
+        return self.flag_group(start, char)
+
+    def named_group(self, start: int, char: str) -> _Node:
+        """`(?P<name>...)`, or `(?<name>...)` (which Python's `re` reads otherwise)."""
+        self.foreign = self.foreign or char == "<"
+        self.pos += 2 if char == "P" else 1
+        end = self.pattern.find(">", self.pos)
+        if end < 0:
+            raise self.fail("a group name without its '>'", start)
+        name = self.pattern[self.pos : end]
+        self.pos = end + 1
+        self.count += 1
+        self.names[name] = self.count
+        return self.close(start, self.count)
+
+    def refuse_lookaround(self, start: int, char: str) -> None:
+        """Lookarounds and conditionals: `PatternNotSampled`, naming which."""
         two = self.pattern[self.pos : self.pos + 2]
         syntax = char if char in ("=", "!") else two if two in ("<=", "<!") else None
         if syntax is not None:
@@ -339,6 +350,9 @@ class _Parser:
             raise self.fail(f"a {negative}{kind} '(?{syntax}'", start)
         if char == "(":
             raise self.fail("a conditional group '(?('", start)
+
+    def flag_group(self, start: int, char: str) -> _Node | None:
+        """Inline flags: `(?i)` for the whole pattern (None), `(?i:...)` for a group."""
         match = re.compile(r"([aiLmsuxU]*)(?:-([imsxU]+))?([:)])").match(self.pattern, self.pos)
         if match is None:
             raise self.fail(f"an unknown group '(?{char}'", start)
@@ -666,46 +680,84 @@ def sample_pattern(
     pattern has fewer. Raises `PatternNotSampled` (what it cannot follow, and where)."""
     parser = _Parser(pattern)
     tree = parser.parse()
-    groups = parser.groups
-    low, high = _bounds(tree, groups)
-    check = None if parser.foreign else _compiled(pattern)
-
-    def fits(text: str) -> bool:
-        if len(text) < min_length or (max_length is not None and len(text) > max_length):
-            return False
-        return check is None or check.search(text) is not None
-
+    sampler = _Sampler(
+        tree, parser.groups, None if parser.foreign else _compiled(pattern), min_length, max_length
+    )
+    low, high = _bounds(tree, parser.groups)
     start = max(low, min_length)
     stop = min(x for x in (high, max_length, start + _SEARCH_SPAN) if x is not None)
     shortest: str | None = None
     for length in range(start, stop + 1):
-        text = _write(tree, groups, length, variant)
+        text = sampler.write(length, variant)
         if text is None:
-            if variant and _write(tree, groups, length, 0) is not None:
+            if variant and sampler.write(length, 0) is not None:
                 return None  # the length works, with fewer variants than asked for
             continue
-        if fits(text):
+        if sampler.fits(text):
             return text
         shortest = shortest or text
     # A pattern is searched for, not matched whole: an unanchored one may be padded.
-    base = shortest or _write(tree, groups, low, variant)
-    if base is not None and check is not None and len(base) < min_length:
-        pad = "a" * (min_length - len(base))
-        for text in (base + pad, pad + base):
-            if fits(text):
-                return text
+    base = shortest or sampler.write(low, variant)
+    padded = sampler.padded(base)
+    if padded is not None:
+        return padded
+    raise _not_sampled(pattern, (low, high), min_length, max_length, base)
+
+
+class _Sampler:
+    """Writes strings of a parsed pattern and tells which fit the lengths asked for and
+    the pattern itself (`check`: Python's `re`, where it reads the pattern as meant)."""
+
+    def __init__(
+        self,
+        tree: _Node,
+        groups: dict[int, _Node],
+        check: re.Pattern[str] | None,
+        min_length: int,
+        max_length: int | None,
+    ) -> None:
+        self.tree, self.groups, self.check = tree, groups, check
+        self.min_length, self.max_length = min_length, max_length
+
+    def write(self, length: int, variant: int) -> str | None:
+        return _write(self.tree, self.groups, length, variant)
+
+    def fits(self, text: str) -> bool:
+        if len(text) < self.min_length:
+            return False
+        if self.max_length is not None and len(text) > self.max_length:
+            return False
+        return self.check is None or self.check.search(text) is not None
+
+    def padded(self, base: str | None) -> str | None:
+        """`base` padded with "a"s to `min_length`, after or before it, if that fits."""
+        if base is None or self.check is None or len(base) >= self.min_length:
+            return None
+        pad = "a" * (self.min_length - len(base))
+        return next((t for t in (base + pad, pad + base) if self.fits(t)), None)
+
+
+def _not_sampled(
+    pattern: str,
+    bounds: tuple[int, int | None],
+    min_length: int,
+    max_length: int | None,
+    base: str | None,
+) -> PatternNotSampled:
+    """Why no string of the lengths asked for was found."""
+    low, high = bounds
     if high is not None and high < min_length:
-        raise PatternNotSampled(
+        return PatternNotSampled(
             pattern,
             f"its longest match has {high} characters, fewer than minLength {min_length}",
         )
     if max_length is not None and low > max_length:
-        raise PatternNotSampled(
+        return PatternNotSampled(
             pattern,
             f"its shortest match has {low} characters, more than maxLength {max_length}",
         )
     wanted = f"{min_length} to {max_length}" if max_length is not None else f"{min_length} or more"
-    raise PatternNotSampled(
+    return PatternNotSampled(
         pattern,
         f"no string of {wanted} characters that it matches was found"
         + ("" if base is None else f" (the closest tried: {base!r})"),
