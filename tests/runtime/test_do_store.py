@@ -15,7 +15,7 @@ from crash_sweep import sweep
 from durable_agents.cloudflare import d1_store, durable_object_store
 from durable_agents.errors import SessionConflictError, StoreError
 from durable_agents.messages import Message
-from durable_agents.stores import _sql
+from durable_agents.stores import _schema
 from durable_agents.stores.base import ApprovalChange
 from durable_agents.testing import conformance
 
@@ -139,7 +139,7 @@ async def test_schema_once_and_one_transaction_per_append(env):
     result = await _probe(env, "schema").schema_once()
     # sqlite_master + a table_info per altered table + the read; then 5 inserts and the
     # upsert in ONE transaction.
-    reads = 1 + len(_sql.ALTERED_TABLES) + 1
+    reads = 1 + len(_schema.altered_tables()) + 1
     assert result == {"statements": reads + 6, "transactions": 1, "ddl": []}
 
 

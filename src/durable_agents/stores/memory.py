@@ -11,16 +11,10 @@ from typing import Any
 from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
-from ._sql import (
-    append_rows,
-    check_limit,
-    decode_cursor,
-    encode_arguments,
-    fired_schedules,
-    page_of,
-    session_state,
-    usage_totals,
-)
+from ._appends import append_rows, fired_schedules
+from ._limits import check_limit
+from ._paging import decode_cursor, page_of
+from ._rows import encode_arguments, session_state, usage_totals
 from .base import (
     ApprovalChange,
     ApprovalEvent,
