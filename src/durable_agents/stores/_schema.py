@@ -3,7 +3,8 @@ the one source. wrangler applies them to D1 (wrangler.toml's `migrations_dir`); 
 store on open, `D1Store.create_tables` and the Durable Object store on first use apply
 the same files' statements here (`schema_plan`). They are package data: a wheel ships them,
 and scripts/build_worker.py stages them beside the Worker's modules (read with
-`importlib.resources`, as on CPython). Guide: docs/contract.md; the files, docs/deploy.md.
+`_resources.read_text`, in the Worker as on CPython). Guide: docs/contract.md; applying
+them to D1: docs/deploy.md.
 
 A migration file is its statements, each ended by `;` and a blank line (no comments),
 applied in the order of the file names. Append a new numbered file; never edit one that
@@ -37,11 +38,11 @@ What each later file adds, and why:
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
+from .._resources import file_names, read_text
 from ..errors import StoreError
 
 _PACKAGE = __name__.rpartition(".")[0]
@@ -72,18 +73,17 @@ def split_statements(text: str) -> tuple[str, ...]:
 @functools.cache
 def migrations() -> tuple[Migration, ...]:
     """Every migration file of the package, in order (read once per process)."""
-    folder = importlib.resources.files(_PACKAGE) / FOLDER
+    where = f"{_PACKAGE}'s {FOLDER}/"
     try:
-        names = sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".sql"))
         found = tuple(
-            Migration(name, split_statements(folder.joinpath(name).read_text(encoding="utf-8")))
-            for name in names
+            Migration(name, split_statements(read_text(_PACKAGE, f"{FOLDER}/{name}")))
+            for name in file_names(_PACKAGE, FOLDER, ".sql")
         )
     except (OSError, ValueError) as exc:
-        raise StoreError(f"the schema's migration files cannot be read ({folder}): {exc}") from exc
+        raise StoreError(f"the schema's migration files ({where}) cannot be read: {exc}") from exc
     if not found:
         raise StoreError(
-            f"no migration files in {folder}: the package data is missing (a Worker bundle "
+            f"no migration files in {where}: the package data is missing (a Worker bundle "
             "stages it with scripts/build_worker.py)"
         )
     return found
