@@ -143,6 +143,18 @@ async def test_schema_once_and_one_transaction_per_append(env):
     assert result == {"statements": reads + 6, "transactions": 1, "ddl": []}
 
 
+async def test_the_schema_is_read_from_the_migration_files_beside_the_modules():
+    # Inside workerd: the .sql files are Text modules of the Worker, which Python reads as
+    # files beside the modules (/session/metadata/...), with importlib.resources.
+    import sys
+
+    assert sys.platform == "emscripten"
+    names = [migration.name for migration in _schema.migrations()]
+    assert names[:2] == ["0001_init.sql", "0002_session_leases.sql"], names
+    assert _schema.migrations()[0].statements[0].startswith("CREATE TABLE IF NOT EXISTS")
+    assert _schema.__file__.startswith("/session/metadata/"), _schema.__file__
+
+
 async def test_a_python_exception_inside_the_transaction_rolls_back_and_surfaces(env):
     result = await _probe(env, "python-error").python_error_rolls_back()
     assert result == {

@@ -155,7 +155,8 @@ def stage_test_worker(
                 target = file.relative_to(root)
                 if target not in modules:
                     modules[target] = file
-                    queue.append(file)
+                    if file.suffix == ".py":  # (not a package's data)
+                        queue.append(file)
     durable_objects: dict[str, str] = {}
     for test_file in test_files:
         tree = ast.parse(test_file.read_bytes(), filename=str(test_file))
