@@ -205,7 +205,7 @@ def lease_statement(
 def approval_statement(
     session_id: str, change: ApprovalChange, now_ms: int
 ) -> tuple[str, tuple[Any, ...]]:
-    """The statement that records one approval change (see _APPROVALS for its conditions)."""
+    """The statement that records one approval change (its conditions: see `_schema`, 0003)."""
     if change.event == "requested":
         return REQUEST_APPROVAL, (
             session_id, change.tool_call_id, "requested", change.tool_name, change.digest,
