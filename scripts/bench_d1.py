@@ -5,7 +5,8 @@
 
 Stages a Worker of its own in a temp dir: scripts/bench_d1_worker.py as its entry,
 the modules of `durable_agents` it imports (as scripts/build_worker.py stages the
-kit's Worker), the kit's python_modules/, a D1 binding with this repo's migrations/.
+kit's Worker), the kit's python_modules/, a D1 binding with the kit's migrations
+(src/durable_agents/stores/migrations/).
 Serves it with `scripts/dev --config` (runtime/dev.py: `wrangler dev` on real workerd,
 offline; the local D1 is miniflare's, in another workerd service: a round trip per
 batch), then asks it once for `--appends` appends and `--loads` loads, each timed
@@ -61,7 +62,7 @@ def stage(project: Path) -> Path:
                 "binding": "DB",
                 "database_name": "bench-d1",
                 "database_id": "00000000-0000-4000-8000-0000000bd1d1",
-                "migrations_dir": str(PROJECT / "migrations"),
+                "migrations_dir": str(PROJECT / "src/durable_agents/stores/migrations"),
             }
         ],
     }

@@ -22,6 +22,14 @@ If the Worker did import one, it would fail at once on deploy; the kit's
 tests/test_bundle.py imports the staged bundle inside the local runtime
 and serves a turn from it.
 
+Staged too: the package data the Worker reads at run time, every `*.sql`, `*.html`,
+`*.css` and `*.js` file (DATA_SUFFIXES) in the folder of a staged package, or in a
+sub-folder of it that is no package of its own (`durable_agents/stores/migrations/`).
+wrangler.toml's `[[rules]]` uploads them as Text modules, and workerd shows every
+Text module to Python as a read-only file beside the modules (under /session/metadata/),
+so `importlib.resources` reads them in the Worker as on CPython
+(`durable_agents._resources.read_text`).
+
 Under `scripts/dev` (DURABLE_AGENTS_DEV_STAGE names that server's staging
 folder; see runtime/dev_limits.py) the modules go to `<folder>/worker/`
 instead, with the files of `<folder>/extra/` (the WORKERS_PLAN limits and
@@ -60,6 +68,8 @@ CPYTHON_ONLY = (
     "durable_agents.cli",  # the `durable-agents` command
     "durable_agents.stores.sqlite",  # sqlite_store: SQLite files, not D1
 )
+# Package data the Worker reads (the schema's migrations, pages, styles, scripts).
+DATA_SUFFIXES = (".sql", ".html", ".css", ".js")
 
 
 def source_modules(src: Path) -> dict[str, Path]:
@@ -148,10 +158,30 @@ def worker_modules(src: Path = SRC, roots: tuple[str, ...] = ROOTS) -> dict[str,
     return dict(sorted(wanted.items()))
 
 
+def data_files(modules: dict[str, Path]) -> dict[Path, Path]:
+    """The package data of the staged `modules`, by where it goes in the bundle: each
+    DATA_SUFFIXES file in a staged package's folder or in a sub-folder that is no package
+    (the nearest folder with an `__init__.py` above a file is the package it belongs to)."""
+    packages = {
+        path.parent: Path(*name.split("."))
+        for name, path in modules.items()
+        if path.name == "__init__.py" and name
+    }
+    found: dict[Path, Path] = {}
+    for folder, target in packages.items():
+        for path in sorted(folder.rglob("*")):
+            if path.suffix not in DATA_SUFFIXES or not path.is_file():
+                continue
+            owner = next(p for p in path.parents if (p / "__init__.py").is_file())
+            if owner == folder:
+                found[target / path.relative_to(folder)] = path
+    return found
+
+
 def stage(out: Path = OUT, src: Path = SRC, extra: Path | None = None) -> dict[str, Path]:
-    """Replace `out` with the Worker's modules (and the files of the folder `extra`). A failed
-    build leaves `out` as it was; two builds at once (two dry runs, two `wrangler dev`) take
-    turns."""
+    """Replace `out` with the Worker's modules and their package data (`data_files`), and
+    the files of the folder `extra`. A failed build leaves `out` as it was; two builds at
+    once (two dry runs, two `wrangler dev`) take turns."""
     modules = worker_modules(src)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _locked(out.parent / f".{out.name}.lock"):
@@ -174,6 +204,9 @@ def _replace(out: Path, src: Path, modules: dict[str, Path], extra: Path | None 
             target = staging / _module_file(name, path)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
+        for target_name, path in data_files(modules).items():
+            (staging / target_name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, staging / target_name)
         for path in sorted(extra.iterdir()) if extra is not None else []:
             shutil.copyfile(path, staging / path.name)
         if out.exists():
@@ -198,8 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the modules, stage nothing")
     args = parser.parse_args(argv)
     if args.list:
-        for name, path in worker_modules().items():
+        modules = worker_modules()
+        for name, path in modules.items():
             print(f"{name}\t{path}")
+        for target, path in data_files(modules).items():
+            print(f"{target.as_posix()}\t{path}")
         return 0
     dev_stage = os.environ.get(DEV_STAGE)
     if dev_stage and args.out == OUT:
@@ -207,10 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         extra = None
     modules = stage(args.out, extra=extra)
-    size = sum(path.stat().st_size for path in modules.values())
+    data = data_files(modules)
+    size = sum(path.stat().st_size for path in [*modules.values(), *data.values()])
     unused = sorted(set(source_modules(SRC)) - set(modules))
     print(
-        f"build_worker: {len(modules)} modules of src/ ({size / 1024:.1f} KiB) staged in "
+        f"build_worker: {len(modules)} modules and {len(data)} data files of src/ "
+        f"({size / 1024:.1f} KiB) staged in "
         f"{args.out.relative_to(PROJECT) if args.out.is_relative_to(PROJECT) else args.out}; "
         f"left out: {', '.join(unused) or 'nothing'}"
     )

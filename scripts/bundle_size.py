@@ -60,6 +60,8 @@ class Bundle:
         """The Worker's own modules as dotted names (a package by its name)."""
         names = set()
         for file in self.worker_files:
+            if not file.endswith(".py"):
+                continue  # package data (build_worker.DATA_SUFFIXES)
             parts = file.removesuffix(".py").split("/")
             names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
         return names
@@ -115,7 +117,7 @@ def bundle_project(bundle: Bundle, config: Path, project: Path, variables: dict[
     )
     source = tomllib.loads(config.read_text())
     kept = ("name", "compatibility_date", "compatibility_flags", "python_modules",
-            "durable_objects", "migrations", "d1_databases", "kv_namespaces")  # fmt: skip
+            "durable_objects", "migrations", "d1_databases", "kv_namespaces", "rules")  # fmt: skip
     worker: dict[str, Any] = {key: source[key] for key in kept if key in source}
     worker["main"] = f"worker/{bundle.entry}"
     worker["vars"] = variables

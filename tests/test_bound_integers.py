@@ -16,14 +16,14 @@ import pytest
 
 from durable_agents.errors import InvalidCursorError, SessionConflictError, StoreError
 from durable_agents.messages import Message, Usage
-from durable_agents.stores import Store, _sql, memory_store
+from durable_agents.stores import Store, _limits, _paging, memory_store
 
 LIMIT = 2**53 - 2
 
 
 def test_the_limit_is_what_pyodide_hands_js_as_a_number() -> None:
-    assert _sql.MAX_BOUND_INT == LIMIT == 9_007_199_254_740_990
-    assert [_sql.clamp_int(v) for v in (2**60, -(2**60), 5)] == [LIMIT, -LIMIT, 5]
+    assert _limits.MAX_BOUND_INT == LIMIT == 9_007_199_254_740_990
+    assert [_limits.clamp_int(v) for v in (2**60, -(2**60), 5)] == [LIMIT, -LIMIT, 5]
 
 
 async def test_the_first_page_and_a_huge_limit_list(any_store: Store) -> None:
@@ -86,5 +86,5 @@ async def test_a_cursor_beyond_the_range_is_not_one(any_store: Store) -> None:
     cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
     with pytest.raises(InvalidCursorError):
         await any_store.list_sessions(cursor=cursor)
-    in_range = _sql.encode_cursor_keys(LIMIT, "s")
+    in_range = _paging.encode_cursor_keys(LIMIT, "s")
     assert (await any_store.list_sessions(cursor=in_range)).sessions == []

@@ -64,7 +64,12 @@ def test_the_bundle_holds_the_workers_modules_and_nothing_else(bundle: Any) -> N
         r"(^|/)(testing|tests|examples)/|(^|/)cli\.py$|stores/sqlite\.py$|egg-info|\.txt$"
     )
     assert [f for f in bundle.worker_files if not_for_the_worker.search(f)] == []
-    assert all(f.endswith(".py") for f in bundle.worker_files), bundle.worker_files
+    # Modules, and the package data build_worker stages beside them (the schema's
+    # migrations): nothing else.
+    staged = build_worker.worker_modules()
+    data = {target.as_posix() for target in build_worker.data_files(staged)}
+    assert {f for f in bundle.worker_files if not f.endswith(".py")} == data
+    assert "durable_agents/stores/migrations/0001_init.sql" in data
     vendored_but_never_imported = re.compile(r"^python_modules/pydantic/v1/|\.pyi$|\.pyc$")
     assert [f for f in bundle.vendored_files if vendored_but_never_imported.search(f)] == []
     assert "python_modules/pydantic_core/core_schema.py" in bundle.vendored_files
@@ -113,7 +118,10 @@ def test_build_worker_follows_every_import_but_type_checking_and_cpython_only(
             "def __getattr__(name):\n    from .sqlite import sqlite_store\n"
         ),
         "durable_agents/stores/base.py": "",
+        "durable_agents/stores/migrations/0001_init.sql": "CREATE TABLE t (x);\n",
         "durable_agents/stores/sqlite.py": "",
+        "durable_agents/cloudflare/page.html": "<p>hi</p>\n",
+        "durable_agents/testing/page.css": "p {}\n",  # a package the Worker never imports
         "durable_agents/cloudflare/__init__.py": "",
         "durable_agents/cloudflare/app.py": "from ..testing import check_agent\n",
         "durable_agents/testing/__init__.py": "",
@@ -131,4 +139,6 @@ def test_build_worker_follows_every_import_but_type_checking_and_cpython_only(
     written = sorted(
         p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.*")
     )
-    assert written == sorted(str(path.relative_to(tmp_path)) for path in staged.values())
+    modules = [str(path.relative_to(tmp_path)) for path in staged.values()]
+    data = ["durable_agents/cloudflare/page.html", "durable_agents/stores/migrations/0001_init.sql"]
+    assert written == sorted([*modules, *data])

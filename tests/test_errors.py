@@ -13,7 +13,7 @@ import durable_agents.llm
 from durable_agents import ConfigurationError, DurableAgentsError, ToolArgumentsError, tool
 from durable_agents.llm import RetryPolicy
 from durable_agents.llm._http import HTTPPoster
-from durable_agents.stores._sql import append_rows
+from durable_agents.stores._appends import append_rows
 
 
 def test_a_bad_retry_policy_is_a_configuration_error() -> None:

@@ -49,7 +49,7 @@ from durable_agents.schedules import (
     parse_time,
 )
 from durable_agents.stores import Store, memory_store, sqlite_store
-from durable_agents.stores._sql import MAX_BOUND_INT
+from durable_agents.stores._limits import MAX_BOUND_INT
 from durable_agents.stores.base import Schedule
 from durable_agents.testing import (
     ScriptedLLM,

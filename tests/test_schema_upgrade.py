@@ -17,17 +17,19 @@ from test_do_store import FakeDurableObjectStorage
 
 from durable_agents.cloudflare import d1_store, durable_object_store
 from durable_agents.messages import Message, ToolCall, encode_tool_calls
-from durable_agents.stores import Store, _sql, sqlite_store
+from durable_agents.stores import Store, _schema, sqlite_store
 from durable_agents.stores.base import ApprovalChange
 from durable_agents.testing.fake_d1 import FakeD1Database
 
-BEFORE = [name for name, _ in _sql.MIGRATIONS].index("0007_instructions_and_edited_approvals.sql")
+BEFORE = [name for name, _ in _schema.migrations()].index(
+    "0007_instructions_and_edited_approvals.sql"
+)
 CALL = ToolCall("r1", "refund", {"order_id": "A-1", "amount_cents": 500})
 
 
 def write_old_rows(conn: sqlite3.Connection) -> None:
     """Migrations 0001-0006, and a session with a decided call, as the kit wrote them then."""
-    for _, statements in _sql.MIGRATIONS[:BEFORE]:
+    for _, statements in _schema.migrations()[:BEFORE]:
         for statement in statements:
             conn.execute(statement)
     conn.execute(

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from durable_agents import Agent, Message, run
-from durable_agents.stores import _sql, sqlite_store
+from durable_agents.stores import _appends, _limits, _statements, sqlite_store
 from durable_agents.stores.sqlite import SQLiteStore, _transaction
 from durable_agents.testing import TestLLM
 
@@ -25,7 +25,7 @@ PAGE = 100
 
 def _fill(store: SQLiteStore, base_ms: int) -> list[tuple[int, str]]:
     """SESSIONS sessions of 2 messages each, 1,000 per transaction, written with
-    the statements of the store's own append (`_sql.append_statements`, as
+    the statements of the store's own append (`_appends.append_statements`, as
     `append_messages_atomic` runs them) at chosen times: 7 sessions share each
     millisecond, so the id breaks ties. Returns their (created_at, id) keys."""
     keys = []
@@ -36,13 +36,13 @@ def _fill(store: SQLiteStore, base_ms: int) -> list[tuple[int, str]]:
             for n in range(start, start + 1000):
                 session_id, at = f"old-{n * 7919 % SESSIONS:05d}", base_ms + n // 7
                 messages = [Message.user(f"question {n}"), Message.assistant(f"answer {n}")]
-                statements += _sql.append_statements(
+                statements += _appends.append_statements(
                     session_id, 0, messages, at, agent_name="bulk", lease=None, approvals=(),
                     session_name=f"name-{n % 50}",
                 )  # fmt: skip
                 keys.append((at, session_id))
 
-            def write(statements: list[_sql.Statement] = statements) -> None:
+            def write(statements: list[_limits.Statement] = statements) -> None:
                 for sql, params in statements:
                     conn.execute(sql, params)
 
@@ -149,7 +149,9 @@ async def test_ten_thousand_sessions_page_once_each_while_sessions_are_written(
     conn = sqlite3.connect(path)
     plan = " ".join(
         str(row[-1])
-        for row in conn.execute(f"EXPLAIN QUERY PLAN {_sql.LIST_SESSIONS}", (1, "x", PAGE + 1))
+        for row in conn.execute(
+            f"EXPLAIN QUERY PLAN {_statements.LIST_SESSIONS}", (1, "x", PAGE + 1)
+        )
     )
     conn.close()
     assert "agent_sessions_by_creation" in plan, plan

@@ -16,7 +16,7 @@ from durable_agents import (
     Usage,
     run,
 )
-from durable_agents.stores import _sql, sqlite_store
+from durable_agents.stores import _schema, sqlite_store
 from durable_agents.stores.sqlite import _transaction
 from durable_agents.testing import ScriptedLLM
 
@@ -63,7 +63,7 @@ async def test_a_file_from_before_names_is_migrated_once_on_open(tmp_path: Path)
     """A file written by 0001-0003 gets 0004 on open: names = ids, totals summed."""
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
-    for _, statements in _sql.MIGRATIONS[:3]:
+    for _, statements in _schema.migrations()[:3]:
         for statement in statements:
             conn.execute(statement)
     conn.execute("INSERT INTO agent_sessions VALUES ('old', 'support', 'idle', 3, 1000, 2000)")

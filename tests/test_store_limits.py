@@ -1,4 +1,4 @@
-"""D1's limits on statements and batches, held by every SQL store (`stores/_sql.py`).
+"""D1's limits on statements and batches, held by every SQL store (`stores/_limits.py`).
 
 D1 refuses a statement of more than 100 bound parameters or 100 KB of SQL, a
 value over 2 MB, and a batch of more statements than an invocation may make
@@ -24,7 +24,15 @@ from test_do_store import FakeDurableObjectStorage
 from durable_agents.cloudflare import d1_store, durable_object_store
 from durable_agents.errors import SessionConflictError, StoreError
 from durable_agents.messages import Message, ToolCall, Usage
-from durable_agents.stores import Store, _sql, sqlite_store
+from durable_agents.stores import (
+    Store,
+    _appends,
+    _limits,
+    _rows,
+    _schema,
+    _statements,
+    sqlite_store,
+)
 from durable_agents.stores.base import ApprovalChange, Lease
 from durable_agents.testing.conformance import CHECKS, Check, ticking_clock
 from durable_agents.testing.fake_d1 import FakeD1Database
@@ -50,7 +58,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 @pytest.fixture
 def every_append_packed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pack every append, however small (normally only one past MAX_BATCH_STATEMENTS)."""
-    monkeypatch.setattr(_sql, "PACK_ABOVE", 0)
+    monkeypatch.setattr(_appends, "PACK_ABOVE", 0)
 
 
 def _step(calls: int, prefix: str = "c") -> list[Message]:
@@ -60,9 +68,9 @@ def _step(calls: int, prefix: str = "c") -> list[Message]:
     return [Message.assistant("", tool_calls, Usage(11, 7)), *results]
 
 
-def _statements(messages: list[Message], **kwargs: Any) -> list[_sql.Statement]:
+def _append_statements(messages: list[Message], **kwargs: Any) -> list[_limits.Statement]:
     options: dict[str, Any] = {"agent_name": "a", "lease": None, "approvals": ()}
-    return _sql.append_statements("s", 1, messages, 1, **{**options, **kwargs})
+    return _appends.append_statements("s", 1, messages, 1, **{**options, **kwargs})
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
@@ -75,9 +83,9 @@ async def test_packed_appends_keep_the_store_contract(
 async def test_a_thousand_call_step_is_a_few_statements_and_round_trips(store: Store) -> None:
     await store.append_messages_atomic("s", 0, [Message.user("go")])
     step = _step(1000)
-    statements = _statements(step, lease=Lease("me", 30_000))
+    statements = _append_statements(step, lease=Lease("me", 30_000))
     assert [sql for sql, _ in statements] == [
-        _sql.INSERT_MESSAGES, _sql.UPSERT_SESSION, _sql.RENEW_LEASE,
+        _appends.INSERT_MESSAGES, _statements.UPSERT_SESSION, _statements.RENEW_LEASE,
     ]  # fmt: skip
     assert await store.append_messages_atomic("s", 1, step[:1]) == 2
     assert await store.append_messages_atomic("s", 2, step[1:]) == 1002
@@ -91,11 +99,11 @@ async def test_a_thousand_call_step_is_a_few_statements_and_round_trips(store: S
 def test_a_pack_ends_before_its_json_would_pass_the_value_limit(every_append_packed: None) -> None:
     big = [Message.user("x" * 700_000) for _ in range(5)]
     huge = Message.user('"' * 1_000_000)  # 2 MB as JSON: too big for any pack
-    statements = _statements([*big, huge, Message.user("after")])
-    packs = [params for sql, params in statements if sql == _sql.INSERT_MESSAGES]
+    statements = _append_statements([*big, huge, Message.user("after")])
+    packs = [params for sql, params in statements if sql == _appends.INSERT_MESSAGES]
     assert [p[1] for p in packs] == [1, 3, 5, 7]  # the first seq of each pack
-    assert (_sql.INSERT_MESSAGE, _sql.message_row("s", 6, huge, 1)) in statements
-    assert all(len(p[3].encode()) <= _sql.PACK_BYTES for p in packs)
+    assert (_statements.INSERT_MESSAGE, _rows.message_row("s", 6, huge, 1)) in statements
+    assert all(len(p[3].encode()) <= _appends.PACK_BYTES for p in packs)
 
 
 async def test_texts_json_must_escape_round_trip_packed(
@@ -111,7 +119,10 @@ async def test_texts_json_must_escape_round_trip_packed(
         Message.tool_result(call, "r\x00"),
         Message("user", "k", request_key="k\x01\x00"),
     ]
-    assert {sql for sql, _ in _statements(messages)} == {_sql.INSERT_MESSAGES, _sql.UPSERT_SESSION}
+    assert {sql for sql, _ in _append_statements(messages)} == {
+        _appends.INSERT_MESSAGES,
+        _statements.UPSERT_SESSION,
+    }
     await store.append_messages_atomic("s", 0, messages)
     assert await store.load_messages("s") == messages
     requests = [ApprovalChange("c\x00\x01", "requested", "d\x00", tool_name="t\x01")]
@@ -131,8 +142,8 @@ async def test_requests_decisions_and_claims_of_a_big_step_are_packed(store: Sto
         ApprovalChange(f"c{n}", "requested", f"d{n}", tool_name="refund") for n in range(calls)
     ]
     step = _step(calls)[:1]
-    assert [sql for sql, _ in _statements(step, approvals=requests)] == [
-        _sql.INSERT_MESSAGES, _sql.UPSERT_SESSION, _sql.REQUEST_APPROVALS,
+    assert [sql for sql, _ in _append_statements(step, approvals=requests)] == [
+        _appends.INSERT_MESSAGES, _statements.UPSERT_SESSION, _appends.REQUEST_APPROVALS,
     ]  # fmt: skip
     await store.append_messages_atomic("s", 0, [Message.user("go"), *step], approvals=requests)
     decisions = [ApprovalChange(f"c{n}", "approved", f"d{n}", reason="ok") for n in range(calls)]
@@ -140,8 +151,8 @@ async def test_requests_decisions_and_claims_of_a_big_step_are_packed(store: Sto
     # A claim may depend on an approval of the same append: a pack ends before a
     # call id repeats, so the claims' statement sees the approvals landed.
     later = decisions[2:] + claims[2:]
-    assert [sql for sql, _ in _statements([], approvals=later)] == [
-        _sql.DEPENDENT_APPROVALS, _sql.DEPENDENT_APPROVALS,
+    assert [sql for sql, _ in _append_statements([], approvals=later)] == [
+        _appends.DEPENDENT_APPROVALS, _appends.DEPENDENT_APPROVALS,
     ]  # fmt: skip
     first = decisions[:2] + claims[:2]
     await store.append_messages_atomic("s", 2, [], approvals=first)
@@ -167,8 +178,8 @@ async def test_a_refused_claim_inside_a_pack_writes_nothing(store: Store) -> Non
 async def test_an_append_too_big_for_one_batch_even_packed_is_refused(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_sql, "PACK_BYTES", 100)  # each row alone: 51 statements
-    rows = [Message.user("x" * 100) for _ in range(_sql.MAX_BATCH_STATEMENTS)]
+    monkeypatch.setattr(_appends, "PACK_BYTES", 100)  # each row alone: 51 statements
+    rows = [Message.user("x" * 100) for _ in range(_limits.MAX_BATCH_STATEMENTS)]
     with pytest.raises(StoreError, match="51 statements, more than the 50 D1 runs in one batch"):
         await store.append_messages_atomic("s", 0, rows)
     assert await store.load_messages("s") == []
@@ -176,13 +187,16 @@ async def test_an_append_too_big_for_one_batch_even_packed_is_refused(
 
 
 def _kit_statements() -> dict[str, str]:
-    """Every SQL statement `_sql` defines, by name (the schema's by position)."""
+    """Every SQL statement the stores define, by name (the schema's by position)."""
     found: dict[str, str] = {}
-    for name, value in vars(_sql).items():
-        if isinstance(value, str) and re.match(r"\s*(SELECT|INSERT|UPDATE|DELETE|PRAGMA)", value):
-            found[name] = value
-    found.update({f"SCHEMA[{i}]": s for i, s in enumerate(_sql.SCHEMA)})
-    found.update({f"DELETE_IDLE[{i}]": s for i, s in enumerate(_sql.DELETE_IDLE)})
+    for module in (_statements, _appends):
+        for name, value in vars(module).items():
+            if isinstance(value, str) and re.match(
+                r"\s*(SELECT|INSERT|UPDATE|DELETE|PRAGMA)", value
+            ):
+                found[name] = value
+    found.update({f"SCHEMA[{i}]": s for i, s in enumerate(_schema.schema())})
+    found.update({f"DELETE_IDLE[{i}]": s for i, s in enumerate(_statements.DELETE_IDLE)})
     return found
 
 
@@ -191,7 +205,7 @@ def test_every_statement_of_the_kit_is_within_d1_limits() -> None:
     assert {"INSERT_MESSAGE", "INSERT_MESSAGES", "REQUEST_APPROVALS"} <= statements.keys()
     for name, sql in statements.items():
         assert sql.count("?") <= 14, name
-        assert len(sql.encode()) < _sql.MAX_SQL_BYTES // 50, name  # 2 KB: far within
+        assert len(sql.encode()) < _limits.MAX_SQL_BYTES // 50, name  # 2 KB: far within
 
 
 def test_a_statement_past_a_d1_limit_is_refused_before_binding() -> None:
@@ -204,10 +218,10 @@ def test_a_statement_past_a_d1_limit_is_refused_before_binding() -> None:
     ]
     for sql, params, problem in cases:
         with pytest.raises(StoreError, match=problem):
-            _sql.check_statement(sql, params)
+            _limits.check_statement(sql, params)
         with pytest.raises(StoreError, match=problem):
-            _sql.bound_params(sql, params)  # D1's and the Durable Object's every bind
-    _sql.check_statement("SELECT " + ", ".join("?" for _ in range(100)), tuple(range(100)))
-    _sql.check_statement("SELECT ?", ("x" * 2_000_000,))
+            _limits.bound_params(sql, params)  # D1's and the Durable Object's every bind
+    _limits.check_statement("SELECT " + ", ".join("?" for _ in range(100)), tuple(range(100)))
+    _limits.check_statement("SELECT ?", ("x" * 2_000_000,))
     with pytest.raises(StoreError, match="51 statements"):
-        _sql.check_batch([("SELECT 1", ())] * 51, "s")
+        _limits.check_batch([("SELECT 1", ())] * 51, "s")

@@ -35,7 +35,6 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("project")
     for name in ("pyproject.toml", "wrangler.toml"):
         shutil.copy(PROJECT / name, root)
-    shutil.copytree(PROJECT / "migrations", root / "migrations")
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     shutil.copytree(PROJECT / "src", root / "src", ignore=ignore)
     shutil.copytree(PROJECT / "examples", root / "examples", ignore=ignore)

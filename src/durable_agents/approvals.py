@@ -13,7 +13,7 @@ stored ones is refused. When every waiting call of the step is decided,
 denied one gets a `tool-denied` result the model sees.
 
 Every event is one insert into `agent_approvals`, conditional in SQL on the
-event it depends on (see `stores/_sql.py`), written through the store's
+event it depends on (see `stores/_statements.py`), written through the store's
 atomic append, so `testing.crash_on_write` counts it:
 
     requested   with write #1 of the step                  the call and its digest

@@ -5,7 +5,7 @@ session. The step's results are one append; written as one INSERT per row it
 was a D1 batch of 1,002 statements, which D1 refuses (each statement of a batch
 is a query of the invocation: 50 on Workers Free, 1,000 on Paid) and
 miniflare's D1 runs. Now such an append is a few packed statements
-(`_sql.append_statements`) on D1 and in a Durable Object's SQLite alike.
+(`_appends.append_statements`) on D1 and in a Durable Object's SQLite alike.
 
 Per store (`SESSION_STORE` d1, then durable-object; one dev server each): a
 1,000-call turn, a second one streamed (`Accept: text/event-stream`), every

@@ -23,7 +23,7 @@ from crash_sweep import sweep
 from durable_agents.cloudflare import DurableObjectStore, durable_object_store
 from durable_agents.errors import ConfigurationError, SessionConflictError, StoreError
 from durable_agents.messages import Message, Usage
-from durable_agents.stores import Store, _sql
+from durable_agents.stores import Store, _limits, _schema
 from durable_agents.stores.base import ApprovalChange, Lease
 from durable_agents.testing.conformance import CHECKS, Check, ticking_clock
 
@@ -129,7 +129,7 @@ async def test_schema_is_applied_once_per_object(storage: FakeDurableObjectStora
     assert storage.transactions == transactions
     assert not [s for s in storage.sql.statements if s.startswith(("CREATE", "ALTER", "UPDATE"))]
     # sqlite_master, the columns of each table a migration altered, the read
-    assert len(storage.sql.statements) == 1 + len(_sql.ALTERED_TABLES) + 1
+    assert len(storage.sql.statements) == 1 + len(_schema.altered_tables()) + 1
 
 
 async def test_a_failed_statement_rolls_the_whole_append_back(
@@ -243,7 +243,7 @@ async def test_an_integer_beyond_2_53_is_refused_by_name(
 
 
 def test_bools_are_bound_as_integers() -> None:
-    assert _sql.bound_params("UPDATE t SET x = ?", [True, False, None, 1, "s"]) == [
+    assert _limits.bound_params("UPDATE t SET x = ?", [True, False, None, 1, "s"]) == [
         1,
         0,
         None,
@@ -251,4 +251,4 @@ def test_bools_are_bound_as_integers() -> None:
         "s",
     ]
     with pytest.raises(StoreError, match="'t' is -9007199254740991"):
-        _sql.bound_params("UPDATE t SET x = ?", [-(2**53 - 1)])
+        _limits.bound_params("UPDATE t SET x = ?", [-(2**53 - 1)])

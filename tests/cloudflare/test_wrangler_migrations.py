@@ -1,4 +1,5 @@
-"""migrations/ upgrades a deployed D1 database with wrangler, offline, and the Worker serves it.
+"""The migrations (wrangler.toml's migrations_dir) upgrade a deployed D1 database with
+wrangler, offline, and the Worker serves it.
 
 With `wrangler d1 migrations apply --local` (runtime/node's Node, runtime/workerd) on a
 state directory: every migration but the last; a session written the old way (as a
@@ -11,10 +12,12 @@ it, checked on the old rows. Then this repo's Worker on real workerd (`scripts/d
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
 import shutil
+import sqlite3
 import sys
 import tomllib
 import urllib.error
@@ -25,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from durable_agents.stores import _schema
 from served_worker import runtime_module
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -56,6 +60,14 @@ def applied(output: str) -> list[str]:
     return list(dict.fromkeys(re.findall(r"│\s*(\S+\.sql)\s*│\s*✅", output)))
 
 
+def _objects(connection: sqlite3.Connection) -> list[tuple[str, str, str, str]]:
+    """The kit's tables, indexes and triggers as the database holds them (their SQL)."""
+    return connection.execute(
+        "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name LIKE 'agent_%' "
+        "ORDER BY type, name"
+    ).fetchall()
+
+
 def call(url: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
     request = urllib.request.Request(
         url + path,
@@ -72,7 +84,7 @@ def call(url: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
 
 
 def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -> None:
-    files = sorted((PROJECT / "migrations").glob("*.sql"))
+    files = sorted((PROJECT / DATABASE["migrations_dir"]).glob("*.sql"))
     # The rows below are of the schema before session names (0004); every later
     # migration is applied over them, in one `apply`.
     split = [f.name for f in files].index("0004_session_names.sql")
@@ -165,6 +177,13 @@ def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -
     assert {"agent_sessions", "agent_messages", "agent_sessions_by_name"} <= created
     schema = d1("SELECT name FROM sqlite_master WHERE name LIKE 'agent_%'")
     assert {row["name"] for row in schema} == created
+    # ...and exactly the schema the stores apply from the same files (stores/_schema.py).
+    fresh = sqlite3.connect(":memory:")
+    for statement in _schema.schema_plan({}):
+        fresh.execute(statement)
+    with contextlib.closing(sqlite3.connect(dev.d1_file(state, DATABASE))) as migrated:
+        assert _objects(migrated) == _objects(fresh)
+    fresh.close()
     with pytest.raises(SystemExit, match="seq must directly follow"):  # the trigger still holds
         d1(
             "INSERT INTO agent_messages (session_id, seq, role, content, created_at) "

@@ -15,7 +15,7 @@ from crash_sweep import sweep
 from durable_agents.cloudflare import d1_store, durable_object_store
 from durable_agents.errors import SessionConflictError, StoreError
 from durable_agents.messages import Message
-from durable_agents.stores import _sql
+from durable_agents.stores import _schema
 from durable_agents.stores.base import ApprovalChange
 from durable_agents.testing import conformance
 
@@ -139,8 +139,20 @@ async def test_schema_once_and_one_transaction_per_append(env):
     result = await _probe(env, "schema").schema_once()
     # sqlite_master + a table_info per altered table + the read; then 5 inserts and the
     # upsert in ONE transaction.
-    reads = 1 + len(_sql.ALTERED_TABLES) + 1
+    reads = 1 + len(_schema.altered_tables()) + 1
     assert result == {"statements": reads + 6, "transactions": 1, "ddl": []}
+
+
+async def test_the_schema_is_read_from_the_migration_files_beside_the_modules():
+    # Inside workerd: the .sql files are Text modules of the Worker, which Python reads as
+    # files beside the modules (/session/metadata/...), with importlib.resources.
+    import sys
+
+    assert sys.platform == "emscripten"
+    names = [migration.name for migration in _schema.migrations()]
+    assert names[:2] == ["0001_init.sql", "0002_session_leases.sql"], names
+    assert _schema.migrations()[0].statements[0].startswith("CREATE TABLE IF NOT EXISTS")
+    assert _schema.__file__.startswith("/session/metadata/"), _schema.__file__
 
 
 async def test_a_python_exception_inside_the_transaction_rolls_back_and_surfaces(env):

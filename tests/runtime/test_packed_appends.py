@@ -1,4 +1,4 @@
-"""Packed appends (`_sql.append_statements` past MAX_BATCH_STATEMENTS) on workerd's
+"""Packed appends (`_appends.append_statements` past MAX_BATCH_STATEMENTS) on workerd's
 own SQLite: D1 (miniflare's, through the workers SDK) and a Durable Object's.
 
 Every append of the whole store contract goes packed here (`PACK_ABOVE` set to 0
@@ -11,7 +11,7 @@ from workers import DurableObject
 
 from durable_agents.cloudflare import d1_store, durable_object_store
 from durable_agents.messages import Message, ToolCall, Usage
-from durable_agents.stores import _sql
+from durable_agents.stores import _appends
 from durable_agents.testing import conformance
 
 # What JSON escapes or spells out, and what a packed text spells with U+0001.
@@ -36,12 +36,12 @@ def _big_step(calls):
 
 
 async def _every_append_packed(check):
-    before = _sql.PACK_ABOVE
-    _sql.PACK_ABOVE = 0
+    before = _appends.PACK_ABOVE
+    _appends.PACK_ABOVE = 0
     try:
         await check
     finally:
-        _sql.PACK_ABOVE = before
+        _appends.PACK_ABOVE = before
 
 
 class PackedStoreProbe(DurableObject):

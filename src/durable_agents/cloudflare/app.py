@@ -110,7 +110,7 @@ from ..llm.settings import llm_from_env, setting
 from ..messages import CALL_ID, Message
 from ..run import RunResult, run, stop_turn
 from ..schedules import due_time, new_schedule, room_left
-from ..stores._sql import MAX_BOUND_INT
+from ..stores._limits import MAX_BOUND_INT
 from ..stores.base import SessionInfo, Store
 from .agent_module import DEV_STUB_PREFIX, DevStub, MakeDeps, MakeLLM
 from .alarms import ObjectAlarm, on_alarm

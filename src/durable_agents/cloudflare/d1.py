@@ -2,9 +2,9 @@
 
 Use `d1_store(env.DB)` in a Worker (inside a Durable Object or a plain
 Worker); on CPython use `sqlite_store(path)`, which keeps the same contract on
-the same schema. Tables come from `migrations/0001_init.sql` (applied with
-`wrangler d1 migrations apply`), never from a request: `create_tables()`
-exists for tests and one-off scripts.
+the same schema. Tables come from the migration files (`stores/migrations/*.sql`,
+wrangler.toml's `migrations_dir`, applied with `wrangler d1 migrations apply`), never
+from a request: `create_tables()` applies the same files, for tests and one-off scripts.
 
 Why one `batch()` per append: D1 has no interactive transactions (`BEGIN`
 is rejected) but runs a batch as one implicit transaction, all or nothing.
@@ -13,9 +13,9 @@ upsert; the schema's UNIQUE (session_id, seq) key and its in-order trigger
 make the batch fail whole when another writer got there first, which is the
 whole concurrency check. No read precedes the write. D1 counts each statement
 of a batch as a query of the invocation (50 on Workers Free): a step of many
-tool calls has its rows packed into a few statements (`_sql.append_statements`),
+tool calls has its rows packed into a few statements (`_appends.append_statements`),
 and every statement is checked against D1's limits before it is bound
-(`_sql.check_statement`), which miniflare's D1 does not all enforce.
+(`_limits.check_statement`), which miniflare's D1 does not all enforce.
 
 The binding is used as the `workers` SDK hands it to Python code:
 `prepare(sql).bind(*args)`, `await stmt.raw()` (rows as lists), `await
@@ -23,7 +23,7 @@ stmt.run()`, `await db.batch([...])`; SQL errors raise
 `pyodide.ffi.JsException` with D1's message. D1 refuses a BigInt bind
 (`D1_TYPE_ERROR: Type 'bigint' not supported for value ...`), and Pyodide
 makes one of any Python int beyond ±(2**53 - 2): every statement's ints are
-checked before they are bound (`_sql.bound_params`). `testing.fake_d1` offers the
+checked before they are bound (`_limits.bound_params`). `testing.fake_d1` offers the
 same shape on CPython over sqlite3. This module imports nothing from the
 runtime, so it imports and type-checks on CPython.
 """
@@ -38,7 +38,7 @@ from .. import budget
 from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
-from ..stores import _sql
+from ..stores import _appends, _limits, _paging, _rows, _schema, _statements
 from ..stores.base import (
     ApprovalChange,
     ApprovalEvent,
@@ -105,16 +105,16 @@ class D1Store:
         One `prepare().run()` per statement: D1's multi-statement `exec()`
         splits on newlines and rejects the trigger's BEGIN...END body. A
         migration's ALTERs run only where its columns are missing
-        (`_sql.schema_plan`), so calling it again is harmless.
+        (`_schema.schema_plan`), so calling it again is harmless.
         """
         columns: dict[str, set[str]] = {}
-        for table in _sql.ALTERED_TABLES:
+        for table in _schema.altered_tables():
             try:
-                info = await self._db.prepare(_sql.table_info(table)).raw()
+                info = await self._db.prepare(_schema.table_info(table)).raw()
             except Exception as exc:
                 raise StoreError(f"D1 could not read the schema: {_d1_message(exc)}") from exc
             columns[table] = {str(row[1]) for row in info}
-        for statement in _sql.schema_plan(columns):
+        for statement in _schema.schema_plan(columns):
             try:
                 await self._db.prepare(statement).run()
             except Exception as exc:
@@ -124,22 +124,22 @@ class D1Store:
     async def load_messages(
         self, session_id: str, *, start: int = 0, limit: int | None = None
     ) -> list[Message]:
-        params = _sql.page_params(session_id, start, limit)
+        params = _statements.page_params(session_id, start, limit)
         rows = await self._read(
-            _sql.SELECT_MESSAGES_FROM, params, f"load the messages of session {session_id!r}"
+            _statements.SELECT_MESSAGES_FROM, params, f"load the messages of session {session_id!r}"
         )
-        return _sql.row_messages(session_id, rows, start=params[1])
+        return _rows.row_messages(session_id, rows, start=params[1])
 
     async def load_context(self, session_id: str) -> tuple[int, list[Message]]:
         rows = await self._read(
-            _sql.SELECT_CONTEXT, (session_id, session_id),
+            _statements.SELECT_CONTEXT, (session_id, session_id),
             f"load the recent messages of session {session_id!r}",
         )  # fmt: skip
-        return _sql.context_rows(session_id, rows)
+        return _rows.context_rows(session_id, rows)
 
     async def find_request(self, session_id: str, request_key: str) -> tuple[int, str] | None:
         rows = await self._read(
-            _sql.FIND_REQUEST, (session_id, request_key),
+            _statements.FIND_REQUEST, (session_id, request_key),
             f"find request key {request_key[:80]!r} in session {session_id!r}",
         )  # fmt: skip
         return (int(rows[0][0]), str(rows[0][1])) if rows else None
@@ -158,7 +158,7 @@ class D1Store:
     ) -> int:
         statements = [
             self._prepare(sql, params, session_id)
-            for sql, params in _sql.append_statements(
+            for sql, params in _appends.append_statements(
                 session_id, expected_seq, messages, self._now_ms(),
                 agent_name=agent_name, lease=lease, approvals=approvals,
                 max_row_bytes=self._max_row_bytes, session_name=session_name,
@@ -168,7 +168,7 @@ class D1Store:
         try:
             await self._batch(statements)
         except Exception as exc:
-            if _sql.is_conflict(str(exc)) or _sql.is_approval_conflict(str(exc)):
+            if _statements.is_conflict(str(exc)) or _statements.is_approval_conflict(str(exc)):
                 raise SessionConflictError(session_id, expected_seq, _d1_message(exc)) from exc
             text = _d1_message(exc)
             # A D1_ERROR is a statement that failed, and D1 rolled the whole batch
@@ -189,17 +189,21 @@ class D1Store:
 
     async def load_approvals(self, session_id: str) -> list[ApprovalEvent]:
         rows = await self._read(
-            _sql.SELECT_APPROVALS, (session_id,), f"load the approvals of session {session_id!r}"
+            _statements.SELECT_APPROVALS,
+            (session_id,),
+            f"load the approvals of session {session_id!r}",
         )
-        return [_sql.row_approval_event(row, session_id) for row in rows]
+        return [_rows.row_approval_event(row, session_id) for row in rows]
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None
     ) -> LeaseHolder | None:
-        params = _sql.acquire_lease_params(session_id, owner, self._now_ms(), ttl_ms, take_from)
+        params = _statements.acquire_lease_params(
+            session_id, owner, self._now_ms(), ttl_ms, take_from
+        )
         try:
             budget.spend(queries=1)
-            result = await self._prepare(_sql.ACQUIRE_LEASE, params, session_id).run()
+            result = await self._prepare(_statements.ACQUIRE_LEASE, params, session_id).run()
         except Exception as exc:
             raise StoreError(
                 f"D1 failed to take the lease of session {session_id!r}: {_d1_message(exc)}",
@@ -207,7 +211,7 @@ class D1Store:
             ) from exc
         if int(result["meta"]["changes"]) == 1:
             return None
-        rows = await self._read(_sql.SELECT_LEASE, (session_id,), "read a lease")
+        rows = await self._read(_statements.SELECT_LEASE, (session_id,), "read a lease")
         # Released between the two statements: report it as about to expire.
         owner_now, expires_at = rows[0] if rows else ("(released)", params[3])
         return LeaseHolder(str(owner_now), int(expires_at))
@@ -215,7 +219,7 @@ class D1Store:
     async def release_lease(self, session_id: str, owner: str) -> None:
         try:
             budget.spend(queries=1)
-            await self._db.prepare(_sql.RELEASE_LEASE).bind(session_id, owner).run()
+            await self._db.prepare(_statements.RELEASE_LEASE).bind(session_id, owner).run()
         except Exception as exc:
             raise StoreError(
                 f"D1 failed to release the lease of session {session_id!r}: {_d1_message(exc)}",
@@ -223,28 +227,32 @@ class D1Store:
             ) from exc
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
-        rows = await self._read(_sql.SELECT_SESSION, (session_id,), f"read session {session_id!r}")
-        return _sql.row_session_info(rows[0]) if rows else None
+        rows = await self._read(
+            _statements.SELECT_SESSION, (session_id,), f"read session {session_id!r}"
+        )
+        return _rows.row_session_info(rows[0]) if rows else None
 
     async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
-        rows = await self._read(*_sql.list_statement(cursor, limit), "list sessions")
-        return SessionPage(*_sql.page_of([_sql.row_session_info(r) for r in rows], limit))
+        rows = await self._read(*_paging.list_statement(cursor, limit), "list sessions")
+        return SessionPage(*_paging.page_of([_rows.row_session_info(r) for r in rows], limit))
 
     async def find_sessions(self, name: str) -> list[SessionInfo]:
-        rows = await self._read(_sql.FIND_SESSIONS, (name,), f"find sessions named {name!r}")
-        return [_sql.row_session_info(row) for row in rows]
+        rows = await self._read(_statements.FIND_SESSIONS, (name,), f"find sessions named {name!r}")
+        return [_rows.row_session_info(row) for row in rows]
 
     async def load_schedules(self, session_id: str) -> list[Schedule]:
         rows = await self._read(
-            _sql.SELECT_SCHEDULES, (session_id,), f"load the schedules of session {session_id!r}"
+            _statements.SELECT_SCHEDULES,
+            (session_id,),
+            f"load the schedules of session {session_id!r}",
         )
-        return [_sql.row_schedule(row) for row in rows]
+        return [_rows.row_schedule(row) for row in rows]
 
     async def delete_schedule(self, session_id: str, schedule_id: str) -> bool:
         try:
             budget.spend(queries=1)
             result = await self._prepare(
-                _sql.DELETE_SCHEDULE, (session_id, schedule_id), session_id
+                _statements.DELETE_SCHEDULE, (session_id, schedule_id), session_id
             ).run()
         except Exception as exc:
             raise StoreError(
@@ -257,17 +265,19 @@ class D1Store:
     async def load_timeline(
         self, session_id: str, *, start: int = 0, limit: int | None = None
     ) -> list[tuple[int, Message]]:
-        params = _sql.page_params(session_id, start, limit)
+        params = _statements.page_params(session_id, start, limit)
         rows = await self._read(
-            _sql.SELECT_TIMELINE, params, f"load the timeline of session {session_id!r}"
+            _statements.SELECT_TIMELINE, params, f"load the timeline of session {session_id!r}"
         )
-        return _sql.timeline_rows(session_id, rows, start=params[1])
+        return _rows.timeline_rows(session_id, rows, start=params[1])
 
     async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
-        """One batch: each statement picks the same idle sessions (see `_sql.DELETE_IDLE`)."""
-        params = _sql.idle_params(before_ms, limit)
+        """One batch: each statement picks the same idle sessions (`_statements.DELETE_IDLE`)."""
+        params = _statements.idle_params(before_ms, limit)
         try:
-            results = await self._batch([self._prepare(sql, params) for sql in _sql.DELETE_IDLE])
+            results = await self._batch(
+                [self._prepare(sql, params) for sql in _statements.DELETE_IDLE]
+            )
         except Exception as exc:
             raise StoreError(
                 f"D1 failed to delete sessions idle since {before_ms}: {_d1_message(exc)}"
@@ -278,17 +288,17 @@ class D1Store:
         """Up to `limit` sessions last written before `before_ms`, oldest first (for the
         retention of sessions kept elsewhere: their index rows live here)."""
         rows = await self._read(
-            _sql.SELECT_IDLE, _sql.idle_params(before_ms, limit), "find idle sessions"
+            _statements.SELECT_IDLE, _statements.idle_params(before_ms, limit), "find idle sessions"
         )
-        return [_sql.row_session_info(row) for row in rows]
+        return [_rows.row_session_info(row) for row in rows]
 
     async def put_session_summary(self, info: SessionInfo) -> None:
         """Mirror a session kept in another store (a Durable Object's SQLite) as its
         index row here: one write, so listing and retention see it."""
-        params = _sql.session_summary_params(info)
+        params = _rows.session_summary_params(info)
         try:
             budget.spend(queries=1)
-            await self._prepare(_sql.PUT_SESSION_SUMMARY, params, info.id).run()
+            await self._prepare(_statements.PUT_SESSION_SUMMARY, params, info.id).run()
         except Exception as exc:
             raise StoreError(
                 f"D1 failed to index session {info.id!r}: {_d1_message(exc)}", session_id=info.id
@@ -298,11 +308,11 @@ class D1Store:
         try:
             results = await self._batch(
                 [
-                    self._db.prepare(_sql.DELETE_MESSAGES).bind(session_id),
-                    self._db.prepare(_sql.DELETE_LEASE).bind(session_id),
-                    self._db.prepare(_sql.DELETE_APPROVALS).bind(session_id),
-                    self._db.prepare(_sql.DELETE_SCHEDULES).bind(session_id),
-                    self._db.prepare(_sql.DELETE_SESSION).bind(session_id),
+                    self._db.prepare(_statements.DELETE_MESSAGES).bind(session_id),
+                    self._db.prepare(_statements.DELETE_LEASE).bind(session_id),
+                    self._db.prepare(_statements.DELETE_APPROVALS).bind(session_id),
+                    self._db.prepare(_statements.DELETE_SCHEDULES).bind(session_id),
+                    self._db.prepare(_statements.DELETE_SESSION).bind(session_id),
                 ]
             )
         except Exception as exc:
@@ -321,9 +331,9 @@ class D1Store:
     def _prepare(
         self, sql: str, params: Sequence[Any], session_id: str | None = None
     ) -> D1PreparedStatement:
-        """`prepare(sql).bind(...)`, each value as D1 takes it (`_sql.bound_params`: D1
+        """`prepare(sql).bind(...)`, each value as D1 takes it (`_limits.bound_params`: D1
         refuses a BigInt, which a Python int beyond ±(2**53 - 2) becomes)."""
-        return self._db.prepare(sql).bind(*_sql.bound_params(sql, params, session_id))
+        return self._db.prepare(sql).bind(*_limits.bound_params(sql, params, session_id))
 
     async def _read(self, sql: str, params: Sequence[Any], what: str) -> Sequence[Sequence[Any]]:
         statement = self._prepare(sql, params)

@@ -2,7 +2,7 @@
 
 Use `durable_object_store(self.ctx.storage)` inside a Durable Object class
 whose migration declares it in `new_sqlite_classes`. Same schema, same SQL
-and the same contract as the SQLite and D1 stores (`stores/_sql.py`); what
+and the same contract as the SQLite and D1 stores (`stores/_statements.py`); what
 differs is where the database lives: inside the object, local, synchronous,
 no network hop per write. A session stored here is visible to that object
 only and is gone with `ctx.storage.deleteAll()`.
@@ -15,7 +15,7 @@ How it uses the storage API (workerd's `DurableObjectStorage`):
 - What it binds: workerd binds a JS `true` as the text 'true' and refuses a
   BigInt (`TypeError: Cannot convert a BigInt value to a number`), which a
   Python int beyond ±(2**53 - 2) becomes; so bools go as 0 / 1 and every int
-  is checked first (`_sql.bound_params`).
+  is checked first (`_limits.bound_params`).
 - `storage.transactionSync(callback)` is the only transaction there is
   (workerd refuses BEGIN, SAVEPOINT and RELEASE): every write of an append (the
   message INSERTs, the session upsert, approvals, the lease) runs inside one
@@ -24,17 +24,18 @@ How it uses the storage API (workerd's `DurableObjectStorage`):
   `sql.exec` each rather than one per row. The schema's
   UNIQUE key and in-order trigger make an append at a stale position fail,
   exactly as on D1: `SessionConflictError`, nothing written.
-- The schema (`_sql.MIGRATIONS`) is applied on a store's first use, in one
+- The schema (`stores/migrations/*.sql`, read by `stores/_schema.py`) is applied
+  on a store's first use, in one
   transaction, only where something is missing: afterwards a first use costs
   reads of the catalogue (`sqlite_master`, and the columns of each table a
-  migration added to: `_sql.ALTERED_TABLES`).
+  migration added to: `_schema.altered_tables()`).
 
 From Python (Pyodide), the callback handed to `transactionSync` is a
 `create_proxy` destroyed after the call; an exception inside it rolls the
 transaction back and is classified from the original Python exception (kept
 aside before it crosses into JS), never from its JS re-wrapping. `None`
 binds as JS `null`. Values come back as JS numbers and strings (numbers as
-Python ints when integral, as D1's do); `_sql`'s row readers convert them.
+Python ints when integral, as D1's do); `stores/_rows.py`'s readers convert them.
 
 This module imports nothing from the runtime at import time, so it imports
 and type-checks on CPython, where any object with the same shape (see
@@ -43,7 +44,6 @@ and type-checks on CPython, where any object with the same shape (see
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -52,7 +52,7 @@ from typing import Any, Protocol
 from ..errors import ConfigurationError, SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
-from ..stores import _sql
+from ..stores import _appends, _limits, _paging, _rows, _schema, _statements
 from ..stores.base import (
     ApprovalChange,
     ApprovalEvent,
@@ -69,8 +69,6 @@ __all__ = ["DurableObjectStore", "SqlStorageLike", "durable_object_store"]
 # MAX_ROW_BYTES (1.9 MB for content plus tool calls) keeps every row below it.
 DO_MAX_VALUE_BYTES = 2 * 1024 * 1024
 
-_CREATED = re.compile(r"CREATE (?:UNIQUE )?(?:TABLE|INDEX|TRIGGER) IF NOT EXISTS (\w+)")
-_ADDED = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
 _SCHEMA_OBJECTS = "SELECT name FROM sqlite_master WHERE type IN ('table', 'index', 'trigger')"
 _CHANGES = "SELECT changes()"
 
@@ -133,7 +131,7 @@ class DurableObjectStore:
     def _bind(self, sql: str, params: Sequence[Any]) -> list[Any]:
         # workerd binds True as the text 'true' and refuses a BigInt (a Python int
         # beyond ±(2**53 - 2)): bools go as 0 / 1, and such an int never goes.
-        values = _sql.bound_params(sql, params)
+        values = _limits.bound_params(sql, params)
         if not self._pyodide:
             return values
         from pyodide.ffi import jsnull  # type: ignore[import-not-found, attr-defined, unused-ignore]
@@ -199,17 +197,15 @@ class DurableObjectStore:
         try:
             existing = {str(row[0]) for row in self._rows(_SCHEMA_OBJECTS)}
             columns = {
-                table: {str(row[1]) for row in self._rows(_sql.table_info(table))}
-                for table in _sql.ALTERED_TABLES
+                table: {str(row[1]) for row in self._rows(_schema.table_info(table))}
+                for table in _schema.altered_tables()
             }
         except Exception as exc:
             raise StoreError(f"the Durable Object store could not read its schema: {exc}") from exc
-        wanted = {m[1] for s in _sql.SCHEMA if (m := _CREATED.match(s))}
-        added = {(m[1], m[2]) for s in _sql.SCHEMA if (m := _ADDED.match(s))}
-        if wanted <= existing and all(c in columns.get(t, ()) for t, c in added):
+        if _schema.is_current(existing, columns):
             self._ready = True
             return
-        plan = _sql.schema_plan(columns)
+        plan = _schema.schema_plan(columns)
 
         def apply() -> None:
             for statement in plan:
@@ -239,22 +235,22 @@ class DurableObjectStore:
     async def load_messages(
         self, session_id: str, *, start: int = 0, limit: int | None = None
     ) -> list[Message]:
-        params = _sql.page_params(session_id, start, limit)
+        params = _statements.page_params(session_id, start, limit)
         rows = self._read(
-            _sql.SELECT_MESSAGES_FROM, params, f"load the messages of session {session_id!r}"
+            _statements.SELECT_MESSAGES_FROM, params, f"load the messages of session {session_id!r}"
         )
-        return _sql.row_messages(session_id, rows, start=params[1])
+        return _rows.row_messages(session_id, rows, start=params[1])
 
     async def load_context(self, session_id: str) -> tuple[int, list[Message]]:
         rows = self._read(
-            _sql.SELECT_CONTEXT, (session_id, session_id),
+            _statements.SELECT_CONTEXT, (session_id, session_id),
             f"load the recent messages of session {session_id!r}",
         )  # fmt: skip
-        return _sql.context_rows(session_id, rows)
+        return _rows.context_rows(session_id, rows)
 
     async def find_request(self, session_id: str, request_key: str) -> tuple[int, str] | None:
         rows = self._read(
-            _sql.FIND_REQUEST, (session_id, request_key),
+            _statements.FIND_REQUEST, (session_id, request_key),
             f"find request key {request_key[:80]!r} in session {session_id!r}",
         )  # fmt: skip
         return (int(rows[0][0]), str(rows[0][1])) if rows else None
@@ -271,7 +267,7 @@ class DurableObjectStore:
         session_name: str | None = None,
         schedules: Sequence[Schedule] = (),
     ) -> int:
-        statements = _sql.append_statements(
+        statements = _appends.append_statements(
             session_id, expected_seq, messages, self._now_ms(),
             agent_name=agent_name, lease=lease, approvals=approvals,
             max_row_bytes=self._max_row_bytes, session_name=session_name,
@@ -287,7 +283,7 @@ class DurableObjectStore:
             self._transaction(write)
         except Exception as exc:
             text = str(exc)
-            if _sql.is_conflict(text) or _sql.is_approval_conflict(text):
+            if _statements.is_conflict(text) or _statements.is_approval_conflict(text):
                 raise SessionConflictError(session_id, expected_seq, text) from exc
             raise StoreError(
                 f"the Durable Object store failed to append {len(messages)} message(s) to "
@@ -299,19 +295,23 @@ class DurableObjectStore:
 
     async def load_approvals(self, session_id: str) -> list[ApprovalEvent]:
         rows = self._read(
-            _sql.SELECT_APPROVALS, (session_id,), f"load the approvals of session {session_id!r}"
+            _statements.SELECT_APPROVALS,
+            (session_id,),
+            f"load the approvals of session {session_id!r}",
         )
-        return [_sql.row_approval_event(row, session_id) for row in rows]
+        return [_rows.row_approval_event(row, session_id) for row in rows]
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None
     ) -> LeaseHolder | None:
-        params = _sql.acquire_lease_params(session_id, owner, self._now_ms(), ttl_ms, take_from)
+        params = _statements.acquire_lease_params(
+            session_id, owner, self._now_ms(), ttl_ms, take_from
+        )
         self._ensure()
 
         def take() -> list[list[Any]]:
-            self._exec(_sql.ACQUIRE_LEASE, params)
-            return self._rows(_sql.SELECT_LEASE, (session_id,))
+            self._exec(_statements.ACQUIRE_LEASE, params)
+            return self._rows(_statements.SELECT_LEASE, (session_id,))
 
         try:
             rows: list[list[Any]] = self._transaction(take)
@@ -330,7 +330,7 @@ class DurableObjectStore:
     async def release_lease(self, session_id: str, owner: str) -> None:
         self._ensure()
         try:
-            self._exec(_sql.RELEASE_LEASE, (session_id, owner))
+            self._exec(_statements.RELEASE_LEASE, (session_id, owner))
         except Exception as exc:
             raise StoreError(
                 f"the Durable Object store failed to release the lease of session "
@@ -339,28 +339,30 @@ class DurableObjectStore:
             ) from exc
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
-        rows = self._read(_sql.SELECT_SESSION, (session_id,), f"read session {session_id!r}")
-        return _sql.row_session_info(rows[0]) if rows else None
+        rows = self._read(_statements.SELECT_SESSION, (session_id,), f"read session {session_id!r}")
+        return _rows.row_session_info(rows[0]) if rows else None
 
     async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
-        rows = self._read(*_sql.list_statement(cursor, limit), "list sessions")
-        return SessionPage(*_sql.page_of([_sql.row_session_info(r) for r in rows], limit))
+        rows = self._read(*_paging.list_statement(cursor, limit), "list sessions")
+        return SessionPage(*_paging.page_of([_rows.row_session_info(r) for r in rows], limit))
 
     async def find_sessions(self, name: str) -> list[SessionInfo]:
-        rows = self._read(_sql.FIND_SESSIONS, (name,), f"find sessions named {name!r}")
-        return [_sql.row_session_info(row) for row in rows]
+        rows = self._read(_statements.FIND_SESSIONS, (name,), f"find sessions named {name!r}")
+        return [_rows.row_session_info(row) for row in rows]
 
     async def load_schedules(self, session_id: str) -> list[Schedule]:
         rows = self._read(
-            _sql.SELECT_SCHEDULES, (session_id,), f"load the schedules of session {session_id!r}"
+            _statements.SELECT_SCHEDULES,
+            (session_id,),
+            f"load the schedules of session {session_id!r}",
         )
-        return [_sql.row_schedule(row) for row in rows]
+        return [_rows.row_schedule(row) for row in rows]
 
     async def delete_schedule(self, session_id: str, schedule_id: str) -> bool:
         self._ensure()
 
         def delete() -> int:
-            self._exec(_sql.DELETE_SCHEDULE, (session_id, schedule_id))
+            self._exec(_statements.DELETE_SCHEDULE, (session_id, schedule_id))
             return self._changes()
 
         try:
@@ -376,19 +378,19 @@ class DurableObjectStore:
     async def load_timeline(
         self, session_id: str, *, start: int = 0, limit: int | None = None
     ) -> list[tuple[int, Message]]:
-        params = _sql.page_params(session_id, start, limit)
+        params = _statements.page_params(session_id, start, limit)
         rows = self._read(
-            _sql.SELECT_TIMELINE, params, f"load the timeline of session {session_id!r}"
+            _statements.SELECT_TIMELINE, params, f"load the timeline of session {session_id!r}"
         )
-        return _sql.timeline_rows(session_id, rows, start=params[1])
+        return _rows.timeline_rows(session_id, rows, start=params[1])
 
     async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
-        """One transaction: each statement picks the same idle sessions (`_sql.DELETE_IDLE`)."""
-        params = _sql.idle_params(before_ms, limit)
+        """One transaction: each statement picks the same idle sessions (`DELETE_IDLE`)."""
+        params = _statements.idle_params(before_ms, limit)
         self._ensure()
 
         def delete() -> int:
-            for sql in _sql.DELETE_IDLE:
+            for sql in _statements.DELETE_IDLE:
                 self._exec(sql, params)
             return self._changes()
 
@@ -404,12 +406,12 @@ class DurableObjectStore:
         self._ensure()
 
         def delete() -> bool:
-            self._exec(_sql.DELETE_MESSAGES, (session_id,))
+            self._exec(_statements.DELETE_MESSAGES, (session_id,))
             messages = self._changes()
-            self._exec(_sql.DELETE_LEASE, (session_id,))
-            self._exec(_sql.DELETE_APPROVALS, (session_id,))
-            self._exec(_sql.DELETE_SCHEDULES, (session_id,))
-            self._exec(_sql.DELETE_SESSION, (session_id,))
+            self._exec(_statements.DELETE_LEASE, (session_id,))
+            self._exec(_statements.DELETE_APPROVALS, (session_id,))
+            self._exec(_statements.DELETE_SCHEDULES, (session_id,))
+            self._exec(_statements.DELETE_SESSION, (session_id,))
             return messages > 0 or self._changes() > 0
 
         try:

@@ -11,16 +11,10 @@ from typing import Any
 from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
-from ._sql import (
-    append_rows,
-    check_limit,
-    decode_cursor,
-    encode_arguments,
-    fired_schedules,
-    page_of,
-    session_state,
-    usage_totals,
-)
+from ._appends import append_rows, fired_schedules
+from ._limits import check_limit
+from ._paging import decode_cursor, page_of
+from ._rows import encode_arguments, session_state, usage_totals
 from .base import (
     ApprovalChange,
     ApprovalEvent,
@@ -112,26 +106,10 @@ class MemoryStore:
         if messages and stored != expected_seq:
             raise SessionConflictError(session_id, expected_seq, f"{stored} messages are stored")
         events = self._approval_events(session_id, approvals, now)  # checked, not yet kept
-        # The same two uniqueness rules the SQL schema enforces with indexes.
-        for taken, new, what in (
-            (session.answered if session else set(),
-             [m.tool_call_id for m in messages if m.role == "tool"],
-             "a tool call already has a result"),
-            (session.request_keys if session else set(),
-             [m.request_key for m in messages if m.request_key is not None],
-             "a request key already started a turn"),
-        ):  # fmt: skip
-            if not taken.isdisjoint(new) or len(set(new)) < len(new):
-                raise SessionConflictError(session_id, expected_seq, what)
-        stored_schedules = self._schedules.get(session_id, {})
-        fired = fired_schedules(messages)
-        if any(schedule_id not in stored_schedules for schedule_id in fired):
-            raise SessionConflictError(
-                session_id, expected_seq, "the schedule was cancelled or has fired already"
-            )
-        if any(s.schedule_id in stored_schedules for s in schedules):
-            raise StoreError(f"session {session_id!r} has that schedule id already")
+        _check_unique(session_id, expected_seq, session, messages)
+        fired = self._fired_schedules(session_id, expected_seq, messages, schedules)
         # Every check passed: keep it all.
+        stored_schedules = self._schedules.get(session_id, {})
         for schedule_id in fired:
             del stored_schedules[schedule_id]
         for schedule in schedules:
@@ -144,16 +122,27 @@ class MemoryStore:
         if session is None:
             name = session_id if session_name is None else session_name
             session = self._sessions[session_id] = _Session(agent_name, now, now, name)
-        session.answered.update(m.tool_call_id for m in messages if m.tool_call_id)
-        session.request_keys.update(m.request_key for m in messages if m.request_key)
-        session.messages.extend(messages)
-        session.stored_at.extend(now for _ in messages)
-        input_tokens, output_tokens = usage_totals(messages)
-        session.input_tokens += input_tokens
-        session.output_tokens += output_tokens
-        session.updated_at = now
-        session.agent_name = agent_name or session.agent_name
+        _keep_messages(session, messages, now, agent_name)
         return len(session.messages)
+
+    def _fired_schedules(
+        self,
+        session_id: str,
+        expected_seq: int,
+        messages: Sequence[Message],
+        schedules: Sequence[Schedule],
+    ) -> list[str]:
+        """The stored schedules whose turns `messages` start, checked as the SQL schema
+        checks them (each must be stored; a new schedule's id must not be)."""
+        stored = self._schedules.get(session_id, {})
+        fired = fired_schedules(messages)
+        if any(schedule_id not in stored for schedule_id in fired):
+            raise SessionConflictError(
+                session_id, expected_seq, "the schedule was cancelled or has fired already"
+            )
+        if any(s.schedule_id in stored for s in schedules):
+            raise StoreError(f"session {session_id!r} has that schedule id already")
+        return fired
 
     def _approval_events(
         self, session_id: str, changes: Sequence[ApprovalChange], now: int
@@ -298,3 +287,35 @@ def memory_store(
 ) -> MemoryStore:
     """An in-process, non-durable store (tests, stateless runs). See `MemoryStore`."""
     return MemoryStore(clock=clock, max_row_bytes=max_row_bytes)
+
+
+def _check_unique(
+    session_id: str, expected_seq: int, session: _Session | None, messages: Sequence[Message]
+) -> None:
+    """SessionConflictError for what the SQL schema's two unique indexes refuse: a second
+    result for a tool call, a second turn for a request key."""
+    for taken, new, what in (
+        (session.answered if session else set(),
+         [m.tool_call_id for m in messages if m.role == "tool"],
+         "a tool call already has a result"),
+        (session.request_keys if session else set(),
+         [m.request_key for m in messages if m.request_key is not None],
+         "a request key already started a turn"),
+    ):  # fmt: skip
+        if not taken.isdisjoint(new) or len(set(new)) < len(new):
+            raise SessionConflictError(session_id, expected_seq, what)
+
+
+def _keep_messages(
+    session: _Session, messages: Sequence[Message], now: int, agent_name: str | None
+) -> None:
+    """Append checked `messages` to `session`, with their keys, times and usage."""
+    session.answered.update(m.tool_call_id for m in messages if m.tool_call_id)
+    session.request_keys.update(m.request_key for m in messages if m.request_key)
+    session.messages.extend(messages)
+    session.stored_at.extend(now for _ in messages)
+    input_tokens, output_tokens = usage_totals(messages)
+    session.input_tokens += input_tokens
+    session.output_tokens += output_tokens
+    session.updated_at = now
+    session.agent_name = agent_name or session.agent_name

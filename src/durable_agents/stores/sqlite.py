@@ -20,7 +20,7 @@ from typing import TypeVar
 from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
-from . import _sql
+from . import _appends, _paging, _rows, _schema, _statements
 from .base import (
     ApprovalChange,
     ApprovalEvent,
@@ -68,26 +68,27 @@ class SQLiteStore:
     async def load_messages(
         self, session_id: str, *, start: int = 0, limit: int | None = None
     ) -> list[Message]:
-        params = _sql.page_params(session_id, start, limit)
+        params = _statements.page_params(session_id, start, limit)
         # Decoded in the store's thread too: a long history should not stall the loop.
         return await self._call(
-            lambda c: _sql.row_messages(
-                session_id, c.execute(_sql.SELECT_MESSAGES_FROM, params), start=params[1]
+            lambda c: _rows.row_messages(
+                session_id, c.execute(_statements.SELECT_MESSAGES_FROM, params), start=params[1]
             ),
             session_id,
         )
 
     async def load_context(self, session_id: str) -> tuple[int, list[Message]]:
         return await self._call(
-            lambda c: _sql.context_rows(
-                session_id, c.execute(_sql.SELECT_CONTEXT, (session_id, session_id)).fetchall()
+            lambda c: _rows.context_rows(
+                session_id,
+                c.execute(_statements.SELECT_CONTEXT, (session_id, session_id)).fetchall(),
             ),
             session_id,
         )
 
     async def find_request(self, session_id: str, request_key: str) -> tuple[int, str] | None:
         def find(c: sqlite3.Connection) -> tuple[int, str] | None:
-            row = c.execute(_sql.FIND_REQUEST, (session_id, request_key)).fetchone()
+            row = c.execute(_statements.FIND_REQUEST, (session_id, request_key)).fetchone()
             return None if row is None else (int(row[0]), str(row[1]))
 
         return await self._call(find, session_id)
@@ -104,7 +105,7 @@ class SQLiteStore:
         session_name: str | None = None,
         schedules: Sequence[Schedule] = (),
     ) -> int:
-        statements = _sql.append_statements(
+        statements = _appends.append_statements(
             session_id, expected_seq, messages, int(self._clock() * 1000),
             agent_name=agent_name, lease=lease, approvals=approvals,
             max_row_bytes=self._max_row_bytes, session_name=session_name, schedules=schedules,
@@ -117,7 +118,7 @@ class SQLiteStore:
         try:
             await self._call(lambda conn: _transaction(conn, lambda: write(conn)), session_id)
         except sqlite3.IntegrityError as exc:
-            if _sql.is_conflict(str(exc)) or _sql.is_approval_conflict(str(exc)):
+            if _statements.is_conflict(str(exc)) or _statements.is_approval_conflict(str(exc)):
                 raise SessionConflictError(session_id, expected_seq, str(exc)) from None
             raise StoreError(
                 f"append to session {session_id!r} failed: {exc}", session_id=session_id
@@ -126,43 +127,45 @@ class SQLiteStore:
 
     async def load_approvals(self, session_id: str) -> list[ApprovalEvent]:
         rows = await self._call(
-            lambda c: c.execute(_sql.SELECT_APPROVALS, (session_id,)).fetchall(), session_id
+            lambda c: c.execute(_statements.SELECT_APPROVALS, (session_id,)).fetchall(), session_id
         )
-        return [_sql.row_approval_event(row, session_id) for row in rows]
+        return [_rows.row_approval_event(row, session_id) for row in rows]
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl_ms: int, *, take_from: str | None = None
     ) -> LeaseHolder | None:
-        params = _sql.acquire_lease_params(
+        params = _statements.acquire_lease_params(
             session_id, owner, int(self._clock() * 1000), ttl_ms, take_from
         )
 
         def acquire(conn: sqlite3.Connection) -> LeaseHolder | None:
-            if conn.execute(_sql.ACQUIRE_LEASE, params).rowcount == 1:
+            if conn.execute(_statements.ACQUIRE_LEASE, params).rowcount == 1:
                 return None
-            row = conn.execute(_sql.SELECT_LEASE, (session_id,)).fetchone()
+            row = conn.execute(_statements.SELECT_LEASE, (session_id,)).fetchone()
             # Released between the two statements: report it as expiring now.
             return LeaseHolder(*row) if row else LeaseHolder("(released)", params[3])
 
         return await self._call(acquire, session_id)
 
     async def release_lease(self, session_id: str, owner: str) -> None:
-        await self._call(lambda c: c.execute(_sql.RELEASE_LEASE, (session_id, owner)), session_id)
+        await self._call(
+            lambda c: c.execute(_statements.RELEASE_LEASE, (session_id, owner)), session_id
+        )
 
     async def get_session(self, session_id: str) -> SessionInfo | None:
         row = await self._call(
-            lambda c: c.execute(_sql.SELECT_SESSION, (session_id,)).fetchone(), session_id
+            lambda c: c.execute(_statements.SELECT_SESSION, (session_id,)).fetchone(), session_id
         )
-        return _sql.row_session_info(row) if row else None
+        return _rows.row_session_info(row) if row else None
 
     async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
-        sql, params = _sql.list_statement(cursor, limit)
+        sql, params = _paging.list_statement(cursor, limit)
         rows = await self._call(lambda c: c.execute(sql, params).fetchall())
-        return SessionPage(*_sql.page_of([_sql.row_session_info(r) for r in rows], limit))
+        return SessionPage(*_paging.page_of([_rows.row_session_info(r) for r in rows], limit))
 
     async def find_sessions(self, name: str) -> list[SessionInfo]:
-        rows = await self._call(lambda c: c.execute(_sql.FIND_SESSIONS, (name,)).fetchall())
-        return [_sql.row_session_info(row) for row in rows]
+        rows = await self._call(lambda c: c.execute(_statements.FIND_SESSIONS, (name,)).fetchall())
+        return [_rows.row_session_info(row) for row in rows]
 
     async def delete_session(self, session_id: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
@@ -171,24 +174,26 @@ class SQLiteStore:
         return await self._call(delete, session_id)
 
     async def delete_idle(self, before_ms: int, *, limit: int = 100) -> int:
-        params = _sql.idle_params(before_ms, limit)
+        params = _statements.idle_params(before_ms, limit)
 
         def delete(conn: sqlite3.Connection) -> int:
-            changes = [conn.execute(sql, params).rowcount for sql in _sql.DELETE_IDLE]
+            changes = [conn.execute(sql, params).rowcount for sql in _statements.DELETE_IDLE]
             return changes[-1]
 
         return await self._call(lambda conn: _transaction(conn, lambda: delete(conn)))
 
     async def load_schedules(self, session_id: str) -> list[Schedule]:
         rows = await self._call(
-            lambda c: c.execute(_sql.SELECT_SCHEDULES, (session_id,)).fetchall(), session_id
+            lambda c: c.execute(_statements.SELECT_SCHEDULES, (session_id,)).fetchall(), session_id
         )
-        return [_sql.row_schedule(row) for row in rows]
+        return [_rows.row_schedule(row) for row in rows]
 
     async def delete_schedule(self, session_id: str, schedule_id: str) -> bool:
         params = (session_id, schedule_id)
         changed = await self._call(
-            lambda c: _transaction(c, lambda: c.execute(_sql.DELETE_SCHEDULE, params).rowcount),
+            lambda c: _transaction(
+                c, lambda: c.execute(_statements.DELETE_SCHEDULE, params).rowcount
+            ),
             session_id,
         )
         return bool(changed)
@@ -198,9 +203,11 @@ class SQLiteStore:
     ) -> list[tuple[str, Schedule]]:
         """(session id, schedule) of up to `limit` schedules due before `before_ms`, of
         every session, earliest due first: what `durable-agents worker` fires."""
-        params = _sql.idle_params(before_ms, limit)
-        rows = await self._call(lambda c: c.execute(_sql.SELECT_DUE_SCHEDULES, params).fetchall())
-        return [(str(row[0]), _sql.row_schedule(row[1:])) for row in rows]
+        params = _statements.idle_params(before_ms, limit)
+        rows = await self._call(
+            lambda c: c.execute(_statements.SELECT_DUE_SCHEDULES, params).fetchall()
+        )
+        return [(str(row[0]), _rows.row_schedule(row[1:])) for row in rows]
 
     async def expired_leases(
         self, *, limit: int = 100, host: str | None = None
@@ -210,23 +217,26 @@ class SQLiteStore:
         (its process died). With `host`, also the unexpired leases of that host's
         processes (owners `host/pid/...`), after those: the caller checks which of
         their processes are gone (what `durable-agents worker` resumes)."""
-        now_ms, bound = _sql.idle_params(int(self._clock() * 1000), limit)
+        now_ms, bound = _statements.idle_params(int(self._clock() * 1000), limit)
         params: tuple[int | str, ...]
         if host is None:
-            sql, params = _sql.SELECT_EXPIRED_LEASES, (now_ms, bound)
+            sql, params = _statements.SELECT_EXPIRED_LEASES, (now_ms, bound)
         else:
             prefix = f"{host}/"
-            sql, params = _sql.SELECT_EXPIRED_OR_HOST_LEASES, (now_ms, len(prefix), prefix, bound)
+            sql, params = (
+                _statements.SELECT_EXPIRED_OR_HOST_LEASES,
+                (now_ms, len(prefix), prefix, bound),
+            )
         rows = await self._call(lambda c: c.execute(sql, params).fetchall())
         return [(str(row[0]), LeaseHolder(str(row[1]), int(row[2]))) for row in rows]
 
     async def load_timeline(
         self, session_id: str, *, start: int = 0, limit: int | None = None
     ) -> list[tuple[int, Message]]:
-        params = _sql.page_params(session_id, start, limit)
+        params = _statements.page_params(session_id, start, limit)
         return await self._call(
-            lambda c: _sql.timeline_rows(
-                session_id, c.execute(_sql.SELECT_TIMELINE, params), start=params[1]
+            lambda c: _rows.timeline_rows(
+                session_id, c.execute(_statements.SELECT_TIMELINE, params), start=params[1]
             ),
             session_id,
         )
@@ -309,19 +319,19 @@ def _migrate(conn: sqlite3.Connection) -> None:
     # In one BEGIN IMMEDIATE transaction: two processes opening an old file
     # queue here, and the second sees the columns the first added.
     columns = {
-        table: {row[1] for row in conn.execute(_sql.table_info(table))}
-        for table in _sql.ALTERED_TABLES
+        table: {row[1] for row in conn.execute(_schema.table_info(table))}
+        for table in _schema.altered_tables()
     }
-    for statement in _sql.schema_plan(columns):
+    for statement in _schema.schema_plan(columns):
         conn.execute(statement)
 
 
 def _delete(conn: sqlite3.Connection, session_id: str) -> bool:
-    conn.execute(_sql.DELETE_MESSAGES, (session_id,))
-    conn.execute(_sql.DELETE_LEASE, (session_id,))
-    conn.execute(_sql.DELETE_APPROVALS, (session_id,))
-    conn.execute(_sql.DELETE_SCHEDULES, (session_id,))
-    return conn.execute(_sql.DELETE_SESSION, (session_id,)).rowcount > 0
+    conn.execute(_statements.DELETE_MESSAGES, (session_id,))
+    conn.execute(_statements.DELETE_LEASE, (session_id,))
+    conn.execute(_statements.DELETE_APPROVALS, (session_id,))
+    conn.execute(_statements.DELETE_SCHEDULES, (session_id,))
+    return conn.execute(_statements.DELETE_SESSION, (session_id,)).rowcount > 0
 
 
 def sqlite_store(

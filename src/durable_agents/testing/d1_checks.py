@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from ..cloudflare.d1 import d1_store
 from ..errors import MessageTooLargeError, SessionConflictError, StoreError
 from ..messages import Message, ToolCall, Usage
-from ..stores import _sql
+from ..stores import _rows, _schema, _statements
 from .conformance import ticking_clock
 
 Check = Callable[[Any], Awaitable[None]]
@@ -73,7 +73,7 @@ async def schema_applies_statement_by_statement(db: Any) -> None:
 async def multi_line_exec_rejects_the_trigger(db: Any) -> None:
     # Why create_tables() uses prepare().run(): D1's exec() splits its input
     # on newlines, which cuts the trigger's BEGIN...END body apart.
-    text = await _error_text(db.exec(_sql.schema_script()))
+    text = await _error_text(db.exec(_schema.schema_script()))
     assert "D1_EXEC_ERROR" in text, text
 
 
@@ -158,16 +158,16 @@ async def too_many_parameters_are_refused(db: Any) -> None:
 
 async def conflicts_read_as_conflicts(db: Any) -> None:
     # The texts of both constraint failures an append can hit are what
-    # `_sql.is_conflict` recognises; any other failure is a StoreError.
+    # `_statements.is_conflict` recognises; any other failure is a StoreError.
     store = d1_store(db)
     await store.create_tables()
-    row = _sql.message_row("s", 0, Message.user("a"), 1)
-    await db.prepare(_sql.INSERT_MESSAGE).bind(*row).run()
-    unique = await _error_text(db.prepare(_sql.INSERT_MESSAGE).bind(*row).run())
-    assert _sql.is_conflict(unique), unique
-    gap = _sql.message_row("s", 5, Message.user("b"), 1)
-    trigger = await _error_text(db.prepare(_sql.INSERT_MESSAGE).bind(*gap).run())
-    assert _sql.is_conflict(trigger), trigger
+    row = _rows.message_row("s", 0, Message.user("a"), 1)
+    await db.prepare(_statements.INSERT_MESSAGE).bind(*row).run()
+    unique = await _error_text(db.prepare(_statements.INSERT_MESSAGE).bind(*row).run())
+    assert _statements.is_conflict(unique), unique
+    gap = _rows.message_row("s", 5, Message.user("b"), 1)
+    trigger = await _error_text(db.prepare(_statements.INSERT_MESSAGE).bind(*gap).run())
+    assert _statements.is_conflict(trigger), trigger
 
 
 async def conflict_names_session_and_position(db: Any) -> None:
@@ -294,7 +294,7 @@ async def every_write_is_one_batch(db: Any) -> None:
 
 async def migration_0004_names_and_sums_old_sessions(db: Any) -> None:
     # A database that applied 0001-0003 and holds sessions, then gets 0004.
-    for _, statements in _sql.MIGRATIONS[:3]:
+    for _, statements in _schema.migrations()[:3]:
         for statement in statements:
             await db.prepare(statement).run()
     await db.prepare(
@@ -309,7 +309,7 @@ async def migration_0004_names_and_sums_old_sessions(db: Any) -> None:
             .bind(seq, inp, out)
             .run()
         )
-    for statement in _sql.MIGRATIONS[3][1]:  # as wrangler applies the file
+    for statement in _schema.migrations()[3].statements:  # as wrangler applies the file
         await db.prepare(statement).run()
     store = d1_store(db)
     await store.create_tables()  # on a migrated database: adds nothing twice

@@ -108,6 +108,10 @@ def _imports(path: Path) -> Iterator[str]:
             yield from (".".join(parts[: i + 1]) for i in range(len(parts)))
 
 
+# A package's modules and the data it reads (scripts/build_worker.py's DATA_SUFFIXES).
+_PACKAGE_FILES = (".py", ".sql", ".html", ".css", ".js")
+
+
 def _find(name: str, roots: list[Path]) -> list[tuple[Path, Path]]:
     """(root, file) of what module `name` needs, from the first of `roots` that has it: a
     module's file; a regular package whole (its modules import each other relatively);
@@ -116,7 +120,11 @@ def _find(name: str, roots: list[Path]) -> list[tuple[Path, Path]]:
     for root in roots:
         top = root / parts[0]
         if (top / "__init__.py").is_file():
-            return [(root, f) for f in sorted(top.rglob("*.py")) if "__pycache__" not in f.parts]
+            return [
+                (root, f)
+                for f in sorted(top.rglob("*"))
+                if f.suffix in _PACKAGE_FILES and f.is_file() and "__pycache__" not in f.parts
+            ]
         module = root.joinpath(*parts).with_suffix(".py")
         if module.is_file():
             return [(root, module)]
@@ -147,7 +155,8 @@ def stage_test_worker(
                 target = file.relative_to(root)
                 if target not in modules:
                     modules[target] = file
-                    queue.append(file)
+                    if file.suffix == ".py":  # (not a package's data)
+                        queue.append(file)
     durable_objects: dict[str, str] = {}
     for test_file in test_files:
         tree = ast.parse(test_file.read_bytes(), filename=str(test_file))
@@ -195,6 +204,8 @@ def _test_config(project: Path, durable_objects: dict[str, str]) -> str:
         'database_name = "runtime-tests"',
         'database_id = "00000000-0000-4000-8000-000000000001"',
     ]
+    for rule in config.get("rules", []):  # the project's: its package data as Text modules
+        lines += ["[[rules]]"] + [f"{key} = {json.dumps(value)}" for key, value in rule.items()]
     for name in durable_objects:
         lines += ["[[durable_objects.bindings]]", f'name = "{name}"', f'class_name = "{name}"']
     if durable_objects:

@@ -462,7 +462,9 @@ def migrated_d1(project: Path, env: Mapping[str, str] | None = None) -> Path:
     the project applied: made once per wrangler.toml and migrations (`scripts/dev
     --migrate-only`, under a lock: test processes may ask at once), then reused."""
     digest = hashlib.sha256((project / "wrangler.toml").read_bytes())
-    for migration in sorted((project / "migrations").glob("*.sql")):
+    databases = tomllib.loads((project / "wrangler.toml").read_text()).get("d1_databases", [])
+    folders = [project / str(db.get("migrations_dir") or "migrations") for db in databases]
+    for migration in sorted(f for folder in folders for f in folder.glob("*.sql")):
         digest.update(migration.name.encode() + b"\0" + migration.read_bytes())
     root = project / ".cache" / "dev-d1"
     root.mkdir(parents=True, exist_ok=True)
