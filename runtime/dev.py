@@ -478,8 +478,9 @@ def read_worker(options: argparse.Namespace, config_file: Path, config: dict[str
     names = [*KIT_SETTINGS, *(agent.settings + tuple(agent.dev_stubs) if agent else ())]
     settings = read_settings(config, dev_vars, names)
     return Worker(
-        config_file, config, main_module, is_kit, agent_file, agent, dev_vars_file, dev_vars,
-        settings,
+        config_file=config_file, config=config, main_module=main_module, is_kit=is_kit,
+        agent_file=agent_file, agent=agent, dev_vars_file=dev_vars_file, dev_vars=dev_vars,
+        settings=settings,
     )  # fmt: skip
 
 
@@ -514,7 +515,7 @@ def compatibility_flags(config_file: Path, config: Mapping[str, Any], bundle: st
     return flags
 
 
-def plan_limits(worker: Worker) -> Limits:
+def workers_plan(worker: Worker) -> Limits:
     """WORKERS_PLAN's limits for this Worker (runtime/dev_limits.py)."""
     config = worker.config
     try:
@@ -574,6 +575,16 @@ def stage_worker(
     return stage, copy
 
 
+def wrangler_env(worker: Worker, bundle: str, stage: dev_limits.Stage | None) -> dict[str, str]:
+    """The environment `wrangler dev` runs in: this process's, without colours, with the
+    agent file (for scripts/build_worker.py), the baseline snapshot workerd loads and the
+    staging folder."""
+    extra = {"DURABLE_AGENTS_AGENT": str(worker.agent_file)} if worker.agent_file else {}
+    if bundle == "development" and SNAPSHOT.is_file():
+        extra["DURABLE_AGENTS_PYODIDE_SNAPSHOT"] = SNAPSHOT.name
+    return node_env({**extra, **(stage.env() if stage else {})})
+
+
 def stop_on_signals(running: list[subprocess.Popen[str]]) -> None:
     """SIGTERM and SIGINT (Ctrl-C) stop the running wrangler, then this process (exit 0
     for Ctrl-C, 128 + the signal's number otherwise)."""
@@ -626,17 +637,15 @@ def main(argv: list[str] | None = None) -> int:
     check_turns_can_run(worker, f"http://{host}:{options.port}")
     bundle = bundle_choice()
     flags = compatibility_flags(config_file, config, bundle)
-    limits = plan_limits(worker)
-    extra = {"DURABLE_AGENTS_AGENT": str(worker.agent_file)} if worker.agent_file else {}
-    if bundle == "development" and SNAPSHOT.is_file():
-        extra["DURABLE_AGENTS_PYODIDE_SNAPSHOT"] = SNAPSHOT.name
+    limits = workers_plan(worker)
     persist.mkdir(parents=True, exist_ok=True)
     migrated = start_migrations(config_file, config, persist)
     stage, wrangler_config = stage_worker(worker, limits, persist)
     launch = Launch(
-        worker, options, host, persist, [str(stage.main)] if stage else [], wrangler_config,
-        flags, node_env({**extra, **(stage.env() if stage else {})}), bundle, limits.note,
-        started,
+        worker=worker, options=options, host=host, persist=persist,
+        script=[str(stage.main)] if stage else [], wrangler_config=wrangler_config, flags=flags,
+        env=wrangler_env(worker, bundle, stage), bundle=bundle, plan_note=limits.note,
+        started=started,
     )  # fmt: skip
     running: list[subprocess.Popen[str]] = []
     stop_on_signals(running)
