@@ -180,7 +180,7 @@ def parse_options(argv: list[str] | None) -> tuple[argparse.Namespace, bool]:
     parser.add_argument("--dry-run", action="store_true", help="only warn (scripts/deploy)")
     deploying = argv is not None and argv[:1] == ["--wrangler-deploy"]
     if deploying:
-        options, _ = parser.parse_known_args(argv[1:])
+        options, _ = parser.parse_known_args((argv or [])[1:])
     else:
         options = parser.parse_args(argv)
     return options, deploying
