@@ -24,124 +24,35 @@ Exit status 0 when every needed setting has a value, 1 (naming each missing one 
 to set it) when one has none, 2 for a usage error. scripts/deploy stops on 1, except for
 `--dry-run`, which deploys nothing: there the check only warns.
 
-The helpers shared with the dev server (runtime/dev.py) are here too: `load_agent` (the
-agent module as the Worker reads it, on CPython), `model_problem` (why the agent's model
-cannot be made from some settings, and which setting would fix it) and `toolset_settings`
-(the settings the agent's toolsets need, and which toolset reads each).
+What it shares with the dev server (runtime/dev.py) lives beside both: the agent module
+on CPython and what it needs (runtime/agent_checks.py), the config as wrangler reads it
+(runtime/wrangler_config.py). The guide: docs/deploy.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
+
+from agent_checks import (  # runtime/, beside this file
+    MODEL_KEYS,
+    SECRET_SETTINGS,
+    load_agent,
+    model_problem,
+    toolset_settings,
+)
+from wrangler_config import ConfigError, config_bindings, load_config, project_config
 
 PROJECT = Path(__file__).resolve().parent.parent
 WRANGLER = PROJECT / "scripts" / "wrangler"
-# The kit's settings whose values are secrets: the dev server never prints them, a deploy
-# keeps them out of [vars].
-SECRET_SETTINGS = ("API_TOKEN", "LLM_API_KEY", "SESSION_TOKEN_SECRET")
-# Settings a failing `make_llm` is tried again with (a placeholder value), to name the one
-# it lacks: llm_from_env's keys (anthropic, openai at api.openai.com).
-MODEL_KEYS = ("LLM_API_KEY",)
-
-
-def load_agent(agent_file: Path, src: Path = PROJECT / "src") -> Any:
-    """The agent module at `agent_file` as the Worker reads it (`AgentModule.load`), imported
-    on CPython as `agent` with `src` (the kit) importable. Raises what the import raises."""
-    if str(src) not in sys.path:
-        sys.path.insert(0, str(src))
-    spec = importlib.util.spec_from_file_location("agent", agent_file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {agent_file} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["agent"] = module
-    spec.loader.exec_module(module)
-    from durable_agents.cloudflare.agent_module import AgentModule
-
-    return AgentModule.load(module)
-
-
-def config_bindings(config: Mapping[str, Any]) -> list[str]:
-    """The names of the bindings a Worker's config declares (the Workers AI binding, D1,
-    Durable Objects, KV, R2, services, queues): what its env holds beside the settings."""
-    names = []
-    ai = config.get("ai")
-    if isinstance(ai, Mapping) and ai.get("binding"):
-        names.append(str(ai["binding"]))
-    for key in ("d1_databases", "kv_namespaces", "r2_buckets", "services"):
-        names += [str(b.get("binding")) for b in config.get(key) or [] if b.get("binding")]
-    durable_objects = config.get("durable_objects") or {}
-    names += [str(b.get("name")) for b in durable_objects.get("bindings") or [] if b.get("name")]
-    queues = config.get("queues") or {}
-    names += [str(b.get("binding")) for b in queues.get("producers") or [] if b.get("binding")]
-    return names
-
-
-class _Binding:
-    """Stands for a binding while a model is made: it has every method (none is called)."""
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
-
-
-@dataclass(frozen=True, slots=True)
-class ModelProblem:
-    """Why the agent's model cannot be made: `message` (the ConfigurationError's) and
-    `missing`, the setting that would fix it (None if no missing key would)."""
-
-    message: str
-    missing: str | None
-
-
-def model_problem(
-    make_llm: Callable[[Any], Any], settings: Mapping[str, str], bindings: Sequence[str] = ()
-) -> ModelProblem | None:
-    """Call `make_llm` with an env of `settings` (and a placeholder per binding) as the
-    Worker does for each turn; None if it makes a model, or fails with anything but the
-    kit's ConfigurationError (a make_llm that needs the Workers runtime: the Worker tells).
-    Nothing is contacted: building an LLM opens no connection."""
-    from durable_agents.errors import ConfigurationError
-
-    def fails(values: Mapping[str, str]) -> ConfigurationError | None:
-        env = SimpleNamespace(**{name: _Binding() for name in bindings}, **values)
-        try:
-            make_llm(env)
-        except ConfigurationError as exc:
-            return exc
-        except Exception:
-            return None
-        return None
-
-    error = fails(settings)
-    if error is None:
-        return None
-    for name in MODEL_KEYS:
-        if not str(settings.get(name) or "").strip() and fails({**settings, name: "set"}) is None:
-            return ModelProblem(str(error), name)
-    return ModelProblem(str(error), None)
-
-
-def toolset_settings(agent: Any) -> dict[str, str]:
-    """The settings the agent's toolsets read (each toolset's `settings`), each with the
-    toolset that reads it first (its repr, `MCPTools(url_setting='MCP_URL', name=None)`):
-    a toolset refuses every turn while a setting of its own is missing or empty."""
-    found: dict[str, str] = {}
-    for toolset in agent.agent.toolsets:
-        for name in getattr(toolset, "settings", ()):
-            found.setdefault(name, repr(toolset))
-    return found
-
-
 # -- the check -----------------------------------------------------------------------------
 
 
@@ -253,9 +164,9 @@ def check(
     return lines, missing, broken
 
 
-def main(argv: list[str] | None = None) -> int:
-    import dev  # runtime/dev.py, beside this file: it reads configs as wrangler does
-
+def parse_options(argv: list[str] | None) -> tuple[argparse.Namespace, bool]:
+    """The check's options, and whether scripts/deploy runs it (`--wrangler-deploy` first:
+    then the arguments are wrangler deploy's, the check's among them)."""
     parser = argparse.ArgumentParser(
         prog="scripts/check-deploy", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
@@ -268,35 +179,56 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--offline", action="store_true", help="no `wrangler secret list`")
     parser.add_argument("--dry-run", action="store_true", help="only warn (scripts/deploy)")
     deploying = argv is not None and argv[:1] == ["--wrangler-deploy"]
-    if deploying:  # scripts/deploy: wrangler's arguments; the check's are among them
-        options, _ = parser.parse_known_args(argv[1:])
+    if deploying:
+        options, _ = parser.parse_known_args((argv or [])[1:])
     else:
         options = parser.parse_args(argv)
+    return options, deploying
+
+
+def read_config(config: Path | None) -> tuple[Path, dict[str, Any]]:
+    """The config file (--config, else the project's) and what it holds. One that cannot be
+    read exits 1 with the dev server's words for it (scripts/dev reads configs the same way)."""
+    try:
+        config_file = (config or project_config(PROJECT)).resolve()
+        return config_file, load_config(config_file)
+    except ConfigError as exc:
+        print(f"dev: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def known_secrets(options: argparse.Namespace, config_file: Path) -> tuple[set[str], str]:
+    """The secrets counted as set (--secret, --secrets-file, `wrangler secret list` unless
+    --offline) and where the listed ones come from; ValueError or OSError for a
+    --secrets-file that cannot be read."""
+    secrets = set(options.secret)
+    if options.secrets_file is not None:
+        secrets |= secrets_file_names(options.secrets_file)
+    if options.offline:
+        return secrets, "not listed (--offline)"
+    listed, source = listed_secrets(config_file, options.env_name)
+    return secrets | (listed or set()), source
+
+
+def main(argv: list[str] | None = None) -> int:
+    options, deploying = parse_options(argv)
     prog = "deploy" if deploying else "check-deploy"
 
     def say(message: str) -> None:
         print(f"{prog}: {message}", flush=True)
 
-    config_file = (options.config or dev.find_config()).resolve()
-    config = dev.read_config(config_file)
+    config_file, config = read_config(options.config)
     agent_file = (options.agent or PROJECT / "src" / "agent.py").resolve()
     try:
         agent = load_agent(agent_file)
     except Exception as exc:
         say(f"the agent module {agent_file} does not load: {exc}")
         return 2
-    secrets = set(options.secret)
-    if options.secrets_file is not None:
-        try:
-            secrets |= secrets_file_names(options.secrets_file)
-        except (OSError, ValueError) as exc:
-            say(f"--secrets-file: {exc}")
-            return 2
-    if options.offline:
-        source = "not listed (--offline)"
-    else:
-        listed, source = listed_secrets(config_file, options.env_name)
-        secrets |= listed or set()
+    try:
+        secrets, source = known_secrets(options, config_file)
+    except (OSError, ValueError) as exc:
+        say(f"--secrets-file: {exc}")
+        return 2
     lines, missing, broken = check(config, agent, secrets, options.env_name)
     where = config_file.relative_to(PROJECT) if config_file.is_relative_to(PROJECT) else config_file
     say(f"{where}{f' [env.{options.env_name}]' if options.env_name else ''}, agent "

@@ -9,45 +9,16 @@
     --port 0         any free port (the `ready on` line says which)
     --migrate-only   apply the config's D1 migrations to the local state and exit
 
-What it adds to `wrangler dev` (wrangler reads the config, builds, bundles and runs workerd;
-nothing of the Worker's runtime is ours):
-- Offline Pyodide. workerd fetches Cloudflare's Pyodide bundle at start. Where that host
-  cannot be reached (or PYODIDE_BUNDLE=development), workerd runs with its testing flag
-  `python_workers_development` and the same Pyodide assembled from npm
-  (scripts/pyodide_bundle.py); runtime/workerd gives it the bundle's folder and
-  workerd's baseline snapshot of it. The banner says which bundle runs.
-- Settings. For this kit's Worker: [vars], then .dev.vars (read as wrangler reads it), then
-  environment variables of the kit's settings and the agent module's SETTINGS and
-  DEV_STUBS (later wins), handed to wrangler as one env file, wrangler.toml untouched;
-  API_TOKEN defaults to "dev-token", CHAT_PAGE to "on"; an empty setting of DEV_STUBS
-  points at `<this server>/__dev/<NAME>`, served by the Worker's stub. The banner names
-  the session store and each setting with its source ([vars], .dev.vars, environment,
-  the default, dev stub); values only where they are not secrets: from [vars] and
-  defaults, and of the kit's settings other than API_TOKEN, LLM_API_KEY and
-  SESSION_TOKEN_SECRET.
-- Fail fast: the agent's model is made once at start, on CPython, from these settings (its
-  make_llm, or llm_from_env): a setting it needs and lacks (LLM_API_KEY for
-  LLM_PROVIDER=anthropic, ...) stops the server, saying where to set it. So does a setting
-  one of its toolsets reads (`MCPTools(url_setting="MCP_URL")`: each of the toolset's
-  `settings`) left empty, unless DEV_STUBS has a stub for it.
-- Reload. For this kit's Worker this server stages the Worker itself (build_worker.py, in
-  its process, into its staging folder) and restages it when a file under src/, the
-  --agent file (wherever it is) or the config changes: wrangler, given a copy of the
-  config without [build], reloads workerd on the staged change (~3 s from the edit to a
-  request served by the new code, nearly all of it workerd starting Python and importing
-  the Worker). State under --persist-to (D1, Durable Objects) stays. Another Python
-  Worker: its main module's folder is followed the same way.
-- D1 migrations: before `wrangler dev` starts (it serves requests as soon as it listens),
-  `wrangler d1 migrations apply --local` for each database with a migrations folder whose
-  local SQLite file (read read-only) does not record every migration in wrangler's
-  d1_migrations table; a start on an up-to-date database runs no wrangler command for it.
-- Cron: GET /cdn-cgi/handler/scheduled?cron=... runs the Worker's scheduled() (as
-  `wrangler dev --test-scheduled`).
-- Limits: WORKERS_PLAN = free (the default) | paid, read like the settings: Cloudflare's
-  per-invocation limits of that plan (50 subrequests on free, 10,000 on paid; D1 queries,
-  other Cloudflare services), enforced in the Worker with Cloudflare's errors
-  (runtime/dev_limits.py); the banner says which.
-- A killed server leaves nothing running: wrangler and workerd die with it.
+What it adds to `wrangler dev` (wrangler reads the config, builds, bundles and runs
+workerd; nothing of the Worker's runtime is ours) is told in docs/dev-server.md, how it runs
+a Worker offline in runtime/README.md. Here: the start, step by step (`main`: read the
+config and the Worker, fail fast on a setting every turn needs, choose the Pyodide bundle,
+apply the D1 migrations, stage the Worker under WORKERS_PLAN's limits, start `wrangler dev`,
+announce it once ready, stop it on SIGINT/SIGTERM), the processes, the local D1 databases
+and the kit's staging. Beside it in runtime/: the settings and the banner's lines on them
+(dev_settings.py), the config as wrangler reads it (wrangler_config.py), the agent module on
+CPython (agent_checks.py, shared with scripts/check-deploy), the plan's limits
+(dev_limits.py). A killed server leaves nothing running: wrangler and workerd die with it.
 """
 
 from __future__ import annotations
@@ -70,26 +41,31 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import dev_limits  # runtime/, beside this file
-from deploy_check import (
-    SECRET_SETTINGS,
-    config_bindings,
-    load_agent,
-    model_problem,
-    toolset_settings,
+from agent_checks import load_agent
+from dev_settings import (
+    KIT_SETTINGS,
+    Setting,
+    dotenv_line,
+    env_file_settings,
+    model_failure,
+    read_dotenv,
+    read_settings,
+    settings_notes,
+    toolset_failure,
+    with_defaults,
 )
+from wrangler_config import ConfigError, load_config, project_config
 
 PROJECT = Path(__file__).resolve().parent.parent
 # The project's wrangler on its Node, with runtime/workerd as its workerd.
 WRANGLER = PROJECT / "scripts" / "wrangler"
-DEV_TOKEN = "dev-token"
 BUNDLE_HOST = "pyodide-capnp-bin.edgeworker.net"
 # workerd's testing flag for a locally assembled Pyodide (314.0.6), and the flags that stop
 # the date from selecting the official bundles (python_workers_314 reads False with it).
@@ -105,12 +81,6 @@ DEVELOPMENT_EARLIEST_DATE = "2026-08-04"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # workerd's baseline snapshot of that Pyodide (scripts/pyodide_bundle.py), loaded at start.
 SNAPSHOT = PROJECT / ".cache" / "pyodide-bundle" / "baseline.bin"
-# The kit's own settings: read from the environment even when [vars] and .dev.vars omit them.
-KIT_SETTINGS = (
-    "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
-    "CHAT_PAGE", "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "MAX_CONTEXT_TOKENS",
-    "RETENTION_DAYS", "SESSION_STORE", "SELF_RESUME_SECONDS", "WORKERS_PLAN",
-)  # fmt: skip
 # wrangler's output that says nothing to a user of this server (it runs offline on purpose).
 NOISE = re.compile(
     "|".join(
@@ -138,109 +108,20 @@ def say(message: str) -> None:
 # -- the config ----------------------------------------------------------------------------
 
 
-def jsonc(text: str) -> Any:
-    """JSON with comments (`//` to the line's end, `/* */`) and trailing commas (before `}`
-    or `]`), as wrangler reads wrangler.json and wrangler.jsonc: outside strings only (a
-    string's `//`, `/*` and `, }` are its text; a backslash escapes its next character).
-    Comments and trailing commas become spaces, so an error's line and column
-    (json.JSONDecodeError, a ValueError) are those of `text`."""
-    out = list(text)
-    i, n = 0, len(text)
-    comma = -1  # a comma outside strings with no value after it yet
-
-    def blank(start: int, stop: int) -> None:
-        out[start:stop] = [c if c in "\r\n" else " " for c in text[start:stop]]
-
-    while i < n:
-        c = text[i]
-        if c == '"':
-            i += 1
-            while i < n and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-            comma = -1
-        elif text.startswith("//", i):
-            stop = text.find("\n", i)
-            stop = n if stop < 0 else stop
-            blank(i, stop)
-            i = stop - 1
-        elif text.startswith("/*", i):
-            stop = text.find("*/", i + 2)
-            if stop < 0:
-                raise json.JSONDecodeError("Unterminated /* comment", text, i)
-            blank(i, stop + 2)
-            i = stop + 1
-        elif c in "}]" and comma >= 0:
-            out[comma] = " "
-            comma = -1
-        elif c == ",":
-            comma = i if comma < 0 else -1  # `,,` is no trailing comma: JSON's error
-        elif not c.isspace():
-            comma = -1
-        i += 1
-    return json.loads("".join(out))
-
-
 def read_config(file: Path) -> dict[str, Any]:
     """What this server needs of a Worker's config: wrangler reads the rest itself."""
     try:
-        text = file.read_text()
-        config = tomllib.loads(text) if file.suffix == ".toml" else jsonc(text)
-    except (OSError, ValueError) as exc:
-        fail(f"cannot read {file}: {exc}")
-    if not isinstance(config, dict) or not isinstance(config.get("main"), str):
-        fail(f"{file}: no `main` (the Worker's entry module)")
-    return config
+        return load_config(file)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 def find_config() -> Path:
-    for name in ("wrangler.json", "wrangler.jsonc", "wrangler.toml"):
-        if (PROJECT / name).is_file():
-            return PROJECT / name
-    fail(f"no wrangler.json, wrangler.jsonc or wrangler.toml in {PROJECT}; pass --config")
-
-
-# -- settings ------------------------------------------------------------------------------
-
-
-# The npm `dotenv` package's line (wrangler reads .dev.vars and env files with it).
-DOTENV_LINE = re.compile(
-    r"""^\s*(?:export\s+)?([\w.-]+)(?:\s*=\s*?|:\s+?)(\s*'(?:\\'|[^'])*'|\s*"(?:\\"|[^"])*"|"""
-    r"""\s*`(?:\\`|[^`])*`|[^#\r\n]+)?\s*(?:#.*)?$""",
-    re.M | re.A,
-)
-
-
-def read_dotenv(file: Path) -> dict[str, str]:
-    """.dev.vars as wrangler reads it (dotenv's parse, no $-expansion): KEY=value lines,
-    `export`, # comments; a value in single, double or back quotes is literal and may span
-    lines (in double quotes the escapes backslash-n and backslash-r are a line feed and a
-    carriage return); an unquoted one ends at #."""
-    values: dict[str, str] = {}
-    if not file.is_file():
-        return values
-    text = re.sub(r"\r\n?", "\n", file.read_text())
-    for match in DOTENV_LINE.finditer(text):
-        value = (match.group(2) or "").strip()
-        quote = value[:1]
-        value = re.sub(r"^(['\"`])([\s\S]*)\1$", r"\2", value, flags=re.M)
-        if quote == '"':
-            value = value.replace("\\n", "\n").replace("\\r", "\r")
-        values[match.group(1)] = value
-    return values
-
-
-def dotenv_line(name: str, value: str) -> str:
-    """A line wrangler's dotenv, then its $-expansion, reads back as exactly `value`: in
-    quotes the value does not hold (see read_dotenv), each `$` escaped with a backslash
-    (dotenv-expand's literal `$`). ValueError for a value no quoting carries."""
-    escaped = value.replace("$", "\\$")
-    for quote in ("'", "`"):
-        if quote not in value and "\r" not in value:  # dotenv reads a CR as a line end
-            return f"{name}={quote}{escaped}{quote}\n"
-    if '"' not in value and not re.search(r"\\[nr]", value):
-        escaped = escaped.replace("\n", "\\n").replace("\r", "\\r")
-        return f'{name}="{escaped}"\n'
-    raise ValueError(f"{name}: wrangler's dotenv cannot carry this value (it holds ', \" and `)")
+    """The project's own config (wrangler.json, wrangler.jsonc or wrangler.toml)."""
+    try:
+        return project_config(PROJECT)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 def describe_agent(agent_file: Path) -> Any:
@@ -253,137 +134,6 @@ def describe_agent(agent_file: Path) -> Any:
 
         traceback.print_exc()
         fail(f"the agent module {agent_file} does not load: {exc}")
-
-
-def is_empty(value: object) -> bool:
-    return not str(value or "").strip()
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """A setting's value and where it comes from: [vars], .dev.vars, environment, default
-    (this server's, for the kit) or dev stub (an agent's DEV_STUBS)."""
-
-    value: str
-    source: str
-
-
-def read_settings(
-    config: Mapping[str, Any], dev_vars: Mapping[str, str], names: list[str]
-) -> dict[str, Setting]:
-    """[vars], then .dev.vars, then the environment variables of `names` (later wins)."""
-    found = {k: Setting(str(v), "[vars]") for k, v in (config.get("vars") or {}).items()}
-    found.update((k, Setting(v, ".dev.vars")) for k, v in dev_vars.items())
-    found.update((k, Setting(os.environ[k], "environment")) for k in names if k in os.environ)
-    return found
-
-
-def with_defaults(settings: Mapping[str, Setting], agent: Any, origin: str) -> dict[str, Setting]:
-    """The kit's settings with this server's defaults: API_TOKEN "dev-token", CHAT_PAGE
-    "on", and an empty setting of DEV_STUBS pointed at `<origin>/__dev/<NAME>`."""
-    settings = dict(settings)
-    for name, value in (("API_TOKEN", DEV_TOKEN), ("CHAT_PAGE", "on")):
-        if is_empty(getattr(settings.get(name), "value", "")):
-            settings[name] = Setting(value, "default")
-    stubbed = [n for n in agent.dev_stubs if is_empty(getattr(settings.get(n), "value", ""))]
-    for name in stubbed:
-        settings[name] = Setting(f"{origin}/__dev/{name}", "dev stub")
-    if stubbed:
-        settings["DEV_STUBS"] = Setting("on", "dev stub")
-    return settings
-
-
-def env_file_settings(settings: Mapping[str, Setting]) -> dict[str, str]:
-    """What the env file handed to wrangler holds: every setting not from [vars] (which
-    wrangler reads from the config itself)."""
-    return {k: s.value for k, s in settings.items() if s.source != "[vars]"}
-
-
-def settings_notes(settings: Mapping[str, Setting], agent: Any) -> list[str]:
-    """The banner's lines on the settings: the agent, its model and session store, then
-    each setting of the kit that is set and each of the agent's, with its source. Values
-    are shown for the kit's settings that are not secrets, and from [vars]: .dev.vars and
-    the environment hold secrets, and which of the agent's settings are is not known."""
-
-    def note(name: str, shown: bool) -> str:
-        setting = settings.get(name)
-        if setting is None or is_empty(setting.value):
-            return f"{name} is not set"
-        if setting.source == "dev stub":
-            return f"{name} is not set: using the agent's dev stub {setting.value}"
-        if name == "API_TOKEN" and setting.source == "default":
-            return f'API_TOKEN is not set: using "{DEV_TOKEN}" (set it in .dev.vars)'
-        source = "the default" if setting.source == "default" else setting.source
-        if shown or setting.source in ("[vars]", "default"):
-            return f"{name}={setting.value} ({source})"
-        return f"{name} is set ({source})"
-
-    def value(name: str) -> str:
-        setting = settings.get(name)
-        return "" if setting is None else setting.value.strip()
-
-    provider = value("LLM_PROVIDER") or ("(unset)" if value("LLM_API_KEY") else "demo")
-    at = f" at {value('LLM_BASE_URL')}" if provider != "demo" and value("LLM_BASE_URL") else ""
-    own = " (the agent's make_llm decides)" if agent.has_own_llm else ""
-    store = settings.get("SESSION_STORE")
-    if store is None or is_empty(store.value):
-        where = "d1 (SESSION_STORE is not set: the default)"
-    else:
-        where = f"{store.value.strip()} (SESSION_STORE from {store.source})"
-    notes = [f"agent {agent.agent.name}; model: {provider}{at}{own}; session store: {where}"]
-    kit = [n for n in KIT_SETTINGS if n not in ("SESSION_STORE", "WORKERS_PLAN")]
-    notes += [note(n, n not in SECRET_SETTINGS) for n in kit if value(n)]
-    notes += [note(n, False) for n in dict.fromkeys([*agent.settings, *agent.dev_stubs])]
-    return notes
-
-
-def model_failure(
-    agent: Any, settings: Mapping[str, Setting], config: Mapping[str, Any], dev_vars_file: Path
-) -> str | None:
-    """Why every turn would fail for want of a model (the agent's make_llm, or llm_from_env,
-    raises the kit's ConfigurationError with these settings), said for this server's user."""
-    values = {k: s.value for k, s in settings.items()}
-    problem = model_problem(agent.make_llm, values, config_bindings(config))
-    if problem is None:
-        return None
-    provider = settings.get("LLM_PROVIDER")
-    came = (
-        "LLM_PROVIDER is not set"
-        if provider is None or is_empty(provider.value)
-        else f"LLM_PROVIDER={provider.value.strip()} is from {provider.source}"
-    )
-    if problem.missing is None:
-        return f"the agent's model cannot be made: {problem.message} ({came})"
-    return (
-        f"{problem.message} ({came}): set {problem.missing} in {dev_vars_file} or the "
-        f"environment, or use the offline model (LLM_PROVIDER=demo). On Cloudflare it is a "
-        f"secret: `scripts/wrangler secret put {problem.missing}`"
-    )
-
-
-def toolset_failure(
-    agent: Any, settings: Mapping[str, Setting], config_file: Path, dev_vars_file: Path
-) -> str | None:
-    """Why every turn would fail for want of a setting one of the agent's toolsets reads
-    (MCPTools refuses a turn while its url_setting or token_setting is missing or empty),
-    said for this server's user; a setting of DEV_STUBS has a value (its stub's URL)."""
-    missing: dict[str, list[str]] = {}
-    for name, toolset in toolset_settings(agent).items():
-        if is_empty(getattr(settings.get(name), "value", "")):
-            missing.setdefault(toolset, []).append(name)
-    if not missing:
-        return None
-    names = [name for group in missing.values() for name in group]
-    needs = "; ".join(
-        f"the agent's toolset {toolset} needs {' and '.join(group)}, which "
-        f"{'is' if len(group) == 1 else 'are'} not set"
-        for toolset, group in missing.items()
-    )
-    return (
-        f"{needs}: every turn would fail. Set {', '.join(names)} in {dev_vars_file}, the "
-        f"environment or [vars] of {config_file.name}. On Cloudflare: [vars], or a secret "
-        f"(`scripts/wrangler secret put {names[0]}`)"
-    )
 
 
 # -- processes -----------------------------------------------------------------------------
@@ -639,9 +389,53 @@ def dev_config(
     return copy
 
 
-def main(argv: list[str] | None = None) -> int:
-    started = time.perf_counter()
-    sys.dont_write_bytecode = True  # no __pycache__ in src/: wrangler reloads on any change there
+# -- the start, step by step ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """The Worker this server serves, as read before anything starts: its config, its main
+    module, and for this kit's Worker (`is_kit`) the agent module and its settings."""
+
+    config_file: Path
+    config: dict[str, Any]
+    main_module: Path
+    is_kit: bool
+    agent_file: Path | None
+    agent: Any  # the AgentModule of agent_file; None for another Worker
+    dev_vars_file: Path
+    dev_vars: dict[str, str]
+    settings: dict[str, Setting]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """WORKERS_PLAN's limits, the banner's line on them, and why they are not enforced on
+    this Worker (None when they are)."""
+
+    limits: dict[str, int]
+    note: str
+    unenforced: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What each try at starting `wrangler dev` is given (see `serve`)."""
+
+    worker: Worker
+    options: argparse.Namespace
+    host: str  # options.ip as a URL writes it
+    persist: Path
+    script: list[str]  # the staged main module, when there is one
+    wrangler_config: Path  # the config, or the staged copy of it
+    flags: list[str]
+    env: dict[str, str]
+    bundle: str
+    plan_note: str
+    started: float
+
+
+def parse_options(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scripts/dev", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=8787)
     parser.add_argument("--ip", default="127.0.0.1")
@@ -653,19 +447,26 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if not 0 <= options.port <= 65535:
         fail("--port must be 0-65535")
-    config_file = (options.config or find_config()).resolve()
-    config = read_config(config_file)
-    persist = (options.persist_to or config_file.parent / ".wrangler" / "state").resolve()
-    if options.migrate_only:
-        persist.mkdir(parents=True, exist_ok=True)
-        try:
-            pending = pending_migrations(config_file, config, persist)
-            applied = apply_migrations(config_file, pending, persist, node_env({}))
-        except (RuntimeError, OSError) as exc:
-            fail(f"D1 migrations: {exc}")
-        say(f"state in {persist}; D1 migrations: {', '.join(applied) or 'up to date'}")
-        return 0
-    dev_vars = read_dotenv((options.dev_vars or config_file.parent / ".dev.vars").resolve())
+    return options
+
+
+def migrate_only(config_file: Path, config: Mapping[str, Any], persist: Path) -> int:
+    """--migrate-only: the config's D1 migrations applied to the state under `persist`."""
+    persist.mkdir(parents=True, exist_ok=True)
+    try:
+        pending = pending_migrations(config_file, config, persist)
+        applied = apply_migrations(config_file, pending, persist, node_env({}))
+    except (RuntimeError, OSError) as exc:
+        fail(f"D1 migrations: {exc}")
+    say(f"state in {persist}; D1 migrations: {', '.join(applied) or 'up to date'}")
+    return 0
+
+
+def read_worker(options: argparse.Namespace, config_file: Path, config: dict[str, Any]) -> Worker:
+    """The Worker to serve: this kit's (its main in build/worker/: the agent module is
+    loaded, --agent's or src/agent.py) or another's, with the settings it is given."""
+    dev_vars_file = options.dev_vars or config_file.parent / ".dev.vars"
+    dev_vars = read_dotenv(dev_vars_file.resolve())
     main_module = (config_file.parent / config["main"]).resolve()
     is_kit = config_file.parent == PROJECT and main_module.parent == PROJECT / "build" / "worker"
     agent_file = (options.agent or PROJECT / "src" / "agent.py").resolve() if is_kit else None
@@ -673,20 +474,32 @@ def main(argv: list[str] | None = None) -> int:
         fail("--agent: only this kit's Worker serves an agent module")
     if agent_file is not None and (agent_file.suffix != ".py" or not agent_file.is_file()):
         fail(f"--agent: no Python file at {agent_file}")
-
-    host = f"[{options.ip}]" if ":" in options.ip else options.ip
     agent = describe_agent(agent_file) if agent_file is not None else None
     names = [*KIT_SETTINGS, *(agent.settings + tuple(agent.dev_stubs) if agent else ())]
     settings = read_settings(config, dev_vars, names)
-    if agent is not None:
-        dev_vars_file = options.dev_vars or config_file.parent / ".dev.vars"
-        placeholder = with_defaults(settings, agent, f"http://{host}:{options.port}")
-        failure = model_failure(agent, placeholder, config, dev_vars_file) or toolset_failure(
-            agent, placeholder, config_file, dev_vars_file
-        )
-        if failure:
-            fail(failure)
-    bundle = bundle_choice()
+    return Worker(
+        config_file=config_file, config=config, main_module=main_module, is_kit=is_kit,
+        agent_file=agent_file, agent=agent, dev_vars_file=dev_vars_file, dev_vars=dev_vars,
+        settings=settings,
+    )  # fmt: skip
+
+
+def check_turns_can_run(worker: Worker, origin: str) -> None:
+    """Fail fast: stop the server when every turn would fail for want of a setting (the
+    agent's model, or one its toolsets read)."""
+    if worker.agent is None:
+        return
+    placeholder = with_defaults(worker.settings, worker.agent, origin)
+    failure = model_failure(
+        worker.agent, placeholder, worker.config, worker.dev_vars_file
+    ) or toolset_failure(worker.agent, placeholder, worker.config_file, worker.dev_vars_file)
+    if failure:
+        fail(failure)
+
+
+def compatibility_flags(config_file: Path, config: Mapping[str, Any], bundle: str) -> list[str]:
+    """The config's compatibility flags, with the development bundle's where it runs;
+    stops the server for a compatibility date that bundle cannot start with."""
     date = str(config.get("compatibility_date") or "")
     if bundle == "development" and date < DEVELOPMENT_EARLIEST_DATE:
         fail(
@@ -699,50 +512,82 @@ def main(argv: list[str] | None = None) -> int:
     flags = [str(f) for f in config.get("compatibility_flags") or []]
     if bundle == "development":
         flags += [f for f in DEVELOPMENT_FLAGS if f not in flags]
+    return flags
+
+
+def workers_plan(worker: Worker) -> Limits:
+    """WORKERS_PLAN's limits for this Worker (runtime/dev_limits.py)."""
+    config = worker.config
     try:
-        plan, plan_source = dev_limits.read_plan(config.get("vars") or {}, dev_vars, os.environ)
+        plan, plan_source = dev_limits.read_plan(
+            config.get("vars") or {}, worker.dev_vars, os.environ
+        )
     except ValueError as exc:
         fail(str(exc))
     limits = dev_limits.plan_limits(plan, config)
-    plan_note = dev_limits.describe(plan, plan_source, limits)
-    unenforced = dev_limits.unsupported(config, main_module, is_kit)
+    note = dev_limits.describe(plan, plan_source, limits)
+    unenforced = dev_limits.unsupported(config, worker.main_module, worker.is_kit)
     if unenforced:
-        plan_note = f"WORKERS_PLAN={plan}: its limits are not enforced ({unenforced})"
-    extra = {"DURABLE_AGENTS_AGENT": str(agent_file)} if agent_file else {}
-    if bundle == "development" and SNAPSHOT.is_file():
-        extra["DURABLE_AGENTS_PYODIDE_SNAPSHOT"] = SNAPSHOT.name
-    persist.mkdir(parents=True, exist_ok=True)
+        note = f"WORKERS_PLAN={plan}: its limits are not enforced ({unenforced})"
+    return Limits(limits, note, unenforced)
+
+
+def start_migrations(
+    config_file: Path, config: Mapping[str, Any], persist: Path
+) -> Future[list[str]]:
+    """The migrations of each D1 database not up to date, applied in a thread of their own
+    while the Worker is staged; the future holds those applied."""
     # D1 migrations before `wrangler dev` starts: wrangler serves a request as soon as it
     # listens, and the Worker would fail it for a table not made yet. A local database
     # found up to date needs no wrangler (3-6 s saved); otherwise wrangler's command runs
     # while this server stages the Worker.
     migrated: Future[list[str]] = Future()
     pending = pending_migrations(config_file, config, persist)
-    if pending:
-
-        def migrate() -> None:
-            try:
-                migrated.set_result(apply_migrations(config_file, pending, persist, node_env({})))
-            except BaseException as exc:  # handed to the main thread
-                migrated.set_exception(exc)
-
-        threading.Thread(target=migrate, daemon=True).start()
-    else:
+    if not pending:
         migrated.set_result([])
-    # The Worker's main under the plan's limits: a generated module in a staging folder of
-    # this server (dev_limits.Stage), which `wrangler dev` runs as its script.
-    stage = None
-    wrangler_config = config_file
-    if not unenforced:
-        stage = dev_limits.Stage(PROJECT, main_module, limits, is_kit, persist)
-        atexit.register(stage.close)  # also on fail() and SIGTERM (sys.exit)
-    if stage and agent_file is not None:
-        given = env_file_settings(with_defaults(settings, agent, "http://127.0.0.1"))
-        wrangler_config = serve_kit(stage, config_file, agent_file, agent, list(given))
-    script = [str(stage.main)] if stage else []
-    env = node_env({**extra, **(stage.env() if stage else {})})
+        return migrated
 
-    running: list[subprocess.Popen[str]] = []
+    def migrate() -> None:
+        try:
+            migrated.set_result(apply_migrations(config_file, pending, persist, node_env({})))
+        except BaseException as exc:  # handed to the main thread
+            migrated.set_exception(exc)
+
+    threading.Thread(target=migrate, daemon=True).start()
+    return migrated
+
+
+def stage_worker(
+    worker: Worker, limits: Limits, persist: Path
+) -> tuple[dev_limits.Stage | None, Path]:
+    """The Worker's main under the plan's limits: a generated module in a staging folder of
+    this server (dev_limits.Stage), which `wrangler dev` runs as its script; and the config
+    wrangler is given (for this kit's Worker, the staged copy: see serve_kit). No stage
+    where the limits are not enforced."""
+    if limits.unenforced:
+        return None, worker.config_file
+    stage = dev_limits.Stage(PROJECT, worker.main_module, limits.limits, worker.is_kit, persist)
+    atexit.register(stage.close)  # also on fail() and SIGTERM (sys.exit)
+    if worker.agent_file is None:
+        return stage, worker.config_file
+    given = env_file_settings(with_defaults(worker.settings, worker.agent, "http://127.0.0.1"))
+    copy = serve_kit(stage, worker.config_file, worker.agent_file, worker.agent, list(given))
+    return stage, copy
+
+
+def wrangler_env(worker: Worker, bundle: str, stage: dev_limits.Stage | None) -> dict[str, str]:
+    """The environment `wrangler dev` runs in: this process's, without colours, with the
+    agent file (for scripts/build_worker.py), the baseline snapshot workerd loads and the
+    staging folder."""
+    extra = {"DURABLE_AGENTS_AGENT": str(worker.agent_file)} if worker.agent_file else {}
+    if bundle == "development" and SNAPSHOT.is_file():
+        extra["DURABLE_AGENTS_PYODIDE_SNAPSHOT"] = SNAPSHOT.name
+    return node_env({**extra, **(stage.env() if stage else {})})
+
+
+def stop_on_signals(running: list[subprocess.Popen[str]]) -> None:
+    """SIGTERM and SIGINT (Ctrl-C) stop the running wrangler, then this process (exit 0
+    for Ctrl-C, 128 + the signal's number otherwise)."""
 
     def stop(signum: int, _frame: object) -> None:
         for server in running:
@@ -757,75 +602,146 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
+
+def migrations_applied(migrated: Future[list[str]]) -> list[str]:
     try:
-        applied = migrated.result()
+        return migrated.result()
     except (RuntimeError, OSError) as exc:  # wrangler failed, or did not run
         fail(f"D1 migrations: {exc}")
-    # A free port is free when looked up, not always when wrangler binds it (another
-    # server may take it meanwhile): with --port 0, a start that finds any of its ports
-    # taken is tried again with new ones, three times.
+
+
+def write_env_file(persist: Path, served: Mapping[str, Setting]) -> Path:
+    """The env file for `wrangler dev --env-file` (mode 600: it holds secrets)."""
+    env_file = persist / "dev-settings.env"
+    fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        lines = [dotenv_line(k, v) for k, v in env_file_settings(served).items()]
+    except ValueError as exc:
+        fail(f"the setting {exc}")
+    with os.fdopen(fd, "w") as out:
+        out.writelines(lines)
+    return env_file
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    sys.dont_write_bytecode = True  # no __pycache__ in src/: wrangler reloads on any change there
+    options = parse_options(argv)
+    config_file = (options.config or find_config()).resolve()
+    config = read_config(config_file)
+    persist = (options.persist_to or config_file.parent / ".wrangler" / "state").resolve()
+    if options.migrate_only:
+        return migrate_only(config_file, config, persist)
+    worker = read_worker(options, config_file, config)
+    host = f"[{options.ip}]" if ":" in options.ip else options.ip
+    check_turns_can_run(worker, f"http://{host}:{options.port}")
+    bundle = bundle_choice()
+    flags = compatibility_flags(config_file, config, bundle)
+    limits = workers_plan(worker)
+    persist.mkdir(parents=True, exist_ok=True)
+    migrated = start_migrations(config_file, config, persist)
+    stage, wrangler_config = stage_worker(worker, limits, persist)
+    launch = Launch(
+        worker=worker, options=options, host=host, persist=persist,
+        script=[str(stage.main)] if stage else [], wrangler_config=wrangler_config, flags=flags,
+        env=wrangler_env(worker, bundle, stage), bundle=bundle, plan_note=limits.note,
+        started=started,
+    )  # fmt: skip
+    running: list[subprocess.Popen[str]] = []
+    stop_on_signals(running)
+    return serve(launch, migrations_applied(migrated), running)
+
+
+# -- wrangler dev ---------------------------------------------------------------------------
+
+
+def serve(launch: Launch, applied: list[str], running: list[subprocess.Popen[str]]) -> int:
+    """Run `wrangler dev` until it exits; its exit status. A free port is free when looked
+    up, not always when wrangler binds it (another server may take it meanwhile): with
+    --port 0, a start that finds any of its ports taken is tried again with new ones,
+    three times."""
+    options = launch.options
     for _ in range(3 if options.port == 0 else 1):
         port = options.port or free_port(options.ip)
-        origin = f"http://{host}:{port}"
-        served = with_defaults(settings, agent, origin) if agent is not None else settings
-        notes = settings_notes(served, agent) if agent is not None else []
-        env_file = persist / "dev-settings.env"
-        fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            lines = [dotenv_line(k, v) for k, v in env_file_settings(served).items()]
-        except ValueError as exc:
-            fail(f"the setting {exc}")
-        with os.fdopen(fd, "w") as out:
-            out.writelines(lines)
-        args = [
-            "dev", *script, "--config", str(wrangler_config), "--ip", options.ip,
-            "--port", str(port),
-            "--persist-to", str(persist), "--env-file", str(env_file), "--test-scheduled",
-            "--inspector-port", str(free_port("127.0.0.1", avoid=port)),
-            "--show-interactive-dev-session=false", "--compatibility-flags", *flags,
-        ]  # fmt: skip
-        # One start at a time per config: wrangler runs the config's [build] (for this kit
-        # without a staging folder, DURABLE_AGENTS_DEV_LIMITS=off: build/worker/, with
-        # --agent's module) and bundles from it; another server's build must not change
-        # those files before this one has bundled them (until `Ready on`).
-        starting = start_lock(config_file)
-        # From the config's folder: with a script argument wrangler takes the project (its
-        # python_modules/) from the working directory.
-        server = wrangler(
-            args, env, config_file.parent,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        running[:] = [server]
-        assert server.stdout is not None
-        ready = port_taken = False
-        for line in server.stdout:
-            line = ANSI.sub("", line.rstrip("\n"))
-            if not ready and "Ready on" in line:
-                starting.close()
-                ready = True
-                notes = [*notes, plan_note]
-                announce(config_file, config, bundle, notes, persist, applied, started, origin)
-                chat_page = served.get("CHAT_PAGE")
-                if agent is not None and chat_page is not None and chat_page.value == "on":
-                    say(f"chat page: {origin}/")
-                continue
-            # Ours (the Worker's port, the inspector's) or one workerd picks itself
-            # (`socket "direct:1:default"`, seen once with six servers starting at once).
-            if not ready and options.port == 0 and "Address already in use (" in line:
-                port_taken = True
-                continue
-            if NOISE.search(line):
-                continue
-            print(line.replace("[wrangler:info] ", ""), flush=True)
-        code = server.wait()
-        starting.close()
+        ready, port_taken, code = run_wrangler_dev(launch, port, applied, running)
         if ready:
             return code
         if not port_taken:
             fail(f"wrangler dev exited ({code}) before the Worker was ready")
         say(f"a port was taken before wrangler could bind it (ours: {port}); trying new ones")
     fail("wrangler dev found no free port in three tries")
-    return 1
+
+
+def run_wrangler_dev(
+    launch: Launch, port: int, applied: list[str], running: list[subprocess.Popen[str]]
+) -> tuple[bool, bool, int]:
+    """One start of `wrangler dev` on `port`, followed until it exits (the banner when it is
+    ready): whether it got ready, whether a port was taken before, its exit status."""
+    worker, options = launch.worker, launch.options
+    origin = f"http://{launch.host}:{port}"
+    agent = worker.agent
+    served = with_defaults(worker.settings, agent, origin) if agent is not None else worker.settings
+    notes = settings_notes(served, agent) if agent is not None else []
+    env_file = write_env_file(launch.persist, served)
+    args = [
+        "dev", *launch.script, "--config", str(launch.wrangler_config), "--ip", options.ip,
+        "--port", str(port),
+        "--persist-to", str(launch.persist), "--env-file", str(env_file), "--test-scheduled",
+        "--inspector-port", str(free_port("127.0.0.1", avoid=port)),
+        "--show-interactive-dev-session=false", "--compatibility-flags", *launch.flags,
+    ]  # fmt: skip
+    # One start at a time per config: wrangler runs the config's [build] (for this kit
+    # without a staging folder, DURABLE_AGENTS_DEV_LIMITS=off: build/worker/, with
+    # --agent's module) and bundles from it; another server's build must not change
+    # those files before this one has bundled them (until `Ready on`).
+    starting = start_lock(worker.config_file)
+    # From the config's folder: with a script argument wrangler takes the project (its
+    # python_modules/) from the working directory.
+    server = wrangler(
+        args, launch.env, worker.config_file.parent,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    running[:] = [server]
+
+    def ready_now() -> None:
+        starting.close()
+        announce(
+            worker.config_file, worker.config, launch.bundle, [*notes, launch.plan_note],
+            launch.persist, applied, launch.started, origin,
+        )  # fmt: skip
+        chat_page = served.get("CHAT_PAGE")
+        if agent is not None and chat_page is not None and chat_page.value == "on":
+            say(f"chat page: {origin}/")
+
+    ready, port_taken = relay_output(server, ready_now, watch_ports=options.port == 0)
+    code = server.wait()
+    starting.close()
+    return ready, port_taken, code
+
+
+def relay_output(
+    server: subprocess.Popen[str], on_ready: Callable[[], None], watch_ports: bool
+) -> tuple[bool, bool]:
+    """Print wrangler's output until it ends, without its noise; `on_ready` at its `Ready
+    on`. Whether it got ready, and (`watch_ports`: with --port 0) whether a port was
+    taken before it did."""
+    assert server.stdout is not None
+    ready = port_taken = False
+    for line in server.stdout:
+        line = ANSI.sub("", line.rstrip("\n"))
+        if not ready and "Ready on" in line:
+            ready = True
+            on_ready()
+            continue
+        # Ours (the Worker's port, the inspector's) or one workerd picks itself
+        # (`socket "direct:1:default"`, seen once with six servers starting at once).
+        if not ready and watch_ports and "Address already in use (" in line:
+            port_taken = True
+            continue
+        if NOISE.search(line):
+            continue
+        print(line.replace("[wrangler:info] ", ""), flush=True)
+    return ready, port_taken
 
 
 def announce(

@@ -28,8 +28,9 @@ from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
 WRANGLER = PROJECT / "scripts" / "wrangler"  # the pinned wrangler on the pinned Node
-# Settings the dev server reads from its environment (runtime/dev.py's KIT_SETTINGS, the
-# triage agent's, its stubs' switch): a developer's shell must not change what a benchmark measures.
+# Settings the dev server reads from its environment (KIT_SETTINGS of
+# runtime/dev_settings.py, the triage agent's, its stubs' switch): a developer's shell must
+# not change what a benchmark measures.
 SETTINGS = (
     "API_TOKEN", "MAX_BODY_BYTES", "LLM_PROVIDER", "LLM_MODEL", "LLM_BASE_URL", "LLM_API_KEY",
     "CHAT_PAGE", "SESSION_TOKEN_SECRET", "MAX_SESSION_TOKENS", "MAX_CONTEXT_TOKENS",

@@ -38,8 +38,8 @@ MAIL_URL = ""
 
 @pytest.fixture
 def deploy_check(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """runtime/deploy_check.py, with runtime/ importable (it reads configs with dev.py) and
-    `agent` in sys.modules restored afterwards (the check imports the module it checks)."""
+    """runtime/deploy_check.py, with runtime/ importable (it imports its neighbours there)
+    and `agent` in sys.modules restored afterwards (the check imports the module it checks)."""
     monkeypatch.syspath_prepend(str(ROOT / "runtime"))
     monkeypatch.delitem(sys.modules, "agent", raising=False)
     file = ROOT / "runtime" / "deploy_check.py"

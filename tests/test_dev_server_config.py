@@ -1,6 +1,6 @@
 """What the dev server (runtime/dev.py) reads before it starts anything, on CPython: a
-Worker's JSONC config as wrangler reads it (comments and trailing commas outside strings
-only), and the settings an agent's toolsets need.
+Worker's JSONC config as wrangler reads it (runtime/wrangler_config.py: comments and
+trailing commas outside strings only), and the settings an agent's toolsets need.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 from served_worker import runtime_module
 
 dev = runtime_module("dev")
+wrangler_config = runtime_module("wrangler_config")
 
 
 @pytest.mark.parametrize(
@@ -38,7 +39,7 @@ dev = runtime_module("dev")
 def test_jsonc_reads_comments_and_trailing_commas_outside_strings_only(
     text: str, read: Any
 ) -> None:
-    assert dev.jsonc(text) == read
+    assert wrangler_config.jsonc(text) == read
 
 
 @pytest.mark.parametrize(
@@ -55,7 +56,7 @@ def test_jsonc_reads_comments_and_trailing_commas_outside_strings_only(
 )
 def test_bad_jsonc_is_an_error_at_its_line_and_column(text: str, error: str) -> None:
     with pytest.raises(json.JSONDecodeError, match=error):
-        dev.jsonc(text)
+        wrangler_config.jsonc(text)
 
 
 def test_a_config_that_is_not_jsonc_stops_the_server_naming_where(

@@ -343,28 +343,56 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
         print(f"durable-agents: no session {_printable(wanted)!r} (by id or name)", file=sys.stderr)
         return 1
     info, timeline, approvals = found
-    name = info.name or info.id
     if html_out is not None:
-        page = render_timeline(
-            name=name, session_id=info.id, agent=info.agent_name, entries=timeline,
-            approvals=approvals,
-        )  # fmt: skip
-        if str(html_out) == "-":
-            sys.stdout.write(page)
-        else:
-            html_out.write_text(page, encoding="utf-8")
-            print(f"wrote {html_out} (session {_printable(name)}, {len(timeline)} messages)")
-        return 0
-    calls = {c.id: c for _, m in timeline for c in m.tool_calls}
-    if as_json:
-        data = {
-            **_session_json(info),
-            "messages": [m.to_dict() for _, m in timeline],
-            "approvals": [_approval_json(e, calls.get(e.tool_call_id)) for e in approvals],
-        }
-        print(json.dumps(data, ensure_ascii=False, indent=2))
-        return 0
-    print(f"session {_printable(name)}")
+        _write_timeline_page(info, timeline, approvals, html_out)
+    elif as_json:
+        _print_session_json(info, timeline, approvals)
+    else:
+        _print_session(info, timeline)
+        _print_approvals(approvals, _tool_calls(timeline))
+        _print_waiting(timeline, approvals)
+    return 0
+
+
+def _tool_calls(timeline: list[tuple[int, Message]]) -> dict[str, ToolCall]:
+    """The session's tool calls by id."""
+    return {c.id: c for _, m in timeline for c in m.tool_calls}
+
+
+def _write_timeline_page(
+    info: SessionInfo,
+    timeline: list[tuple[int, Message]],
+    approvals: list[ApprovalEvent],
+    html_out: Path,
+) -> None:
+    """`--html OUT`: the session's timeline page, to OUT (`-`: standard output)."""
+    name = info.name or info.id
+    page = render_timeline(
+        name=name, session_id=info.id, agent=info.agent_name, entries=timeline,
+        approvals=approvals,
+    )  # fmt: skip
+    if str(html_out) == "-":
+        sys.stdout.write(page)
+    else:
+        html_out.write_text(page, encoding="utf-8")
+        print(f"wrote {html_out} (session {_printable(name)}, {len(timeline)} messages)")
+
+
+def _print_session_json(
+    info: SessionInfo, timeline: list[tuple[int, Message]], approvals: list[ApprovalEvent]
+) -> None:
+    calls = _tool_calls(timeline)
+    data = {
+        **_session_json(info),
+        "messages": [m.to_dict() for _, m in timeline],
+        "approvals": [_approval_json(e, calls.get(e.tool_call_id)) for e in approvals],
+    }
+    print(json.dumps(data, ensure_ascii=False, indent=2))
+
+
+def _print_session(info: SessionInfo, timeline: list[tuple[int, Message]]) -> None:
+    """The session's header, then one line per message."""
+    print(f"session {_printable(info.name or info.id)}")
     print(f"  id       {info.id}")
     print(f"  agent    {_printable(info.agent_name or '-')}    state {info.state}")
     print(f"  created  {_time(info.created_at)} UTC    updated {_time(info.updated_at)} UTC")
@@ -372,6 +400,10 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
           f"{info.output_tokens:,} out")  # fmt: skip
     for seq, (ms, m) in enumerate(timeline):
         print(f"{seq:>4}  {_time(ms)[11:]}  {_printable(_describe(m))}")
+
+
+def _print_approvals(approvals: list[ApprovalEvent], calls: dict[str, ToolCall]) -> None:
+    """One line per approval event; an edit also shows both versions of the arguments."""
     # A call the kit deferred is stored as requested and approved by the kit: one line.
     deferred = {e.tool_call_id for e in approvals if e.reason == DEFERRED_REASON}
     shown = [e for e in approvals if e.event != "requested" or e.tool_call_id not in deferred]
@@ -388,13 +420,16 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
                 if arguments is not None:
                     text = _short(json.dumps(arguments, ensure_ascii=False), 100)
                     print(f"                {label:<11}  {_printable(text)}")
+
+
+def _print_waiting(timeline: list[tuple[int, Message]], approvals: list[ApprovalEvent]) -> None:
+    """A line for each pending call still waiting for its approval decision."""
     states = approval_states(approvals)
     for call in pending_tool_calls([m for _, m in timeline]):
         state = states.get(call.id)
         if state is not None and state.decision is None:
             print(f"waiting for approval: {_printable(call.name)} (call {_printable(call.id)}, "
                   f"digest {state.digest[:12]}…)")  # fmt: skip
-    return 0
 
 
 def _session_json(s: SessionInfo) -> dict[str, Any]:

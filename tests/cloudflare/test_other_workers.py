@@ -223,10 +223,8 @@ def test_jsonc_comments_and_trailing_commas(workers: dict[str, Served]) -> None:
         "BACKSLASH": "C:\\",
     }
     # The dev server reads the file as wrangler (which gave the Worker its vars) does.
-    assert (
-        runtime_module("dev").jsonc((WORKERS / "kv" / "wrangler.jsonc").read_text())["vars"]
-        == served
-    )
+    wrangler_config = runtime_module("wrangler_config")
+    assert wrangler_config.jsonc((WORKERS / "kv" / "wrangler.jsonc").read_text())["vars"] == served
 
 
 def test_r2_bucket_is_served_locally(workers: dict[str, Served]) -> None:
