@@ -1,10 +1,10 @@
-"""The deployable Worker: a thin shell over `durable_agents.cloudflare.app`.
+"""The deployable Worker: a thin shell over `durable_agents.cloudflare.app`'s two halves.
 
-    HTTP -> Default.fetch         auth, route, validate (app.handle_request)
+    HTTP -> Default.fetch         auth, route, validate (routes.handle_request)
          -> env.SESSIONS.getByName(name)     one Durable Object per session name
-         -> AgentSession.fetch    one turn at a time; run() on D1 (app.serve_session)
+         -> AgentSession.fetch    one turn at a time; run() on D1 (session_object.serve_session)
             AgentSession.alarm    resumes a turn a reset cut short, fires schedules
-                                  (app.serve_alarm, see durable_agents.cloudflare.alarms)
+                                  (turns.serve_alarm, see durable_agents.cloudflare.alarms)
 
 The session id is the Durable Object's id (`ctx.id.toString()`, 64 hex
 chars); the history lives in D1 (`env.DB`), so any object, on any machine,
@@ -46,6 +46,7 @@ from durable_agents.cloudflare.app import (
     session_store_kind,
     session_stores,
 )
+from durable_agents.cloudflare.commands import Delete
 from durable_agents.cloudflare.js_streams import keep_running, readable_stream
 
 SERVED = AgentModule.load(agent)  # src/agent.py, checked: a mistake fails here, named
@@ -103,7 +104,7 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
     async def delete_in_object(self, info: Any) -> None:
         stub = self.env.SESSIONS.get(self.env.SESSIONS.idFromString(info.id))
         await stub.fetch("https://session.internal/command", method="POST",
-                         body=Command("delete").to_json())  # fmt: skip
+                         body=Delete().to_json())  # fmt: skip
 
     async def to_session(self, name: str, command: Command) -> Reply:
         stub = self.env.SESSIONS.getByName(name)
