@@ -46,7 +46,6 @@ from durable_agents.cloudflare.app import (
     session_store_kind,
     session_stores,
 )
-from durable_agents.cloudflare.commands import Delete
 from durable_agents.cloudflare.js_streams import keep_running, readable_stream
 
 SERVED = AgentModule.load(agent)  # src/agent.py, checked: a mistake fails here, named
@@ -104,7 +103,7 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
     async def delete_in_object(self, info: Any) -> None:
         stub = self.env.SESSIONS.get(self.env.SESSIONS.idFromString(info.id))
         await stub.fetch("https://session.internal/command", method="POST",
-                         body=Delete().to_json())  # fmt: skip
+                         body=Command("delete").to_json())  # fmt: skip
 
     async def to_session(self, name: str, command: Command) -> Reply:
         stub = self.env.SESSIONS.getByName(name)

@@ -93,7 +93,10 @@ class Command(BaseModel):
         action = args[0] if args else fields.pop("action")
         given = {k: v for k, v in fields.items() if v is not None}
         given.update(zip(("message", "request_key"), args[1:], strict=False))
-        return _COMMAND.validate_python({"action": action, **given})
+        try:
+            return _COMMAND.validate_python({"action": action, **given})
+        except ValidationError as exc:
+            raise ValueError(f"not a command: {exc}") from None
 
     def __init__(self, *args: Any, **fields: Any) -> None:
         if not args:  # with args, `__new__` built it already
