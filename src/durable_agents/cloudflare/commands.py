@@ -131,7 +131,7 @@ class _Turn(Command):
     stream: StrictBool = False
     # Set by the object itself, never sent: the turns its alarm runs ("self-resumed",
     # "scheduled", "stopped").
-    origin: MessageOrigin | None = Field(None, exclude=True)
+    origin: MessageOrigin | None = Field(default=None, exclude=True)
 
 
 class SendMessage(_Turn, MessageBody):

@@ -25,7 +25,7 @@ from .config import SessionIndex
 from .live import LiveSession
 from .wire import Reply
 
-__all__ = ["CommandT", "Handler", "ObjectContext"]
+__all__ = ["CommandT", "ObjectContext", "ObjectHandler"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,4 +49,4 @@ class ObjectContext:
 
 
 CommandT = TypeVar("CommandT", bound=Command)
-Handler = Callable[[CommandT, ObjectContext], Awaitable[Reply]]
+ObjectHandler = Callable[[CommandT, ObjectContext], Awaitable[Reply]]

@@ -33,13 +33,14 @@ from .commands import (
     Events,
     History,
     ListApprovals,
+    ListSchedules,
     Resume,
     SendMessage,
     View,
 )
 from .config import ApiSettings
 from .dev_stubs import serve_dev_stub
-from .routing import SESSION_TOKEN, Dispatch, Request, Route, route_for
+from .routing import SESSION_TOKEN, Dispatch, Request, Route, forwarding, route_for
 from .tokens import mint_session_token
 from .wire import HTML_HEADERS, Reply, error_for, error_reply
 
@@ -109,18 +110,6 @@ async def follow_events(request: Request) -> Reply:
     return await request.forward(Events(after=after))
 
 
-async def list_approvals(request: Request) -> Reply:
-    return await request.forward(ListApprovals())
-
-
-async def cancel(request: Request) -> Reply:
-    return await request.forward(Cancel())
-
-
-async def delete(request: Request) -> Reply:
-    return await request.forward(Delete())
-
-
 async def mint_token(request: Request) -> Reply:
     """POST /sessions/{name}/token ({"ttl_seconds"?}): a session token for {name}."""
     secret = request.settings.session_token_secret
@@ -147,7 +136,8 @@ async def list_sessions(request: Request) -> Reply:
     raw_limit = (params.get("limit") or ["50"])[-1]
     if not raw_limit.isascii() or not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_PAGE:
         return error_reply(400, "invalid-request", f"limit must be a whole number 1 to {MAX_PAGE}")
-    cursor = (params.get("cursor") or [None])[-1]
+    cursors = params.get("cursor")
+    cursor = cursors[-1] if cursors else None
     try:
         page = await request.sessions().list_sessions(limit=int(raw_limit), cursor=cursor or None)
     except DurableAgentsError as exc:
@@ -158,26 +148,26 @@ async def list_sessions(request: Request) -> Reply:
     )
 
 
-SESSION = "/sessions/{name}"
-# A session token may (on its own session) talk, read, watch, decide, stop, and see what
-# is scheduled. Making or cancelling a schedule needs the API token: a schedule acts
-# later, on nobody's request, so it is the deployment's call, not a chat's.
+# Who may call each: the API token (the default), or also a session token on its own
+# session (SESSION_TOKEN): talk, read, watch, decide, stop, and see what is scheduled.
+# Making or cancelling a schedule needs the API token: a schedule acts later, on
+# nobody's request, so it is the deployment's call, not a chat's.
 ROUTES = (
     Route("GET", "/sessions", list_sessions, what="listing sessions"),
     Route("GET", "/sessions/", list_sessions, what="listing sessions"),
-    Route("GET", SESSION, read_history, SESSION_TOKEN),
-    Route("DELETE", SESSION, delete),
-    Route("POST", f"{SESSION}/messages", post_message, SESSION_TOKEN),
-    Route("POST", f"{SESSION}/resume", resume, SESSION_TOKEN),
-    Route("GET", f"{SESSION}/approvals", list_approvals, SESSION_TOKEN),
-    Route("POST", f"{SESSION}/approvals/{{tool_call_id}}", decide, SESSION_TOKEN),
-    Route("GET", f"{SESSION}/events", follow_events, SESSION_TOKEN),
-    Route("POST", f"{SESSION}/cancel", cancel, SESSION_TOKEN),
-    Route("GET", f"{SESSION}/view", read_view, SESSION_TOKEN),
-    Route("POST", f"{SESSION}/token", mint_token),
-    Route("GET", f"{SESSION}/schedules", schedules_api.get_schedules, SESSION_TOKEN),
-    Route("POST", f"{SESSION}/schedules", schedules_api.post_schedule),
-    Route("DELETE", f"{SESSION}/schedules/{{schedule_id}}", schedules_api.delete_schedule),
+    Route("GET", "/sessions/{name}", read_history, SESSION_TOKEN),
+    Route("DELETE", "/sessions/{name}", forwarding(Delete)),
+    Route("POST", "/sessions/{name}/messages", post_message, SESSION_TOKEN),
+    Route("POST", "/sessions/{name}/resume", resume, SESSION_TOKEN),
+    Route("GET", "/sessions/{name}/approvals", forwarding(ListApprovals), SESSION_TOKEN),
+    Route("POST", "/sessions/{name}/approvals/{tool_call_id}", decide, SESSION_TOKEN),
+    Route("GET", "/sessions/{name}/events", follow_events, SESSION_TOKEN),
+    Route("POST", "/sessions/{name}/cancel", forwarding(Cancel), SESSION_TOKEN),
+    Route("GET", "/sessions/{name}/view", read_view, SESSION_TOKEN),
+    Route("POST", "/sessions/{name}/token", mint_token),
+    Route("GET", "/sessions/{name}/schedules", forwarding(ListSchedules), SESSION_TOKEN),
+    Route("POST", "/sessions/{name}/schedules", schedules_api.post_schedule),
+    Route("DELETE", "/sessions/{name}/schedules/{schedule_id}", schedules_api.delete_schedule),
 )
 
 

@@ -18,7 +18,9 @@ from .commands import SESSION_NAME, Command
 from .config import ApiSettings
 from .wire import Reply, error_reply, internal_error
 
-__all__ = ["API_TOKEN", "SESSION_TOKEN", "Dispatch", "Request", "Route", "route_for"]
+__all__ = [
+    "API_TOKEN", "SESSION_TOKEN", "Dispatch", "Request", "Route", "forwarding", "route_for",
+]  # fmt: skip
 
 Dispatch = Callable[[str, Command], Awaitable[Reply]]
 Access = Literal["api-token", "session-token"]
@@ -68,6 +70,17 @@ class Request:
 
 
 Handler = Callable[[Request], Awaitable[Reply]]
+
+
+def forwarding(command: type[Command]) -> Handler:
+    """The handler of a route that takes nothing but its path: it sends the session's
+    object a `command` with no fields ("POST .../cancel" -> `Cancel()`)."""
+
+    async def forward(request: Request) -> Reply:
+        return await request.forward(command())
+
+    forward.__name__ = f"forward_{command.__name__}"
+    return forward
 
 
 @dataclass(frozen=True, slots=True)

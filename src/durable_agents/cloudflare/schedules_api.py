@@ -19,7 +19,6 @@ from .wire import Reply, error_for, error_reply, no_session
 __all__ = [
     "cancel_schedule",
     "delete_schedule",
-    "get_schedules",
     "list_schedules",
     "make_schedule",
     "post_schedule",
@@ -39,11 +38,6 @@ async def post_schedule(request: Request) -> Reply:
     except ScheduleError as exc:
         return error_reply(422, exc.code, str(exc))
     return await request.forward(Schedule(schedule=ScheduleSpec(**body.model_dump())))
-
-
-async def get_schedules(request: Request) -> Reply:
-    """GET .../schedules."""
-    return await request.forward(ListSchedules())
 
 
 async def delete_schedule(request: Request) -> Reply:

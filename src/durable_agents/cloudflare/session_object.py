@@ -41,7 +41,7 @@ from .commands import (
 )
 from .config import SessionIndex
 from .live import LiveSession
-from .object_context import Handler, ObjectContext
+from .object_context import ObjectContext, ObjectHandler
 from .wire import Reply, error_for, internal_error, no_session
 
 __all__ = ["HANDLERS", "serve_session"]
@@ -58,7 +58,7 @@ async def delete_session(command: Delete, ctx: ObjectContext) -> Reply:
 
 
 # The object's handler of each command; a turn's (`turns.start_turn`) runs under the lock.
-HANDLERS: Mapping[type[Command], Handler[Any]] = {
+HANDLERS: Mapping[type[Command], ObjectHandler[Any]] = {
     SendMessage: turns.start_turn,
     Resume: turns.start_turn,
     Approve: turns.start_turn,
