@@ -40,6 +40,7 @@ __all__ = [
     "SESSION_NAME",
     "TOOL_CALL_ID",
     "VIEW_LIMIT",
+    "AnyCommand",
     "Approve",
     "Cancel",
     "Command",
