@@ -19,8 +19,8 @@ from test_app_streaming import parse, read_all  # the SSE of a Reply, parsed
 from durable_agents import Agent, LLMResponse, Message, TextDelta, ToolCall, ToolSpec, Usage
 from durable_agents.cloudflare import app, d1_store
 from durable_agents.cloudflare import reads as paging
-from durable_agents.cloudflare.commands import HISTORY_LIMIT
 from durable_agents.cloudflare.app import Command, LiveSession, Reply, handle_request
+from durable_agents.cloudflare.commands import HISTORY_LIMIT
 from durable_agents.cloudflare.d1 import D1Store
 from durable_agents.cloudflare.tokens import mint_session_token
 from durable_agents.stores import memory_store

@@ -10,6 +10,7 @@ table; the HTTP routes in docs/http-api.md#routes.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal
 
@@ -109,7 +110,9 @@ class Command(BaseModel):
 
     def to_json(self) -> str:
         """The command as it crosses to the object (`origin` never does)."""
-        return self.model_dump_json(exclude_none=True)
+        # json.dumps, not pydantic's JSON: a lone surrogate a client escaped in its JSON
+        # ("\ud800") crosses as it did before, for the store to repair.
+        return json.dumps(self.model_dump(exclude_none=True), ensure_ascii=False)
 
     @staticmethod
     def from_json(text: str) -> Command:
