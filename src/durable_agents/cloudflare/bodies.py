@@ -38,7 +38,7 @@ __all__ = [
     "Body",
     "BodyReader",
     "MessageBody",
-    "NoBody",
+    "ResumeBody",
     "ScheduleBody",
     "TokenBody",
     "body_of",
@@ -119,7 +119,7 @@ class MessageBody(Body):
         return "'message' is empty"
 
 
-class NoBody(Body):
+class ResumeBody(Body):
     """POST .../resume: no body, or `{}`."""
 
     @classmethod

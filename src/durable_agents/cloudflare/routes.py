@@ -22,7 +22,7 @@ from ..stores.base import Store
 from . import reads, schedules_api
 from .agent_module import DEV_STUB_PREFIX, DevStub
 from .auth import authorize
-from .bodies import ApprovalBody, BodyReader, MessageBody, NoBody, TokenBody
+from .bodies import ApprovalBody, BodyReader, MessageBody, ResumeBody, TokenBody
 from .commands import (
     REQUEST_KEY,
     TOOL_CALL_ID,
@@ -66,7 +66,7 @@ async def post_message(request: Request) -> Reply:
 
 async def resume(request: Request) -> Reply:
     """POST .../resume: finish an interrupted turn."""
-    body = await request.json_body(NoBody, required=False)
+    body = await request.json_body(ResumeBody, required=False)
     if isinstance(body, Reply):
         return body
     return await request.forward(Resume(stream=request.stream))
