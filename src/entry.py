@@ -1,10 +1,10 @@
-"""The deployable Worker: a thin shell over `durable_agents.cloudflare.app`.
+"""The deployable Worker: a thin shell over `durable_agents.cloudflare.app`'s two halves.
 
-    HTTP -> Default.fetch         auth, route, validate (app.handle_request)
+    HTTP -> Default.fetch         auth, route, validate (routes.handle_request)
          -> env.SESSIONS.getByName(name)     one Durable Object per session name
-         -> AgentSession.fetch    one turn at a time; run() on D1 (app.serve_session)
+         -> AgentSession.fetch    one turn at a time; run() on D1 (session_object.serve_session)
             AgentSession.alarm    resumes a turn a reset cut short, fires schedules
-                                  (app.serve_alarm, see durable_agents.cloudflare.alarms)
+                                  (turns.serve_alarm, see durable_agents.cloudflare.alarms)
 
 The session id is the Durable Object's id (`ctx.id.toString()`, 64 hex
 chars); the history lives in D1 (`env.DB`), so any object, on any machine,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,10 @@ from durable_agents.cloudflare.app import (
     handle_request,
     serve_session,
 )
+from durable_agents.cloudflare.commands import AnyCommand
 from durable_agents.cloudflare.d1 import D1Store
+from durable_agents.cloudflare.routes import ROUTES
+from durable_agents.cloudflare.session_object import HANDLERS
 from durable_agents.llm.settings import setting
 from durable_agents.testing import ScriptedLLM
 from durable_agents.testing.fake_d1 import FakeD1Database
@@ -437,6 +441,17 @@ def test_commands_round_trip(command: Command) -> None:
 def test_anything_else_is_not_a_command(text: str) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - json errors are ValueErrors too
         Command.from_json(text)
+
+
+def test_every_command_has_one_handler_in_the_object() -> None:
+    union = typing.get_args(AnyCommand)[0]
+    assert set(typing.get_args(union)) == set(HANDLERS)
+
+
+def test_every_route_is_one_row_of_the_table() -> None:
+    rows = [(route.method, route.path) for route in ROUTES]
+    assert len(rows) == len(set(rows))
+    assert ("POST", "/sessions/{name}/cancel") in rows
 
 
 # --- sessions: the Durable Object's half, on the fake D1 binding ---

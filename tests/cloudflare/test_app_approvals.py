@@ -213,7 +213,8 @@ async def test_an_edit_as_deep_as_a_body_may_nest_crosses_to_the_object(
     body = {"approved": True, "digest": first["digest"], "arguments": edit}
     # As the Durable Object gets it, inside the command: a level deeper than the body.
     decision = {"tool_call_id": first["tool_call_id"], **body}
-    assert Command.from_json(Command("approve", decision=decision).to_json()).decision == decision
+    crossed = Command.from_json(Command("approve", decision=decision).to_json())
+    assert crossed.decision.model_dump(exclude_none=True) == decision  # type: ignore[attr-defined]
     ok = await session.call("POST", f"/sessions/x/approvals/{first['tool_call_id']}", body)
     assert ok.status == 200, ok.body
     assert (await session.store.load_approvals(SID))[-1].arguments == edit
@@ -226,7 +227,8 @@ async def test_an_edit_as_deep_as_a_body_may_nest_crosses_to_the_object(
 
 def test_a_command_carries_an_edit_only_as_an_approvals_object() -> None:
     decision = {"tool_call_id": "c1", "approved": True, "digest": "a" * 64, "arguments": {}}
-    assert Command.from_json(Command("approve", decision=decision).to_json()).decision == decision
+    crossed = Command.from_json(Command("approve", decision=decision).to_json())
+    assert crossed.decision.model_dump(exclude_none=True) == decision  # type: ignore[attr-defined]
     for refused in ({**decision, "approved": False}, {**decision, "arguments": [1]}):
         with pytest.raises(ValueError, match="not a command"):
             Command.from_json(Command("approve", decision=refused).to_json())

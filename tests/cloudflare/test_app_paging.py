@@ -18,7 +18,9 @@ from test_app_streaming import parse, read_all  # the SSE of a Reply, parsed
 
 from durable_agents import Agent, LLMResponse, Message, TextDelta, ToolCall, ToolSpec, Usage
 from durable_agents.cloudflare import app, d1_store
+from durable_agents.cloudflare import reads as paging
 from durable_agents.cloudflare.app import Command, LiveSession, Reply, handle_request
+from durable_agents.cloudflare.commands import HISTORY_LIMIT
 from durable_agents.cloudflare.d1 import D1Store
 from durable_agents.cloudflare.tokens import mint_session_token
 from durable_agents.stores import memory_store
@@ -159,7 +161,7 @@ async def test_next_chains_the_pages_through_every_position_once(
     stored = conversation(92)[:457]  # ends mid-turn: a page may end anywhere
     await worker.seed("long", stored)
     got = await pages(worker, "long", limit)
-    size = limit or app.HISTORY_LIMIT
+    size = limit or HISTORY_LIMIT
     assert [len(p["messages"]) for p in got[:-1]] == [size] * (len(got) - 1)
     assert 1 <= len(got[-1]["messages"]) <= size
     positions = [m["position"] for p in got for m in p["messages"]]
@@ -240,7 +242,7 @@ async def test_limits_at_their_bounds_and_empty_values_are_taken(store: D1Store)
     most = await worker("GET", "/sessions/s", "limit=1000")
     assert (len(most.body["messages"]), most.body["next"]) == (1000, 999)
     default = await worker("GET", "/sessions/s", "after=&limit=&before=3&other=x")
-    assert len(default.body["messages"]) == app.HISTORY_LIMIT  # `before` is the view's
+    assert len(default.body["messages"]) == HISTORY_LIMIT  # `before` is the view's
     assert default.body["messages"][0]["position"] == 0
     view = await worker("GET", "/sessions/s/view", "limit=500")
     assert len(articles(view)) == 500
@@ -249,7 +251,7 @@ async def test_limits_at_their_bounds_and_empty_values_are_taken(store: D1Store)
 async def test_a_page_stops_before_its_bytes_run_over(
     store: D1Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(app, "PAGE_BYTES", 50_000)
+    monkeypatch.setattr(paging, "PAGE_BYTES", 50_000)
     worker = Worker(store)
     big = [Message.user("x" * 9_000), Message.assistant("y" * 12_000)] * 20
     big.insert(7, Message.user("z" * 80_000))  # over the budget alone: a page of its own
@@ -329,7 +331,7 @@ async def test_the_view_opens_at_the_latest_page_and_links_the_others(store: D1S
     assert "No messages here" in (empty.text or "")
     assert links(empty) == {"latest": "limit=100"}
     # A page reads what it shows, a chunk at a time, never the whole session.
-    assert all(n is not None and n <= app.MAX_CHUNK for what, _, n in worker.store.reads)
+    assert all(n is not None and n <= paging.MAX_CHUNK for what, _, n in worker.store.reads)
 
 
 async def test_a_step_split_by_a_page_links_across_and_flags_nothing_wrongly(
@@ -375,7 +377,7 @@ async def test_a_step_split_by_a_page_links_across_and_flags_nothing_wrongly(
 async def test_events_replay_a_long_history_a_chunk_at_a_time_each_position_once(
     store: D1Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(app, "EVENTS_CHUNK", 60)
+    monkeypatch.setattr(paging, "EVENTS_CHUNK", 60)
     worker = Worker(store)
     stored = conversation(90)  # 450 messages
     await worker.seed("long", stored)
@@ -417,7 +419,7 @@ async def test_events_follow_a_turn_after_a_long_replay_exactly_once(store: D1St
 async def test_a_long_history_is_replayed_in_a_bounded_number_of_reads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(app, "REPLAY_PAUSE_S", 0)
+    monkeypatch.setattr(paging, "REPLAY_PAUSE_S", 0)
     store = memory_store()
     worker = Worker(store)
     await store.append_messages_atomic("id-huge", 0, conversation(4_001), session_name="huge")
@@ -426,7 +428,7 @@ async def test_a_long_history_is_replayed_in_a_bounded_number_of_reads(
     reads = [r for r in worker.store.reads if r[0] == "messages"]
     # D1 counts every query (50 a request on the free plan): the replay takes 40 at most,
     # the end of the session (how the last turn was left) a few more.
-    assert len(reads) <= app.EVENTS_READS + 3, len(reads)
+    assert len(reads) <= paging.EVENTS_READS + 3, len(reads)
     assert all(n is not None for _, _, n in reads)
 
 

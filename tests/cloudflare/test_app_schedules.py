@@ -345,7 +345,7 @@ async def test_get_and_delete_are_forwarded() -> None:
 
 
 def _command(**fields: Any) -> str:
-    return json.dumps({"message": None, "request_key": None, **fields})
+    return json.dumps(fields)
 
 
 @pytest.mark.parametrize(

@@ -161,7 +161,7 @@ class ObjectAlarm:
     async def adopt(self) -> bool:
         """Once per instance: whether the instance before this one left a client's turn
         marked as running (never self-resumed: one that was waits its back-off). The
-        object then sets its alarm for now (`app.resume_left_turn`)."""
+        object then sets its alarm for now (`turns.resume_left_turn`)."""
         if self.adopted:
             return False
         self.adopted = True
@@ -191,7 +191,7 @@ def self_resume_seconds(env: Any) -> float:
 
 
 class TurnReply(Protocol):
-    """What `on_alarm` reads of a turn's answer (`app.Reply`)."""
+    """What `on_alarm` reads of a turn's answer (`wire.Reply`)."""
 
     @property
     def status(self) -> int: ...

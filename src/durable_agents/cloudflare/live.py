@@ -18,15 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from .._json import repair_text
 from .._timeouts import timeout
 from ..events import CancelToken, MessageStored, RunEvent
 from ..messages import TextDelta
-
-if TYPE_CHECKING:
-    from .app import Reply
+from .wire import Reply
 
 __all__ = ["KEEP_ALIVE_S", "EventQueue", "LiveSession", "LiveTurn", "follow", "sse"]
 

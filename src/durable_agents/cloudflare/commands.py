@@ -1,0 +1,257 @@
+"""What the Worker asks a session's Durable Object to do: one discriminated union of models.
+
+The Worker builds a command from a request it checked (`routes.py`), sends it as
+JSON (`to_json`), and the object reads it back with the same models (`from_json`):
+a command is validated once per side by one definition. Members that carry a
+request body extend that body's model (`bodies.py`), so the object checks what the
+Worker checked. The object's handler for each member is in `session_object.py`'s
+table; the HTTP routes in docs/http-api.md#routes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from .. import _json
+from ..messages import CALL_ID, MessageOrigin
+from ..stores._limits import MAX_BOUND_INT
+from .bodies import ApprovalBody, MessageBody, ScheduleBody, matching
+
+__all__ = [
+    "HISTORY_LIMIT",
+    "MAX_HISTORY_LIMIT",
+    "MAX_VIEW_LIMIT",
+    "REQUEST_KEY",
+    "SCHEDULE_ID",
+    "SESSION_NAME",
+    "TOOL_CALL_ID",
+    "VIEW_LIMIT",
+    "AnyCommand",
+    "Approve",
+    "Cancel",
+    "Command",
+    "Decision",
+    "Delete",
+    "Events",
+    "History",
+    "ListApprovals",
+    "ListSchedules",
+    "Resume",
+    "Schedule",
+    "ScheduleSpec",
+    "SendMessage",
+    "Stop",
+    "Unschedule",
+    "View",
+]
+
+SESSION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+REQUEST_KEY = re.compile(r"[!-~]{1,255}")  # printable ASCII, as Stripe-style keys are
+TOOL_CALL_ID = CALL_ID  # every id the kit stores for a call (run() gives others its own)
+SCHEDULE_ID = re.compile(r"[A-Za-z0-9_.:~-]{1,100}")
+# Pages of one session's messages: GET /sessions/{name} and GET .../view answer at most
+# `limit` messages (these defaults and maxima; the page's bytes are `reads.py`'s).
+HISTORY_LIMIT, MAX_HISTORY_LIMIT = 200, 1000
+VIEW_LIMIT, MAX_VIEW_LIMIT = 100, 500
+
+SessionName = Annotated[StrictStr, matching(SESSION_NAME, "session-name")]
+RequestKey = Annotated[StrictStr, matching(REQUEST_KEY, "request-key")]
+CallId = Annotated[StrictStr, matching(TOOL_CALL_ID, "tool-call-id")]
+ScheduleId = Annotated[StrictStr, matching(SCHEDULE_ID, "schedule-id")]
+Position = Annotated[StrictInt, Field(ge=0, le=MAX_BOUND_INT)]  # a message's place
+
+
+class Command(BaseModel):
+    """One command to a session's object; `name` is the session's name as the client gave it.
+
+    `Command("message", "hi", "key-1", stream=True)` builds the union's member for
+    that action (`SendMessage(message="hi", request_key="key-1", stream=True)`), and
+    refuses, as `from_json` does, what no member takes: a shorthand for tests.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    action: str  # each member's own: the discriminator
+    name: SessionName | None = None
+
+    def __new__(cls, *args: Any, **fields: Any) -> Command:
+        if cls is not Command:
+            return super().__new__(cls)
+        action = args[0] if args else fields.pop("action")
+        given = {k: v for k, v in fields.items() if v is not None}
+        given.update(zip(("message", "request_key"), args[1:], strict=False))
+        try:
+            return _COMMAND.validate_python({"action": action, **given})
+        except ValidationError as exc:
+            raise ValueError(f"not a command: {exc}") from None
+
+    def __init__(self, *args: Any, **fields: Any) -> None:
+        if not args:  # with args, `__new__` built it already
+            super().__init__(**fields)
+
+    @property
+    def runs_turn(self) -> bool:
+        return isinstance(self, SendMessage | Resume | Approve | Stop)
+
+    def to_json(self) -> str:
+        """The command as it crosses to the object (`origin` never does)."""
+        # json.dumps, not pydantic's JSON: a lone surrogate a client escaped in its JSON
+        # ("\ud800") crosses as it did before, for the store to repair.
+        return json.dumps(self.model_dump(exclude_none=True), ensure_ascii=False)
+
+    @staticmethod
+    def from_json(text: str) -> Command:
+        """The Worker's command, checked by the same models; ValueError if it is none."""
+        # One level deeper than the request body it carries (a decision's edited
+        # arguments sit inside "decision"), which was held to MAX_DEPTH.
+        data = _json.loads(text, max_depth=_json.MAX_DEPTH + 1)
+        # `origin` and `stop` are the object's own: set by its alarm, never sent.
+        if not isinstance(data, dict) or "origin" in data or data.get("action") == "stop":
+            raise ValueError(f"not a command: {text[:200]!r}")
+        try:
+            return _COMMAND.validate_python(data)
+        except ValidationError:
+            raise ValueError(f"not a command: {text[:200]!r}") from None
+
+
+class _Turn(Command):
+    """A command that runs a turn; `stream` answers it as server-sent events."""
+
+    stream: StrictBool = False
+    # Set by the object itself, never sent: the turns its alarm runs ("self-resumed",
+    # "scheduled", "stopped").
+    origin: MessageOrigin | None = Field(default=None, exclude=True)
+
+
+class SendMessage(_Turn, MessageBody):
+    """POST .../messages: run a turn with `message`; `request_key` is its Idempotency-Key."""
+
+    action: Literal["message"] = "message"
+    request_key: RequestKey | None = None
+
+
+class Resume(_Turn):
+    """POST .../resume: finish an interrupted turn."""
+
+    action: Literal["resume"] = "resume"
+
+
+class Stop(_Turn):
+    """The alarm's: end a turn whose resumes kept crashing; `message` says why."""
+
+    action: Literal["stop"] = "stop"
+    message: str | None = None
+
+
+class Decision(ApprovalBody):
+    """A person's decision (the body of POST .../approvals/{tool_call_id}) on that call."""
+
+    tool_call_id: CallId
+
+
+class Approve(_Turn):
+    """Decide one call, then go on with the turn if it was the step's last decision."""
+
+    action: Literal["approve"] = "approve"
+    decision: Decision
+
+
+class History(Command):
+    """GET /sessions/{name}: a page of the stored messages after `after`."""
+
+    action: Literal["history"] = "history"
+    after: Position | None = None
+    limit: Annotated[StrictInt, Field(ge=1, le=MAX_HISTORY_LIMIT)] | None = None
+
+
+class View(Command):
+    """GET .../view: a page of the timeline, after `after` or before `before`."""
+
+    action: Literal["view"] = "view"
+    after: Position | None = None
+    before: Position | None = None
+    limit: Annotated[StrictInt, Field(ge=1, le=MAX_VIEW_LIMIT)] | None = None
+
+    @model_validator(mode="after")
+    def _one_side(self) -> View:
+        if self.after is not None and self.before is not None:
+            raise PydanticCustomError("after-and-before", "give after or before, not both")
+        return self
+
+
+class Events(Command):
+    """GET .../events: the stored messages after `after`, then the running turn live."""
+
+    action: Literal["events"] = "events"
+    after: Position | None = None
+
+
+class ListApprovals(Command):
+    """GET .../approvals: the calls waiting for a decision."""
+
+    action: Literal["approvals"] = "approvals"
+
+
+class Cancel(Command):
+    """POST .../cancel: stop the running turn at its next step boundary."""
+
+    action: Literal["cancel"] = "cancel"
+
+
+class Delete(Command):
+    """DELETE /sessions/{name} (and the retention cron): delete the session."""
+
+    action: Literal["delete"] = "delete"
+
+
+class ScheduleSpec(ScheduleBody):
+    """A schedule body the Worker checked, time included: exactly one of the two times."""
+
+    @model_validator(mode="after")
+    def _one_time(self) -> ScheduleSpec:
+        if (self.delay_seconds is None) == (self.at is None):
+            raise PydanticCustomError("one-time", "give exactly one of delay_seconds and at")
+        return self
+
+
+class Schedule(Command):
+    """POST .../schedules: store a schedule (`durable_agents.schedules`)."""
+
+    action: Literal["schedule"] = "schedule"
+    schedule: ScheduleSpec
+
+
+class ListSchedules(Command):
+    """GET .../schedules: the schedules waiting."""
+
+    action: Literal["schedules"] = "schedules"
+
+
+class Unschedule(Command):
+    """DELETE .../schedules/{schedule_id}: cancel one."""
+
+    action: Literal["unschedule"] = "unschedule"
+    schedule_id: ScheduleId
+
+
+AnyCommand = Annotated[
+    SendMessage | Resume | Stop | Approve | History | View | Events | ListApprovals | Cancel
+    | Delete | Schedule | ListSchedules | Unschedule,
+    Field(discriminator="action"),
+]  # fmt: skip
+_COMMAND: TypeAdapter[AnyCommand] = TypeAdapter(AnyCommand)
