@@ -92,7 +92,10 @@ def test_wrangler_toml_points_at_the_entry_and_its_classes() -> None:
     assert config["migrations"][0]["new_sqlite_classes"] == [b["class_name"] for b in bindings]
     assert "Default" in classes
     (database,) = config["d1_databases"]
-    assert (database["binding"], database["migrations_dir"]) == ("DB", "migrations")
+    assert (database["binding"], database["migrations_dir"]) == (
+        "DB",
+        "src/durable_agents/stores/migrations",
+    )
     assert not {"API_TOKEN", "LLM_API_KEY"} & set(config["vars"]), "secrets do not go in [vars]"
 
 
