@@ -301,7 +301,7 @@ class _Page:
         attention: list[tuple[int, _Flag, str]] = []
         for position, _, message in self.entries:
             if message.role == "tool":
-                flag = self._result_flag(position, message)
+                flag = self._result_flag_at(position, message)
                 if flag is not None and flag.tone in ("crash", "denied"):
                     attention.append((position, flag, message.tool_name or ""))
             elif message.origin == "stopped":
@@ -312,7 +312,7 @@ class _Page:
                     attention.append((position, unanswered, call.name))
         return attention
 
-    def _result_flag(self, position: int, message: Message) -> _Flag | None:
+    def _result_flag_at(self, position: int, message: Message) -> _Flag | None:
         """The flag of the tool result at `position` (None: not an error)."""
         error = tool_error(message.content)
         if error is None:
@@ -577,7 +577,7 @@ class _Page:
         return ""
 
     def _result_summary(self, position: int) -> str:
-        flag = self._result_flag(position, self.messages[position])
+        flag = self._result_flag_at(position, self.messages[position])
         if flag is None:
             return ' <span class="badge tone-ok">ok</span>'
         return f' <span class="badge tone-{flag.tone}">{_e(flag.label)}</span>'
