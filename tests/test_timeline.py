@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,19 @@ def test_every_stored_text_is_escaped_and_there_is_no_script() -> None:
             assert not value.lower().startswith(("javascript:", "http:", "https:", "//"))
     assert "Content-Security-Policy" in page
     assert "default-src 'none'" in page
+
+
+def test_the_style_sheet_is_inlined_and_stored_dollars_stay_text() -> None:
+    # The page is timeline.html with timeline.css in its <style>; its `$slots` are
+    # filled once, so a stored `$name` is never taken for one.
+    css = (resources.files("durable_agents") / "timeline.css").read_text(encoding="utf-8")
+    page = render([Message.user("$title ${css} $$")], name="$name", session_id="$turns")
+    root = parse(page)
+    assert [style.text() for style in root.find_all("style")] == [f"\n{css}"]
+    assert [link.attrs for link in root.find_all("link")] == [{"rel": "icon", "href": "data:,"}]
+    assert article(root, 0).find_all("div")[0].text() == "$title ${css} $$"
+    assert root.find_all("h1")[0].text() == "$name"
+    assert "<code>$turns</code>" in page
 
 
 def test_messages_have_anchors_roles_kinds_and_turns() -> None:

@@ -1,59 +1,44 @@
-"""A session's timeline as one HTML page a person reads (`render_timeline`).
+"""A session's timeline as one HTML page a person reads (`render_timeline`): the
+Worker's `GET /sessions/{name}/view` serves it a page at a time (`TimelinePage`), the
+CLI's `durable-agents sessions show NAME --html OUT` writes it whole. What the page
+shows a person, and why: docs/operating.md ("The timeline page").
 
-One self-contained document: inline CSS, no JavaScript, no external asset (a
-Content-Security-Policy forbids any script or fetch), every stored text escaped.
-Turns in order (a turn starts at a user message); each message is an
-`<article id="m<position>">` carrying `data-position`, `data-role` and
-`data-kind`; each tool call shows its arguments and, linked, its result. What a
-person must not miss stands out with a colour, a label and a one-line why:
+One self-contained document, no JavaScript and nothing external (a
+Content-Security-Policy forbids any script or fetch): timeline.html beside this
+module is its skeleton, timeline.css its style sheet, inlined; this module fills in
+the turns, every stored text escaped. Pure Python, standard library only.
 
-    tool-durability-error   a call repaired after a crash (or timed out / cut off):
-                            its outcome is unknown and it was not run again
-    tool-denied             a person denied the call; it did not run
-    other error kinds       `ToolErrorKind`: unknown tool, invalid arguments, ...
-    pending approval        requested, not decided yet (with its digest's prefix)
-    no result stored        a call whose run stopped before its result was stored
-    turn stopped            the kit's note ending a turn whose resumes kept crashing
-                            (`run.stop_turn`, origin "stopped")
-
-A call a person approved with edited arguments shows both: what the model asked
-for and, below it, the approver's edit it runs with (`data-edited` on the call,
-the edit's digest prefix). A turn's user message (or a summary) that carries the
-instructions the turn was sent (`Message.instructions`, for an agent whose
-instructions are a function) has them in a collapsed "Instructions" line.
-
-A message that no client's request wrote is marked with its `Message.origin`: a
-badge beside who wrote it ("scheduled": a schedule's turn, "self-resumed": a
-resume nobody asked for, "stopped": the stop note), and its turn's heading
-carries the same badges (`data-origin` on the article, `data-origins` on the turn).
-
-Usage per turn and in total, UTC times. Pure Python, standard library only: the
-Worker serves it (`GET /sessions/{name}/view`) and the CLI writes it
-(`durable-agents sessions show NAME --html out.html`).
-
-A long session is shown a page at a time (`TimelinePage`): the page's entries
-keep their positions (`#m<position>`), a `<nav class="pages">` above and below
-links the first, older, newer and latest pages and says which messages these
-are, and the box of what needs attention covers the page. A call whose result
-is stored after the page links to it on the next page; a result whose call is
-on an earlier page says so.
+Stable hooks (tests/test_timeline.py asserts on them): each message is an
+`<article id="m<position>">` with `data-position`, `data-role`, `data-kind` and, when
+no client's request wrote it, `data-origin` (`Message.origin`; its turn's section
+has `data-origins`); each call a `.call` with `data-call-id`, `data-tool`,
+`data-kind` and `data-edited` when a person edited its arguments; `.attention` lists
+what a person must not miss, each item's `data-kind` a `ToolErrorKind` or one of
+pending-approval, approved-not-run, no-result, stopped; a paged view has a
+`<nav class="pages">` above and below with `data-total`, `data-first`, `data-last`.
+A call whose result is stored after its page links to it on the next page; a result
+whose call is on an earlier page says so.
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import json
+import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ._resources import read_text
 from .approvals import ApprovalState, approval_states
 from .messages import MalformedToolCall, Message, ToolCall, ToolErrorKind, Usage, tool_error
 from .stores.base import ApprovalEvent, SessionInfo
 
 __all__ = ["TimelinePage", "render_timeline"]
 
+_PACKAGE = "durable_agents"  # timeline.html and timeline.css sit beside this module
 DIGEST_PREFIX = 12  # hex digits of an approval digest shown
 FOLD_CHARS = 1500  # longer texts are folded in a <details> (open, so they print)
 _SHOWN_ERROR_KEYS = frozenset({"error", "kind", "toolName", "toolCallId", "reason"})
@@ -227,7 +212,57 @@ class _Turn:
         return sum((m.usage for _, _, m in self.entries if m.usage), Usage())
 
 
+def _result_positions(messages: Mapping[int, Message]) -> dict[str, int]:
+    """Call id -> the position of its (first) stored result."""
+    results: dict[str, int] = {}
+    for position, message in sorted(messages.items(), key=lambda pm: pm[0]):
+        if message.role == "tool" and message.tool_call_id is not None:
+            results.setdefault(message.tool_call_id, position)
+    return results
+
+
+def _call_positions(entries: Sequence[tuple[int, int, Message]]) -> dict[str, int]:
+    """Call id -> the position of the message asking for it."""
+    calls: dict[str, int] = {}
+    for position, _, message in entries:
+        for call in message.tool_calls:
+            calls.setdefault(call.id, position)
+    return calls
+
+
+def _turns(entries: Sequence[tuple[int, int, Message]], first: int) -> list[_Turn]:
+    """The entries of a page starting at position `first`, by turn: a user message
+    starts one; what comes before the first is turn 0 on the session's first page,
+    else the rest of a turn begun on an earlier page."""
+    turns: list[_Turn] = []
+    for position, ms, message in entries:
+        if message.role == "user":
+            number = sum(1 for t in turns if t.number) + 1 if first == 0 else None
+            turns.append(_Turn(number, position))
+        elif not turns:
+            continued = first > 0
+            turns.append(_Turn(None if continued else 0, position, continued))
+        turns[-1].entries.append((position, ms, message))
+    return turns
+
+
+def _stopped_results(messages: Mapping[int, Message]) -> set[int]:
+    """The positions of the results right before a stop note: the calls `stop_turn`
+    answered as lost."""
+    stopped: set[int] = set()
+    for position, message in messages.items():
+        if message.origin == "stopped" and message.role == "assistant":
+            before = position - 1
+            while before in messages and messages[before].role == "tool":
+                stopped.add(before)
+                before -= 1
+    return stopped
+
+
 class _Page:
+    """One page of a session's timeline: what its messages mean to each other (which
+    result answers which call, the turns, what needs attention), then its HTML."""
+
     def __init__(
         self,
         name: str,
@@ -239,62 +274,50 @@ class _Page:
         session: SessionInfo | None = None,
     ) -> None:
         self.name, self.session_id, self.agent = name, session_id, agent
-        self.first = page.first if page is not None else 0
-        self.links: Mapping[str, str] = page.links if page is not None else {}
         self.paged = page is not None
+        if page is None:
+            page = TimelinePage(first=0)
+        self.first, self.links = page.first, page.links
         self.session = session
         # (position, created_at, message) of each message shown
         self.entries = [(self.first + i, ms, m) for i, (ms, m) in enumerate(entries)]
         end = self.first + len(self.entries)
         self.total = max(session.message_count, end) if session is not None else end
-        following = list(page.following) if page is not None else []
-        self.later = bool(following) or end < self.total  # messages after this page
+        self.later = bool(page.following) or end < self.total  # messages after this page
         self.whole = self.first == 0 and not self.later  # the page is the whole session
-        self.messages = {p: m for p, _, m in self.entries} | dict(following)
-        self.results: dict[str, int] = {}  # call id -> position of its (first) result
-        self.calls: dict[str, int] = {}  # call id -> position of the message asking it
-        for position, message in sorted(self.messages.items(), key=lambda pm: pm[0]):
-            if message.role == "tool" and message.tool_call_id is not None:
-                self.results.setdefault(message.tool_call_id, position)
-        for position, _, message in self.entries:
-            for call in message.tool_calls:
-                self.calls.setdefault(call.id, position)
+        # the page's messages and those stored right after it, by position
+        self.messages = {p: m for p, _, m in self.entries} | dict(page.following)
+        self.results = _result_positions(self.messages)
+        self.calls = _call_positions(self.entries)
         self.states = {k: s for k, s in states.items() if k in self.calls}  # the page's calls
-        self.turns: list[_Turn] = []
-        for position, ms, message in self.entries:
-            if message.role == "user":
-                known = self.first == 0
-                number = sum(1 for t in self.turns if t.number) + 1 if known else None
-                self.turns.append(_Turn(number, position))
-            elif not self.turns:  # what came before the page's first user message
-                continued = self.first > 0
-                self.turns.append(_Turn(None if continued else 0, position, continued))
-            self.turns[-1].entries.append((position, ms, message))
-        # The results right before a stop note: what `stop_turn` answered as lost.
-        self.stopped: set[int] = set()
-        for position, message in self.messages.items():
-            if message.origin == "stopped" and message.role == "assistant":
-                before = position - 1
-                while before in self.messages and self.messages[before].role == "tool":
-                    self.stopped.add(before)
-                    before -= 1
-        # What stands out, in page order: (position, flag, tool name)
-        self.attention: list[tuple[int, _Flag, str]] = []
+        self.turns = _turns(self.entries, self.first)
+        self.stopped = _stopped_results(self.messages)
+        self.attention = self._needs_attention()
+
+    # -- what the messages mean -----------------------------------------------------------
+
+    def _needs_attention(self) -> list[tuple[int, _Flag, str]]:
+        """What stands out, in page order: (position, flag, tool name)."""
+        attention: list[tuple[int, _Flag, str]] = []
         for position, _, message in self.entries:
             if message.role == "tool":
-                error = tool_error(message.content)
-                if error is not None:
-                    flag = _result_flag(message, error, position in self.stopped)
-                    if flag.tone in ("crash", "denied"):
-                        self.attention.append((position, flag, message.tool_name or ""))
+                flag = self._result_flag_at(position, message)
+                if flag is not None and flag.tone in ("crash", "denied"):
+                    attention.append((position, flag, message.tool_name or ""))
             elif message.origin == "stopped":
-                self.attention.append((position, _stop_flag(), ""))
+                attention.append((position, _stop_flag(), ""))
             for call in message.tool_calls:
                 unanswered = self._unanswered(call)
                 if unanswered is not None:
-                    self.attention.append((position, unanswered, call.name))
+                    attention.append((position, unanswered, call.name))
+        return attention
 
-    # -- pieces ---------------------------------------------------------------------------
+    def _result_flag_at(self, position: int, message: Message) -> _Flag | None:
+        """The flag of the tool result at `position` (None: not an error)."""
+        error = tool_error(message.content)
+        if error is None:
+            return None
+        return _result_flag(message, error, position in self.stopped)
 
     def _unanswered(self, call: ToolCall) -> _Flag | None:
         """The flag of a call without a stored result (None if it has one, or may
@@ -325,7 +348,36 @@ class _Page:
             "orphan",
         )
 
+    # -- the page around the turns --------------------------------------------------------
+
     def render(self) -> str:
+        turns = "".join(self._turn(t) for t in self.turns)
+        return _page_template().substitute(
+            title=_e(self._title()),
+            css=_page_css(),
+            name=_e(self.name),
+            facts="".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in self._facts()),
+            nav_top=self._nav("top"),
+            attention=self._attention(),
+            turns=turns or f'<p class="empty">{_e(self._empty())}</p>',
+            nav_bottom=self._nav("bottom"),
+        )
+
+    def _title(self) -> str:
+        title = f"{self.name} · durable-agents session"
+        if not self.whole and self.entries:
+            title += f" · #{self.entries[0][0]:,} to #{self.entries[-1][0]:,}"
+        return title
+
+    def _empty(self) -> str:
+        """What the page says when it shows no message."""
+        if self.total:
+            return f"No messages here: the session holds #0 to #{self.total - 1:,}."
+        return "This session has no stored messages."
+
+    def _facts(self) -> list[tuple[str, str]]:
+        """The header's (name, html) pairs: the session's own times and usage when
+        its row is known, else the entries'."""
         session = self.session
         if session is not None:
             total = Usage(session.input_tokens, session.output_tokens)
@@ -335,9 +387,6 @@ class _Page:
             total = sum((m.usage for _, _, m in self.entries if m.usage), Usage())
             times = [ms for _, ms, _ in self.entries]
             created, updated = (times[0], times[-1]) if times else (None, None)
-        title = f"{self.name} · durable-agents session"
-        if not self.whole and self.entries:
-            title += f" · #{self.entries[0][0]:,} to #{self.entries[-1][0]:,}"
         facts = [
             ("Session id", f"<code>{_e(self.session_id)}</code>"),
             ("Agent", _e(self.agent or "—")),
@@ -348,29 +397,7 @@ class _Page:
         if self.whole:
             facts.append(("Turns", f"{sum(1 for t in self.turns if t.number):,}"))
         facts.append(("Usage", _usage(total)))
-        head = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in facts)
-        empty = "This session has no stored messages."
-        if self.total:
-            empty = f"No messages here: the session holds #0 to #{self.total - 1:,}."
-        body = "".join(self._turn(t) for t in self.turns) or f'<p class="empty">{_e(empty)}</p>'
-
-        return (
-            "<!doctype html>\n"
-            '<html lang="en"><head><meta charset="utf-8">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-            "style-src 'unsafe-inline'; img-src data:\">"
-            '<meta name="referrer" content="no-referrer">'
-            '<link rel="icon" href="data:,">'
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n"
-            f"<body><main>\n<header>"
-            f'<p class="kicker">durable-agents · session timeline</p>'
-            f'<h1>{_e(self.name)}</h1><dl class="facts">{head}</dl>'
-            f"{self._nav('top')}{self._attention()}</header>\n{body}\n{self._nav('bottom')}"
-            "<footer><p>Times are UTC. A turn starts at a user message. "
-            "This page needs no JavaScript.</p></footer>\n"
-            "</main></body></html>\n"
-        )
+        return facts
 
     def _nav(self, where: str) -> str:
         """The links to the pages around this one, and which messages it shows."""
@@ -417,6 +444,8 @@ class _Page:
             f"<ul>{items}</ul></section>"
         )
 
+    # -- turns and messages ---------------------------------------------------------------
+
     def _turn(self, turn: _Turn) -> str:
         first, last = turn.entries[0][1], turn.entries[-1][1]
         first_pos, last_pos = turn.entries[0][0], turn.entries[-1][0]
@@ -455,7 +484,7 @@ class _Page:
         )
 
     def _content(self, position: int, message: Message) -> tuple[str, str, str, str]:
-        """(data-kind, who, inner html, tone)"""
+        """(data-kind, who, inner html, tone) of a message, by what it is."""
         if message.summary_of is not None:
             who = f"Summary of messages 0 to {message.summary_of - 1}"
             return "summary", who, _text(message.content) + _instructions(message), ""
@@ -463,35 +492,31 @@ class _Page:
             inner = _text(message.content) + _instructions(message)
             return message.role, message.role.capitalize(), inner, ""
         if message.role == "assistant":
-            text = _text(message.content) if message.content else ""
-            if not message.tool_calls and message.origin == "stopped":
-                flag = _stop_flag()
-                return flag.kind, "Stopped by durable-agents", _banner(flag) + text, flag.tone
-            if not message.tool_calls:
-                return "reply", "Assistant", text or '<p class="none">(no text)</p>', ""
-            calls = "".join(self._call(c) for c in message.tool_calls)
-            tone = ""
-            if any(self._unanswered(c) for c in message.tool_calls):
-                tone = (
-                    "pending"
-                    if any(
-                        (f := self._unanswered(c)) and f.tone == "pending"
-                        for c in message.tool_calls
-                    )
-                    else "orphan"
-                )
-            n = len(message.tool_calls)
-            who = f"Assistant · asks for {n} tool call{'s' if n != 1 else ''}"
-            return "tool-calls", who, text + calls, tone
-        # a tool result
-        tool = _e(message.tool_name or "?")
-        asked = self.calls.get(message.tool_call_id or "")
-        link = f' · answers <a href="#m{asked}">#{asked}</a>' if asked is not None else ""
-        if asked is None and self.first > 0:  # its call may be on an earlier page
-            older = self.links.get("older")
-            earlier = f'<a href="{_e(older)}">an earlier page</a>' if older else "an earlier page"
-            link = f" · answers a call on {earlier}"
-        who = f"Result of <code>{tool}</code>{link}"
+            return self._assistant_content(message)
+        return self._result_content(position, message)
+
+    def _assistant_content(self, message: Message) -> tuple[str, str, str, str]:
+        text = _text(message.content) if message.content else ""
+        if not message.tool_calls and message.origin == "stopped":
+            flag = _stop_flag()
+            return flag.kind, "Stopped by durable-agents", _banner(flag) + text, flag.tone
+        if not message.tool_calls:
+            return "reply", "Assistant", text or '<p class="none">(no text)</p>', ""
+        calls = "".join(self._call(c) for c in message.tool_calls)
+        n = len(message.tool_calls)
+        who = f"Assistant · asks for {n} tool call{'s' if n != 1 else ''}"
+        return "tool-calls", who, text + calls, self._calls_tone(message.tool_calls)
+
+    def _calls_tone(self, calls: Sequence[ToolCall]) -> str:
+        """The tone of a message asking for `calls`: "pending" if one waits for a
+        person, "orphan" if one has no result, else none."""
+        flags = [f for f in map(self._unanswered, calls) if f is not None]
+        if not flags:
+            return ""
+        return "pending" if any(f.tone == "pending" for f in flags) else "orphan"
+
+    def _result_content(self, position: int, message: Message) -> tuple[str, str, str, str]:
+        who = f"Result of <code>{_e(message.tool_name or '?')}</code>{self._answers(message)}"
         error = tool_error(message.content)
         if error is None:
             return "tool-result", who, _code(_pretty(message.content)), ""
@@ -504,37 +529,28 @@ class _Page:
         )
         return flag.kind, who, _banner(flag) + details, flag.tone
 
+    def _answers(self, result: Message) -> str:
+        """Where the call a result answers is: a link to it on this page, or the note
+        that it is on an earlier one."""
+        asked = self.calls.get(result.tool_call_id or "")
+        if asked is not None:
+            return f' · answers <a href="#m{asked}">#{asked}</a>'
+        if self.first > 0:  # its call may be on an earlier page
+            older = self.links.get("older")
+            earlier = f'<a href="{_e(older)}">an earlier page</a>' if older else "an earlier page"
+            return f" · answers a call on {earlier}"
+        return ""
+
+    # -- tool calls -----------------------------------------------------------------------
+
     def _call(self, call: ToolCall) -> str:
-        if isinstance(call, MalformedToolCall):
-            args = (
-                f'<p class="stored"><span class="k">Malformed arguments:</span> '
-                f"{_e(call.arguments_error)}</p>{_code(call.raw_arguments)}"
-            )
-        else:
-            args = _code(json.dumps(call.arguments, ensure_ascii=False, indent=2))
-        result = self.results.get(call.id)
         flag = self._unanswered(call)
-        newer = self.links.get("newer")
-        if result is not None:
-            here = result <= self.entries[-1][0]
-            href = f"#m{result}" if here else f"{newer or ''}#m{result}"
-            where = "" if here else " (next page)"
-            outcome = f'<a class="result-link" href="{_e(href)}">result: #{result}{where}</a>'
-            outcome += self._result_summary(result)
-        elif flag is None and newer is not None:  # stored after the page
-            outcome = f'<a class="result-link" href="{_e(newer)}">result: on a later page</a>'
-        else:
-            outcome = ""
+        args = _arguments(call)
         state = self.states.get(call.id)
-        approval, edited = "", ""
-        if state is not None and state.decision is not None:
-            approval = f'<span class="badge tone-quiet">{_e(state.decision)} by a person</span>'
-            if state.decision == "approved" and state.arguments is not None:
-                approval += ' <span class="badge tone-edited">arguments edited</span>'
-                args = _edited(args, state)
-                edited = ' data-edited="true"'
-            if state.claimed:
-                approval += ' <span class="badge tone-quiet">claimed</span>'
+        edited = ""
+        if state is not None and state.decision == "approved" and state.arguments is not None:
+            args = _edited(args, state)
+            edited = ' data-edited="true"'
         status = _banner(flag) if flag else ""
         kind = flag.kind if flag else "call"
         return (
@@ -542,17 +558,66 @@ class _Page:
             f'data-call-id="{_e(call.id)}" data-tool="{_e(call.name)}"{edited}>'
             f'<p class="callhead"><span class="k">Calls</span> '
             f'<code class="tool">{_e(call.name)}</code>'
-            f' <span class="callid">id {_e(call.id)}</span> {approval} {outcome}</p>'
-            f"{status}{args}</div>"
+            f' <span class="callid">id {_e(call.id)}</span> {_decision(state)} '
+            f"{self._outcome(call, flag)}</p>{status}{args}</div>"
         )
 
+    def _outcome(self, call: ToolCall, flag: _Flag | None) -> str:
+        """The link to a call's result (with whether it failed), here or on the next page."""
+        result = self.results.get(call.id)
+        newer = self.links.get("newer")
+        if result is not None:
+            here = result <= self.entries[-1][0]
+            href = f"#m{result}" if here else f"{newer or ''}#m{result}"
+            where = "" if here else " (next page)"
+            outcome = f'<a class="result-link" href="{_e(href)}">result: #{result}{where}</a>'
+            return outcome + self._result_summary(result)
+        if flag is None and newer is not None:  # stored after the page
+            return f'<a class="result-link" href="{_e(newer)}">result: on a later page</a>'
+        return ""
+
     def _result_summary(self, position: int) -> str:
-        message = self.messages[position]
-        error = tool_error(message.content)
-        if error is None:
+        flag = self._result_flag_at(position, self.messages[position])
+        if flag is None:
             return ' <span class="badge tone-ok">ok</span>'
-        flag = _result_flag(message, error, position in self.stopped)
         return f' <span class="badge tone-{flag.tone}">{_e(flag.label)}</span>'
+
+
+def _arguments(call: ToolCall) -> str:
+    """A call's arguments as the model sent them (or the text it could not parse)."""
+    if isinstance(call, MalformedToolCall):
+        return (
+            f'<p class="stored"><span class="k">Malformed arguments:</span> '
+            f"{_e(call.arguments_error)}</p>{_code(call.raw_arguments)}"
+        )
+    return _code(json.dumps(call.arguments, ensure_ascii=False, indent=2))
+
+
+def _decision(state: ApprovalState | None) -> str:
+    """The badges of a person's decision on a call: approved or denied, edited, claimed."""
+    if state is None or state.decision is None:
+        return ""
+    badges = f'<span class="badge tone-quiet">{_e(state.decision)} by a person</span>'
+    if state.decision == "approved" and state.arguments is not None:
+        badges += ' <span class="badge tone-edited">arguments edited</span>'
+    if state.claimed:
+        badges += ' <span class="badge tone-quiet">claimed</span>'
+    return badges
+
+
+# -- the page's files -----------------------------------------------------------------------
+
+
+@functools.cache
+def _page_template() -> string.Template:
+    """timeline.html: the document around the turns, with `$name` slots for its parts."""
+    return string.Template(read_text(_PACKAGE, "timeline.html"))
+
+
+@functools.cache
+def _page_css() -> str:
+    """timeline.css, inlined in the page's `<style>`."""
+    return read_text(_PACKAGE, "timeline.css")
 
 
 # -- small helpers --------------------------------------------------------------------------
@@ -640,116 +705,3 @@ def _usage(usage: Usage | None) -> str:
         f'data-output-tokens="{usage.output_tokens}">{usage.input_tokens:,} in · '
         f"{usage.output_tokens:,} out tokens</span>"
     )
-
-
-_CSS = """
-:root{color-scheme:light dark;--bg:#f7f7f5;--card:#fff;--ink:#1d1f23;--muted:#5f6570;
---line:#dcdfe4;--code:#f1f2f4;--user:#2b6cb0;--assistant:#38a169;--tool:#718096;
---crash:#c2410c;--crash-bg:#fff1e6;--denied:#9d174d;--denied-bg:#fdecf3;
---error:#b91c1c;--error-bg:#fdeeee;--pending:#1d4ed8;--pending-bg:#e8efff;
---orphan:#a16207;--orphan-bg:#fef7e0;--ok:#15803d;--scheduled:#6d28d9;
---resumed:#0f766e;--stopped:#334155;--stopped-bg:#e8ecf1;--edited:#0369a1}
-@media (prefers-color-scheme:dark){:root{--bg:#15171a;--card:#1e2126;--ink:#e6e8eb;
---muted:#9aa1ac;--line:#33373e;--code:#262a31;--crash:#fb923c;--crash-bg:#3a2113;
---denied:#f472b6;--denied-bg:#3a1628;--error:#f87171;--error-bg:#3a1a1a;
---pending:#93b4ff;--pending-bg:#1b2744;--orphan:#facc15;--orphan-bg:#352d0c;--ok:#4ade80;
---scheduled:#c4b5fd;--resumed:#5eead4;--stopped:#cbd5e1;--stopped-bg:#262d38;
---edited:#7dd3fc}}
-*{box-sizing:border-box}
-body{margin:0;background:var(--bg);color:var(--ink);
-font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Liberation Sans",sans-serif}
-main{max-width:58rem;margin:0 auto;padding:1.5rem 1rem 3rem}
-a{color:inherit}
-code,pre{font-family:ui-monospace,"SFMono-Regular",Menlo,Consolas,"Liberation Mono",monospace;
-font-size:.85em}
-pre{background:var(--code);border-radius:6px;padding:.5rem .7rem;margin:.4rem 0 0;
-white-space:pre-wrap;overflow-wrap:anywhere}
-h1{margin:.1rem 0 .6rem;font-size:1.6rem;overflow-wrap:anywhere}
-.kicker{margin:0;color:var(--muted);font-size:.8rem;text-transform:uppercase;letter-spacing:.06em}
-.facts{display:grid;grid-template-columns:repeat(auto-fill,minmax(11rem,1fr));gap:.3rem 1rem;
-margin:0 0 1rem}
-.facts div:first-child{grid-column:1/-1}
-.facts dt{color:var(--muted);font-size:.75rem;text-transform:uppercase;letter-spacing:.04em}
-.facts dd{margin:0;overflow-wrap:anywhere}
-.attention{border:2px solid var(--crash);border-radius:8px;padding:.5rem .9rem;
-background:var(--card);margin-bottom:1rem}
-.attention h2{font-size:1rem;margin:.2rem 0;color:var(--crash)}
-.attention ul{margin:.2rem 0;padding-left:1.1rem}
-.attention a{text-decoration:none}
-.allclear{color:var(--ok)}
-.turn{margin:1.6rem 0}
-.turn>h2{font-size:1.15rem;margin:0;border-bottom:1px solid var(--line);padding-bottom:.2rem}
-.turn>h2 a{text-decoration:none}
-.meta{color:var(--muted);font-size:.85rem;margin:.2rem 0 .6rem}
-.msg{background:var(--card);border:1px solid var(--line);border-left:4px solid var(--tool);
-border-radius:8px;padding:.55rem .8rem;margin:.5rem 0;break-inside:avoid}
-.msg>header{color:var(--muted);font-size:.8rem}
-.msg .who{color:var(--ink);font-weight:600}
-.pos{text-decoration:none;font-variant-numeric:tabular-nums}
-.msg,.turn{scroll-margin-top:1rem}
-.msg:target{box-shadow:0 0 0 3px var(--pending)}
-.role-user{border-left-color:var(--user)}
-.role-assistant{border-left-color:var(--assistant)}
-.role-tool{margin-left:1.5rem}
-.text{white-space:pre-wrap;overflow-wrap:anywhere;margin:.3rem 0 0}
-.none{color:var(--muted);margin:.3rem 0 0}
-.call{border-top:1px dashed var(--line);margin-top:.5rem;padding-top:.4rem}
-.callhead{margin:0}
-.callhead .k,.stored .k{color:var(--muted);font-size:.8rem}
-.tool{font-weight:700;font-size:.95em}
-.callid{color:var(--muted);font-size:.75rem}
-.result-link{font-size:.85rem}
-.badge{display:inline-block;border-radius:999px;padding:0 .5rem;font-size:.75rem;
-font-weight:700;border:1px solid currentColor}
-.flag{margin:.4rem 0;padding:.45rem .6rem;border-radius:6px}
-.flag .label{text-transform:uppercase;letter-spacing:.03em;margin-right:.3rem}
-.stored{margin:.3rem 0 0;overflow-wrap:anywhere}
-:is(.badge,li,.flag).tone-ok{color:var(--ok)}
-:is(.badge,li,.flag).tone-quiet{color:var(--muted)}
-:is(.badge,li,.flag).tone-crash{color:var(--crash)}
-:is(.badge,li,.flag).tone-denied{color:var(--denied)}
-:is(.badge,li,.flag).tone-error{color:var(--error)}
-:is(.badge,li,.flag).tone-pending{color:var(--pending)}
-:is(.badge,li,.flag).tone-orphan{color:var(--orphan)}
-:is(.badge,li,.flag).tone-stopped{color:var(--stopped)}
-.badge.tone-edited{color:var(--edited)}
-.call .edit{border-left:3px solid var(--edited);padding-left:.6rem;margin-top:.4rem}
-.call .edit>.stored .k{color:var(--edited);font-weight:600}
-details.instructions{margin:.35rem 0 0}
-.badge.origin{font-weight:600;font-size:.7rem;letter-spacing:.02em;vertical-align:.08em}
-.turn>h2 .badge.origin{vertical-align:.15em}
-.badge.origin-scheduled{color:var(--scheduled)}
-.badge.origin-self-resumed{color:var(--resumed)}
-.badge.origin-stopped{color:var(--stopped)}
-.msg.role-user.origin-scheduled{border-left-color:var(--scheduled)}
-.flag.tone-crash{background:var(--crash-bg);color:var(--crash)}
-.flag.tone-denied{background:var(--denied-bg);color:var(--denied)}
-.flag.tone-error{background:var(--error-bg);color:var(--error)}
-.flag.tone-pending{background:var(--pending-bg);color:var(--pending)}
-.flag.tone-orphan{background:var(--orphan-bg);color:var(--orphan)}
-.flag.tone-stopped{background:var(--stopped-bg);color:var(--stopped)}
-.flag .why{color:var(--ink)}
-.msg.tone-crash{border:2px solid var(--crash);border-left-width:6px}
-.msg.tone-denied{border:2px solid var(--denied);border-left-width:6px}
-.msg.tone-error{border-left-color:var(--error)}
-.msg.tone-pending{border:2px solid var(--pending);border-left-width:6px}
-.msg.tone-orphan{border:2px dashed var(--orphan);border-left-width:6px}
-.msg.tone-stopped{border:2px solid var(--stopped);border-left-width:6px}
-.msg.tone-stopped>header .who{color:var(--stopped)}
-.msg.tone-crash>header .who{color:var(--crash)}
-.msg.tone-denied>header .who{color:var(--denied)}
-.attention .tone-crash,.attention .tone-denied,.attention .tone-pending,
-.attention .tone-orphan,.attention .tone-stopped{font-weight:600}
-.usage,.tokens{font-variant-numeric:tabular-nums}
-footer{color:var(--muted);font-size:.8rem;margin-top:2rem}
-.pages{display:flex;flex-wrap:wrap;align-items:center;gap:.4rem .6rem;margin:.8rem 0;
-font-size:.9rem}
-.pages a,.pages .off{border:1px solid var(--line);border-radius:6px;padding:.15rem .6rem;
-background:var(--card);text-decoration:none}
-.pages a:hover{border-color:var(--pending);color:var(--pending)}
-.pages .off{color:var(--muted);opacity:.6}
-.pages .range{font-weight:600;font-variant-numeric:tabular-nums;margin:0 .4rem}
-details>summary{color:var(--muted);font-size:.8rem;cursor:pointer}
-@media print{body{background:#fff;color:#000;font-size:11pt}main{max-width:none;padding:0}
-.msg{border-color:#999}.attention{border-color:#000}a{text-decoration:none}.pages{display:none}}
-"""

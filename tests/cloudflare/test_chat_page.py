@@ -1,4 +1,5 @@
-"""The dev server's chat page (`GET /`, chat_page.py) in headless Chromium (issue 12, item 5).
+"""The dev server's chat page (`GET /`, cloudflare/chat_page.html) in headless Chromium (issue 12,
+item 5).
 
 Debian's `chromium` (scripts/test installs it), driven by Playwright by its path,
 against a real `scripts/dev` serving the triage example with the fake model of
@@ -42,6 +43,7 @@ from worker_fakes import (
     read_history,
 )
 
+from durable_agents.cloudflare.chat_page import chat_page_html
 from durable_agents.testing.worker import DevWorker
 from headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
 
@@ -171,6 +173,7 @@ def test_the_page_is_served_without_auth(worker: DevWorker) -> None:
     assert answer.status == 200
     assert answer.headers["content-type"].startswith("text/html")
     assert 'id="transcript"' in answer.text
+    assert answer.text == chat_page_html()  # the file as it is, read inside the Worker
 
 
 def test_a_turn_streams_in(tab: Tab, tmp_path: Path) -> None:
