@@ -29,10 +29,3 @@ __all__ = ["chat_page_html"]
 def chat_page_html() -> str:
     """The page's HTML, as `GET /` answers it (read from the package once)."""
     return read_text("durable_agents.cloudflare", "chat_page.html")
-
-
-def __getattr__(name: str) -> str:
-    # `CHAT_PAGE_HTML`, the constant this module held before the page became a file.
-    if name == "CHAT_PAGE_HTML":
-        return chat_page_html()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

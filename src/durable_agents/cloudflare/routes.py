@@ -234,6 +234,6 @@ def _api_settings(env: Any) -> ApiSettings | Reply:
 
 def _chat_page_html() -> str:
     """The chat page (`CHAT_PAGE` = "on"), imported only when asked for."""
-    from .chat_page import CHAT_PAGE_HTML
+    from .chat_page import chat_page_html
 
-    return CHAT_PAGE_HTML
+    return chat_page_html()
