@@ -174,7 +174,7 @@ class ScheduleBody(Body):
         if extra := _unknown(errors):
             return (
                 f"unknown field(s) {extra}; the body is {{'message': str, 'delay_seconds': "
-                "number}} or {'message': str, 'at': ISO 8601 time}"  # (as sent so far: "}}")
+                "number} or {'message': str, 'at': ISO 8601 time}"
             )
         return "'message' must be a non-empty string"
 
