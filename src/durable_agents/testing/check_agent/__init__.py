@@ -13,11 +13,12 @@ The rooms of this package, for a reader changing one rule:
 
     _driver               check_agent, check_agent_async: set up, then sweep every crash point
     _config               the agent module, its settings and env (CheckEnv), its toolsets' servers
-    _player               one scenario played (turns, crashes, resumes, decisions), then checked
+    _player               one scenario played (turns, crashes, resumes), then checked
+    _listing              the toolsets' tools, listed once before the check
     _scenario             a scenario and what was recorded in it; the crash points' labels
     _recording            the handlers, toolsets and store, wrapped to record
     _transport            the `http` client: requests recorded, answered or forwarded
-    _decisions            how waiting calls are decided (decide=), and the edit sweep's edits
+    _decisions            how waiting calls are decided (decide=) and approved; the edits
     _rules                a stored call's rules: safe_to_retry, requires_approval
     _check_history        the shape of a stored history
     _check_calls          at most once, durability errors, idempotency keys

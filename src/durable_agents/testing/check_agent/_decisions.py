@@ -1,7 +1,7 @@
 """How the check decides the calls that wait for approval: the sweeps `decide=` asks for
-(approve, deny, edit, or the caller's own `decide(pending)`), and the edited arguments of
-the edit sweep. docs/testing.md ("`check_agent`: any agent at every crash point") lists
-the choices."""
+(approve, deny, edit, or the caller's own `decide(pending)`), the edited arguments of the
+edit sweep, and the decisions written with `approve()`, as a person would. The choices:
+docs/testing.md ("`check_agent`: any agent at every crash point")."""
 
 from __future__ import annotations
 
@@ -10,11 +10,16 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from ...approvals import PendingApproval
+from ...agent import Agent
+from ...approvals import PendingApproval, approval_states, approve
 from ...errors import ConfigurationError, ToolArgumentsError
 from ...llm._schema_values import _Maker, _NoVariant, _Unfillable
-from ...messages import ToolCall
-from ._rules import ToolRules
+from ...messages import Message, ToolCall
+from ...run import pending_tool_calls
+from ...stores.base import Store
+from ..crash_points import SimulatedCrash
+from ._rules import ToolRules, is_models_own
+from ._scenario import Scenario
 
 Decision = bool | Mapping[str, Any]
 """What `decide` answers for a waiting call: approve (True), deny (False), or approve with
@@ -107,3 +112,59 @@ def decision_of(
         f"decide() must return True, False or a dict of edited arguments; for "
         f"{call.name}#{call.id} it returned {type(decision).__name__}"
     )
+
+
+Breach = Callable[[Scenario, str, list[Message]], AssertionError]
+
+
+async def decide_waiting(
+    store: Store,
+    target: Store,
+    scenario: Scenario,
+    decide: Decider,
+    editor: ArgumentEditor,
+    agent: Agent,
+    breach: Breach,
+) -> Literal["crashed", "decided"]:
+    """Decide every waiting call of the scenario's session with `approve()` on `target`
+    (the crashing store until the crash: a decision is an append, and a crash point);
+    "crashed" if one of those writes crashed. `store` is read; `breach` makes a failure."""
+    session_id = scenario.name
+    history = await store.load_messages(session_id)
+    states = approval_states(await store.load_approvals(session_id))
+    for call in pending_tool_calls(history):
+        state = states.get(call.id)
+        if state is None or state.decision is not None:
+            continue
+        pending = PendingApproval(call.id, call.name, dict(call.arguments), state.digest)
+        approved, edit = decision_of(decide, editor, call, pending)
+        scenario.decisions[call.id] = approved
+        if edit is not None and not is_models_own(session_id, call, edit):
+            scenario.edits[call.id] = edit
+        verdict = "approved" if approved else "denied"
+        try:
+            await approve(
+                target,
+                session_id,
+                call.id,
+                digest=state.digest,
+                approved=approved,
+                reason=f"check_agent: {verdict}{' with an edit' if edit else ''}",
+                arguments=edit,
+                agent=agent,
+            )
+        except SimulatedCrash:
+            scenario.crashed = True
+            return "crashed"
+        except ToolArgumentsError as exc:
+            raise ConfigurationError(
+                f"decide= gave arguments for {call.name}#{call.id} that do not fit its "
+                f"input schema: {exc}"
+            ) from exc
+        except Exception as exc:
+            raise breach(
+                scenario,
+                f"approve() of {call.name}#{call.id} raised {type(exc).__name__}: {exc}",
+                history,
+            ) from exc
+    return "decided"

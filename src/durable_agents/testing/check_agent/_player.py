@@ -5,30 +5,30 @@ was stored and run against the rules (the `_check_*` modules)."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
-from ...approvals import PendingApproval, approval_states, approve
-from ...errors import ConfigurationError, ToolArgumentsError
+from ...approvals import approval_states
+from ...errors import ConfigurationError
 from ...llm.offline import TestLLM, arguments_for
-from ...messages import Message, ToolCall
+from ...messages import Message
 from ...run import pending_tool_calls, run
 from ...stores.base import Store
-from ...tools import RunContext, Tool, Toolset
+from ...tools import Tool
 from ..crash_points import CrashingStore, SimulatedCrash
-from ._breach import AgentBreach, Blame, breach, toolset_name
+from ._breach import AgentBreach, Blame, breach
 from ._check_approvals import assert_approvals
 from ._check_calls import assert_calls
 from ._check_history import assert_well_formed
 from ._check_server_calls import assert_server_calls
 from ._config import CheckSetup
-from ._decisions import ArgumentEditor, Decider, decision_of
+from ._decisions import ArgumentEditor, Decider, decide_waiting
+from ._listing import toolset_tools
 from ._recording import RecordingStore, RecordingToolset, recorded_handler
 from ._report import Tally
-from ._rules import ToolRules, is_models_own
+from ._rules import ToolRules
 from ._scenario import Scenario, Stage
 from ._transport import CheckTransport, Responder
 
@@ -117,61 +117,28 @@ class Player:
             )
 
     async def list_toolsets(self) -> None:
-        """List every toolset once before the check (through the recorder, so its server is
-        reached as in the runs): its tools' names, and TestLLM's arguments for them, made
-        and checked now. `ConfigurationError` if one cannot list, or if `arguments=` names a
-        tool nobody has."""
+        """List every toolset once before the check: its tools' names, and TestLLM's
+        arguments for them, made and checked now. `ConfigurationError` if one cannot list,
+        or if `arguments=` names a tool nobody has."""
         if self.agent.toolsets:
-            self.stage.scenario = Scenario("check-listing", "listing the toolsets", None)
-            async with self.transport.client() as http:
-                try:
-                    deps = self.make_deps(self.env, http)
-                except Exception:
-                    deps = None  # (the first run says why)
-                ctx: RunContext[Any] = RunContext(
-                    "check-listing",
-                    None,
-                    datetime.datetime.now(datetime.UTC),
-                    deps,
+            self.listed.update(
+                await toolset_tools(
+                    self.agent.name,
+                    self.agent.toolsets,
+                    self.tools,
+                    stage=self.stage,
+                    transport=self.transport,
+                    make_deps=self.make_deps,
+                    env=self.env,
                     settings=self.settings,
-                    http=http,
                 )
-                for toolset in self.agent.toolsets:
-                    await self._list(toolset, ctx)
-            self.stage.scenario = None
+            )
         self._check_given()
         for name, t in self.listed.items():
             if name not in self.arguments:
                 self.arguments[name] = arguments_for(
                     t.input_schema, tool_name=name, validate=t.parse_arguments
                 )
-
-    async def _list(self, toolset: Toolset, ctx: RunContext[Any]) -> None:
-        try:
-            listed = await toolset.list_tools(ctx)
-        except Exception as exc:
-            raise ConfigurationError(self._unlisted(toolset, exc)) from exc
-        for t in listed:
-            if t.name in self.tools or t.name in self.listed:
-                raise ConfigurationError(
-                    f"agent {self.agent.name!r}: its toolset {toolset!r} lists a "
-                    f"tool named {t.name!r}, which it has already"
-                )
-            self.listed[t.name] = t
-
-    def _unlisted(self, toolset: Toolset, exc: Exception) -> str:
-        names = tuple(getattr(toolset, "settings", ()))
-        values = ", ".join(
-            f"{n}={self.settings[n]!r}" if n in self.settings else f"{n} not set" for n in names
-        )
-        return (
-            f"check_agent: the toolset {toolset_name(toolset)} of agent {self.agent.name!r} "
-            f"could not list its tools ({type(exc).__name__}: {exc}). check_agent sends a "
-            "toolset's requests to the real server its settings name "
-            f"({values or 'none'}): start that server (your test may start one) and point "
-            f"the setting at it, e.g. check_agent(..., env={{{(names or ('MCP_URL',))[0]!r}: "
-            "'http://127.0.0.1:8000/mcp'})"
-        )
 
     def breach(
         self, scenario: Scenario, what: str, history: list[Message], *, blame: Blame = "kit"
@@ -221,7 +188,11 @@ class Player:
             elif status == "complete":
                 return
             elif status == "awaiting_approval":
-                if await self._decide(scenario, crashing) == "crashed":
+                target: Store = self.store if scenario.crashed else crashing
+                decided = await decide_waiting(
+                    self.store, target, scenario, self.decide, self.editor, self.agent, self.breach
+                )
+                if decided == "crashed":
                     await self._note_orphans(scenario)
             elif status != "max_steps":
                 agents = status in _AGENT_STATUSES
@@ -277,66 +248,6 @@ class Player:
                     await self.store.load_messages(scenario.name),
                 ) from exc
         return result.status, result.error
-
-    async def _decide(
-        self, scenario: Scenario, crashing: CrashingStore
-    ) -> Literal["crashed", "decided"]:
-        """Decide every waiting call of the session with `approve()`, as a person would (through
-        the crashing store: a decision is an append, and a crash point)."""
-        session_id = scenario.name
-        target: Store = self.store if scenario.crashed else crashing
-        history = await self.store.load_messages(session_id)
-        states = approval_states(await self.store.load_approvals(session_id))
-        for call in pending_tool_calls(history):
-            state = states.get(call.id)
-            if state is None or state.decision is not None:
-                continue
-            pending = PendingApproval(call.id, call.name, dict(call.arguments), state.digest)
-            approved, edit = decision_of(self.decide, self.editor, call, pending)
-            scenario.decisions[call.id] = approved
-            if edit is not None and not is_models_own(session_id, call, edit):
-                scenario.edits[call.id] = edit
-            try:
-                await self._approve(target, scenario, history, call, state.digest, approved, edit)
-            except SimulatedCrash:
-                scenario.crashed = True
-                return "crashed"
-        return "decided"
-
-    async def _approve(
-        self,
-        target: Store,
-        scenario: Scenario,
-        history: list[Message],
-        call: ToolCall,
-        digest: str,
-        approved: bool,
-        edit: dict[str, Any] | None,
-    ) -> None:
-        """`approve()` of `call` as decided; a failure of it, said as whose it is."""
-        verdict = "approved" if approved else "denied"
-        try:
-            await approve(
-                target,
-                scenario.name,
-                call.id,
-                digest=digest,
-                approved=approved,
-                reason=f"check_agent: {verdict}{' with an edit' if edit else ''}",
-                arguments=edit,
-                agent=self.agent,
-            )
-        except ToolArgumentsError as exc:
-            raise ConfigurationError(
-                f"decide= gave arguments for {call.name}#{call.id} that do not fit its "
-                f"input schema: {exc}"
-            ) from exc
-        except Exception as exc:
-            raise self.breach(
-                scenario,
-                f"approve() of {call.name}#{call.id} raised {type(exc).__name__}: {exc}",
-                history,
-            ) from exc
 
     async def _note_orphans(self, scenario: Scenario) -> None:
         """The calls a crash left without a result and that may have run: a call waiting
