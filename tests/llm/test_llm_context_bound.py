@@ -24,7 +24,7 @@ from durable_agents import Agent, Message, ToolCall, ToolContext, run, tool
 from durable_agents.context import DEFAULT_MAX_CONTEXT_TOKENS
 from durable_agents.llm import AnthropicLLM, OpenAILLM, WorkersAILLM
 from durable_agents.stores import Store, sqlite_store
-from durable_agents.testing.check_agent import _assert_well_formed
+from durable_agents.testing.check_agent._check_history import assert_well_formed
 
 KEY = "sk-test-0123456789"
 BYTES_PER_TOKEN = 4  # the kit's rule: max_context_tokens=N bounds a request at 4N bytes
@@ -223,7 +223,7 @@ async def test_no_request_is_over_the_budget(
 def assert_summaries_cut_where_turns_begin(history: list[Message], count: int) -> None:
     """Well formed, and every summary stands for the messages before a turn's start (its
     `summary_of` is a user message), stored after that message."""
-    _assert_well_formed(history, [f"turn {n}: look up the next items" for n in range(count)])
+    assert_well_formed(history, [f"turn {n}: look up the next items" for n in range(count)])
     summaries = [(i, m.summary_of) for i, m in enumerate(history) if m.summary_of is not None]
     assert summaries
     for position, cut in summaries:

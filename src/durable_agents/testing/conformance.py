@@ -8,7 +8,8 @@ AssertionError on a breach of the `Store` contract. Run them all:
         await check(my_store(clock=ticking_clock()))
 
 The store must be built with a clock that advances between calls
-(`ticking_clock()`), so the listing order is defined.
+(`ticking_clock()`), so the listing order is defined. Where the backends run it:
+docs/testing.md ("The store conformance suite").
 """
 
 from __future__ import annotations

@@ -27,12 +27,12 @@ fixture instead, as tests/runtime/conftest.py does).
 Needs `scripts/setup-runtime`.
 
 Also here, for ordinary CPython tests of the Worker over HTTP, the fixture
-`dev_worker`: a factory starting the project's Worker with `scripts/dev` on
-a free port (`durable_agents.testing.worker.DevWorker`: `post`, `get`,
-`kill()` (SIGKILL), `restart()` on the same D1 state, `rows(sql)` and
-`count(sql)` through `wrangler d1 execute`). Take it into a conftest.py:
+`dev_worker` (a factory of `durable_agents.testing.worker.DevWorker`s). Take it
+into a conftest.py:
 
     from durable_agents.testing.pytest_plugin import dev_worker  # noqa: F401
+
+The guide to both: docs/testing.md.
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ mid-request, as in a crash) and returns once no process of it runs;
 `close()` does the same for every server started, so no workerd outlives
 the test.
 
-No pytest import: usable from scripts too.
+No pytest import: usable from scripts too. The guide, with a kill -9 test:
+docs/testing.md ("The Worker over HTTP: `dev_worker`").
 """
 
 from __future__ import annotations

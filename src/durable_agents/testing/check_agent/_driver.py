@@ -1,0 +1,183 @@
+"""The entry points: `check_agent` and `check_agent_async` set the check up, then sweep
+every crash point of every mode and decision policy (`sweep`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+
+from ...stores.base import Store
+from ._config import check_setup
+from ._decisions import DecidePolicy, sweeps
+from ._player import Player
+from ._report import AgentCheckReport
+from ._scenario import SIDES, Crash, Scenario, append_labels
+from ._transport import Responder
+
+
+async def check_agent_async(
+    module: ModuleType | str,
+    *,
+    config: str | os.PathLike[str] | None = "wrangler.toml",
+    env: Mapping[str, Any] | None = None,
+    turns: int = 2,
+    respond: Responder | None = None,
+    arguments: Mapping[str, Mapping[str, Any]] | None = None,
+    store: Callable[[Path], Store] | None = None,
+    decide: DecidePolicy = "all",
+) -> AgentCheckReport:
+    """`check_agent`, awaitable (for async tests). Same arguments, same report."""
+    started = time.monotonic()
+    setup = check_setup(module, config, env)
+    with tempfile.TemporaryDirectory(prefix="check-agent-") as directory:
+        backend = _open_store(store, Path(directory))
+        forward = httpx.AsyncClient(timeout=30.0) if setup.servers else None
+        try:
+            player = Player(
+                setup,
+                backend,
+                turns=turns,
+                respond=respond,
+                arguments=arguments or {},
+                own_store=store is not None,
+                forward=forward,
+            )
+            await player.list_toolsets()
+            for policy, decider in sweeps(player.gated, decide):
+                player.decide = decider
+                for one_per_step in (False, True):
+                    await sweep(player, one_per_step, policy)
+        finally:
+            if forward is not None:
+                await forward.aclose()
+            close = getattr(backend, "close", None)
+            if close is not None:
+                await close()
+    tools = [*setup.agent.tools, *player.listed.values()]
+    return player.tally.report(
+        setup.agent.name, tools, list(player.listed), time.monotonic() - started
+    )
+
+
+def _open_store(store: Callable[[Path], Store] | None, directory: Path) -> Store:
+    """The store to check on: `store(directory)`, else a SQLite file in `directory`."""
+    if store is not None:
+        return store(directory)
+    # Imported here, not above: in workerd (tests/runtime) the check runs on D1, and the
+    # SQLite store's `sqlite3` need not load there.
+    from ...stores.sqlite import sqlite_store
+
+    return sqlite_store(directory / "check_agent.db")
+
+
+async def sweep(player: Player, one_per_step: bool, policy: str = "approve") -> None:
+    """One mode under one decision policy: the uncrashed play (every tool must run), then
+    one play per append of it and per side of that append."""
+    mode = f"one_per_step={one_per_step}"
+    if policy != "approve":
+        mode += f", decisions: {policy}"
+    prefix = f"check-{policy}-{'steps' if one_per_step else 'batch'}"
+    baseline = Scenario(f"{prefix}-baseline", mode, None, policy)
+    history = await player.play(baseline, one_per_step)
+    await player.check(baseline, history)
+    player.tally.requests += len(baseline.requests)
+    _assert_every_tool_ran(player, baseline, history)
+    labels = append_labels(baseline.appends, baseline.approval_writes)
+    for n, label in enumerate(labels, 1):
+        for when in SIDES:
+            crash = Crash(n, when, label)
+            scenario = Scenario(f"{prefix}-{n}-{when}", mode, crash, policy)
+            history = await player.play(scenario, one_per_step)
+            await player.check(scenario, history)
+            player.tally.crash_points += 1
+            player.tally.requests += len(scenario.requests)
+
+
+def _assert_every_tool_ran(player: Player, baseline: Scenario, history: list[Any]) -> None:
+    """Every tool not denied ran in the uncrashed play: else it would go unchecked."""
+    ran = {i.tool_name for i in baseline.invocations}
+    denied = {
+        c.name for m in history for c in m.tool_calls if not baseline.decisions.get(c.id, True)
+    }
+    for name in sorted({*player.tools, *player.listed} - ran - denied):
+        result = next((m.content for m in history if m.tool_name == name), "no call")
+        hint = (
+            "the arguments= given for it do not fit its input schema"
+            if name in player.given
+            else "see why in its result"
+        )
+        raise player.breach(
+            baseline,
+            f"TestLLM's call of tool {name!r} never reached its handler ({result}); so it "
+            f"would go unchecked: {hint}",
+            history,
+            blame="agent",
+        )
+
+
+def check_agent(
+    module: ModuleType | str,
+    *,
+    config: str | os.PathLike[str] | None = "wrangler.toml",
+    env: Mapping[str, Any] | None = None,
+    turns: int = 2,
+    respond: Responder | None = None,
+    arguments: Mapping[str, Mapping[str, Any]] | None = None,
+    store: Callable[[Path], Store] | None = None,
+    decide: DecidePolicy = "all",
+) -> AgentCheckReport:
+    """Run an agent module at every crash point and check the at-most-once contract.
+
+    `module`: the agent module (or its import name), e.g.
+    `importlib.import_module("agent")` for `src/agent.py`. `config`: the
+    wrangler.toml whose `[vars]` make the env (None: no settings; a relative
+    path not found from the current directory is looked for in the folders
+    above the module); `env`: settings added or overriding them (a toolset's
+    server URL, e.g. `env={"MCP_URL": ...}`: its requests are forwarded to it).
+    `turns`: turns per session. `respond(request) -> httpx.Response` answers
+    the handlers' requests other than a toolset server's (default: the
+    module's `DEV_STUBS` for the settings they serve, else `200 {}`).
+    `arguments`: `{tool name: arguments}` for tools whose arguments `TestLLM`
+    cannot make from the schema (it says which field, e.g. a pattern with a
+    lookahead), or that you want fixed. `store(dir)`: the
+    store to run on (default: a SQLite file in a temporary directory).
+    `decide`: how waiting calls of `requires_approval` tools are decided:
+    `"all"` (default: one sweep approving them all, one denying them all, one
+    approving them all with edited arguments), `"approve"`, `"deny"`, `"edit"`,
+    `"both"` (approve, then deny), or `decide(PendingApproval) -> bool | dict`
+    (a dict approves the call with those arguments instead of the model's).
+
+    Returns an `AgentCheckReport`; raises `AssertionError` with the crash
+    point, the stored history and the requests on the first breach (what is
+    checked: docs/testing.md, "`check_agent`: any agent at every crash point").
+    Runs its own event loop: from async code, `await check_agent_async(...)`.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError(
+            "check_agent() runs its own event loop; in async code use "
+            "`await check_agent_async(...)`"
+        )
+    return asyncio.run(
+        check_agent_async(
+            module,
+            config=config,
+            env=env,
+            turns=turns,
+            respond=respond,
+            arguments=arguments,
+            store=store,
+            decide=decide,
+        )
+    )

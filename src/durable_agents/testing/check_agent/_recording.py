@@ -1,0 +1,93 @@
+"""What the check wraps around the agent to see what happens: each tool's handler (which
+call it ran for, with what arguments and approval), the toolsets' tools likewise, and the
+store (what each append carried, to name the crash points)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ...approvals import approval_states
+from ...messages import Message
+from ...stores.base import ApprovalChange, Store
+from ...tools import RunContext, Tool, ToolContext, Toolset
+from ..crash_points import CrashingStore
+from ._rules import plain
+from ._scenario import CURRENT, Crash, Invocation, Stage
+
+Handler = Callable[[Any, ToolContext], Awaitable[Any]]
+
+
+def recorded_handler(t: Tool, stage: Stage, store: Store) -> Handler:
+    """`t`'s handler, each run recorded on the scenario being played (and, for a tool
+    that needs approval, what the store says of the call as it runs)."""
+    handler = t.handler
+    assert handler is not None
+
+    async def recorded(args: Any, ctx: ToolContext) -> Any:
+        scenario = stage.now()
+        invocation = Invocation(
+            scenario.turn, ctx.tool_name, ctx.tool_call_id, ctx.idempotency_key, 0
+        )
+        invocation.run_number = 1 + sum(
+            1 for i in scenario.invocations if i.call_id == ctx.tool_call_id
+        )
+        invocation.arguments = plain(args)
+        if t.requires_approval:  # what the store says about this call as it runs
+            states = approval_states(await store.load_approvals(scenario.name))
+            invocation.approval = states.get(ctx.tool_call_id)
+        scenario.invocations.append(invocation)
+        token = CURRENT.set(invocation)
+        try:
+            value = handler(args, ctx)
+            return await value if inspect.isawaitable(value) else value
+        finally:
+            CURRENT.reset(token)
+
+    return recorded
+
+
+class RecordingToolset:
+    """A toolset of the agent, as the check runs it: listed as it lists, each tool's handler
+    recorded like the agent's own (`recorded_handler`)."""
+
+    def __init__(self, inner: Toolset, stage: Stage, store: Store) -> None:
+        self.inner = inner
+        self.stage = stage
+        self.store = store
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        return tuple(getattr(self.inner, "settings", ()))
+
+    async def list_tools(self, ctx: RunContext[Any]) -> Sequence[Tool]:
+        listed = await self.inner.list_tools(ctx)
+        return [
+            t.with_handler(recorded_handler(t, self.stage, self.store))
+            if t.handler is not None
+            else t
+            for t in listed
+        ]
+
+
+class RecordingStore(CrashingStore):
+    """`crash_on_write`, also keeping what each append carried (to name the crash points)."""
+
+    def __init__(
+        self,
+        store: Store,
+        crash: Crash | None,
+        appends: list[list[Message]],
+        approval_writes: list[list[ApprovalChange]],
+    ) -> None:
+        super().__init__(store, crash.n if crash else None, crash.when if crash else "before")
+        self._log = appends
+        self._approval_log = approval_writes
+
+    async def append_messages_atomic(
+        self, session_id: str, expected_seq: int, messages: Sequence[Message], **kwargs: Any
+    ) -> int:
+        self._log.append(list(messages))
+        self._approval_log.append(list(kwargs.get("approvals", ())))
+        return await super().append_messages_atomic(session_id, expected_seq, messages, **kwargs)

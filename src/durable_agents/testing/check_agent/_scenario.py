@@ -1,0 +1,125 @@
+"""One scenario of the check: a session played through its turns with one crash point (or
+none), and everything recorded in it (handler runs, requests, MCP calls, appends)."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ...approvals import ApprovalState
+from ...messages import Message
+from ...stores.base import ApprovalChange
+from ._report import RecordedRequest
+
+SIDES: tuple[Literal["before", "after"], ...] = ("before", "after")
+
+
+@dataclass(slots=True)
+class Invocation:
+    """One run of a tool's handler."""
+
+    turn: int
+    tool_name: str
+    call_id: str
+    key: str
+    run_number: int
+    approval: ApprovalState | None = None  # for a requires_approval tool: the store's, as it ran
+    arguments: Any = None  # what the handler was given, as JSON
+
+
+@dataclass(frozen=True, slots=True)
+class Crash:
+    """A crash point: the `n`-th append of the uncrashed play, and the side of it to die on."""
+
+    n: int
+    when: Literal["before", "after"]
+    label: str
+
+    def __str__(self) -> str:
+        return f"a crash {self.when} append #{self.n} ({self.label})"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCall:
+    """A `tools/call` that reached a toolset's server (it was forwarded, and not refused
+    for want of a connection)."""
+
+    server: str  # the toolset's URL it went to
+    tool: str  # the tool's name on the server
+    arguments: Any
+    key: str | None  # the idempotency key in its `_meta`
+    call_id: str | None  # the call whose handler sent it
+    run_number: int | None
+
+
+@dataclass(slots=True)
+class Scenario:
+    """One session played through its turns; what happened in it."""
+
+    name: str
+    mode: str
+    crash: Crash | None
+    policy: str = "approve"
+    turn: int = 0
+    runs: int = 0
+    crashed: bool = False
+    invocations: list[Invocation] = field(default_factory=list)
+    requests: list[RecordedRequest] = field(default_factory=list)
+    server_calls: list[ServerCall] = field(default_factory=list)
+    orphaned: dict[str, str] = field(default_factory=dict)  # call id -> tool, after a crash
+    appends: list[list[Message]] = field(default_factory=list)
+    approval_writes: list[list[ApprovalChange]] = field(default_factory=list)
+    decisions: dict[str, bool] = field(default_factory=dict)  # call id -> approved, as asked
+    edits: dict[str, dict[str, Any]] = field(default_factory=dict)  # call id -> edit sent
+
+    def requests_of(self, tool_name: str, turn: int) -> list[str]:
+        """The requests the handler of `tool_name` sent in `turn`, as a failure lists them."""
+        return [str(r) for r in self.requests if r.tool_name == tool_name and r.turn == turn]
+
+
+@dataclass(slots=True)
+class Stage:
+    """The scenario being played now: where the recorders put what they see."""
+
+    scenario: Scenario | None = None
+
+    def now(self) -> Scenario:
+        assert self.scenario is not None, "nothing is being played"
+        return self.scenario
+
+
+CURRENT: contextvars.ContextVar[Invocation | None] = contextvars.ContextVar(
+    "durable_agents_check_call", default=None
+)
+"""The handler run a request is sent from (set around each handler, so concurrent
+handlers keep theirs apart)."""
+
+
+def append_labels(
+    appends: list[list[Message]], approval_writes: Sequence[Sequence[ApprovalChange]] = ()
+) -> list[str]:
+    """Name each append of an uncrashed play: which write of which step of which turn."""
+    labels = []
+    turn = step = 0
+    changes = list(approval_writes) or [[] for _ in appends]
+    for messages, approvals in zip(appends, changes, strict=True):
+        if any(m.role == "user" for m in messages):
+            turn, step = turn + 1, 0
+        if not messages:  # a decision or a claim: approval events only
+            what = ", ".join(f"{a.event} {a.tool_call_id}" for a in approvals) or "nothing"
+            labels.append(f"turn {turn} step {step}: approval write ({what})")
+            continue
+        last = messages[-1]
+        if last.role == "assistant" and last.tool_calls:
+            step += 1
+            names = ", ".join(c.name for c in last.tool_calls)
+            labels.append(f"turn {turn} step {step} write #1: calls {names}")
+        elif last.role == "tool":
+            labels.append(f"turn {turn} step {step} write #2: {len(messages)} result(s)")
+        elif last.role == "assistant":
+            labels.append(f"turn {turn}: the final reply")
+        else:
+            labels.append(f"turn {turn}: {last.role} message")
+    return labels
