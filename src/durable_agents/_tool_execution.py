@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -87,7 +87,7 @@ class ToolExecutor:
         policy = None if tool is None else tool.policy
         return call if policy is None else replace(call, policy=policy)
 
-    def step_seconds(self, calls: Any) -> float:
+    def step_seconds(self, calls: Sequence[ToolCall]) -> float:
         """How long a step's handlers may run, as far as their tools declare it."""
         timeouts = [t.timeout for c in calls if (t := self.tools.get(c.name)) and t.timeout]
         return max(timeouts, default=0.0)

@@ -11,23 +11,10 @@ One turn, as stored (every arrow is one atomic, conditional append):
       │                that waits for approval is answered by a later write, after its decision)
       └─ text only ──► final write: [user message, if not yet stored] + assistant(text)
 
-Leases. Two runs of one session at once cannot both store a step (every
-append is conditional), but the second would see the first's in-flight call
-as an orphan and repair it. So a durable run first takes the session's lease
-(one conditional write, the turn's only extra one): a second run waits for it
-(up to `wait_seconds`, then `SessionBusyError`) instead of repairing live
-calls. Every append renews the lease in its own transaction and the turn's
-last write releases it, so holding it costs no write per step. A lease left
-by a run that died expires after `lease_seconds`, at once if that process
-ran on this host, and the next run repairs as usual.
-
-Why write #1 comes before any handler: once the call is stored, a crash at any
-later point leaves an *orphan* (a stored call without a result) that the next
-run sees. An orphan of a `safe_to_retry` tool is re-invoked; any other gets a
-`ToolDurabilityError` result, because nothing can tell whether its side
-effect landed. Every append is conditional on the history length this run
-loaded, so of two concurrent runs only one can store a step, and only the one
-that stored it dispatches its calls.
+A durable run first takes the session's lease (one conditional write, renewed by
+every append and released by the turn's last), so a second run waits instead of
+repairing live calls; why write #1 comes before any handler, what an orphan
+gets, and every crash window: docs/contract.md.
 
 This module keeps the turn's writes and their order; what happens between them
 has a module of its own: the calls' handlers and results (`_tool_execution`),
