@@ -194,13 +194,15 @@ async def run(
     they end the run with status `"error"`. Tool failures are results.
     """
     events = EventReporter(on_event)
+    message = checked_message(agent, session_id, message, request_key, origin)
     options = _TurnOptions(
-        agent, {}, deps, new_id or random_id, events, cancel, session_name, origin,
-        clock or time.time, Setup(os.environ if settings is None else settings, http),
+        agent, bind_tools(agent, tools or {}), deps, new_id or random_id, events, cancel,
+        session_name, origin, clock or time.time,
+        Setup(os.environ if settings is None else settings, http),
     )  # fmt: skip
     result = await _run(
-        options, llm, message, session_id, store, tools, request_key, lease_seconds,
-        wait_seconds, _lease_run_id,
+        options, llm, message, session_id, store, request_key, lease_seconds, wait_seconds,
+        _lease_run_id,
     )  # fmt: skip
     await events.emit(RunFinished(result))
     return result
@@ -228,15 +230,13 @@ async def _run(
     message: str | None,
     session_id: str | None,
     store: Store | None,
-    tools: Mapping[str, Handler] | None,
     request_key: str | None,
     lease_seconds: float | None,
     wait_seconds: float,
     lease_run_id: str | None,
 ) -> RunResult[Any]:
-    agent = options.agent
-    message = checked_message(agent, session_id, message, request_key, options.origin)
-    options.tools.update(bind_tools(agent, tools or {}))
+    """The turn `run()` asked for, its arguments checked: on a new session, the last turn
+    read back if it has ended, or the turn run under the session's lease."""
     if store is None:
         store = memory_store()
     if session_id is None:
