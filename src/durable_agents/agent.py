@@ -1,4 +1,8 @@
-"""Agent: the static part of a run (who it is, what it may call, its limits)."""
+"""Agent: the static part of a run (who it is, what it may call, its limits).
+
+Its settings are described on `Agent` itself and in docs/python-api.md (Agents);
+the limits in docs/limits.md.
+"""
 
 from __future__ import annotations
 
