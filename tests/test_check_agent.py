@@ -356,13 +356,13 @@ def test_fails_on_a_store_that_drops_write_one() -> None:
 
 
 def test_fails_if_the_kit_ran_unsafe_orphans_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_module = importlib.import_module("durable_agents.run")
-    dispatch = run_module._Session.dispatch
+    run_module = importlib.import_module("durable_agents._tool_execution")
+    dispatch = run_module.ToolExecutor.dispatch
 
     async def forgetful(self: Any, calls: Any, *, resuming: bool = False, **kw: Any) -> Any:
         return await dispatch(self, calls, resuming=False, **kw)  # as if every orphan were safe
 
-    monkeypatch.setattr(run_module._Session, "dispatch", forgetful)
+    monkeypatch.setattr(run_module.ToolExecutor, "dispatch", forgetful)
     # First found: a crash right after write #1, then the resume ran the post's orphan.
     with pytest.raises(AssertionError) as failure:
         check_agent(agent_module(lookup, post), config=None)
@@ -450,22 +450,22 @@ def test_an_agent_without_approval_tools_is_swept_once() -> None:
 def test_fails_if_the_kit_ran_gated_calls_without_approval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    run_module = importlib.import_module("durable_agents.run")
-    monkeypatch.setattr(run_module._Session, "needing_approval", lambda self, calls: {})
+    run_module = importlib.import_module("durable_agents._approval_settling")
+    monkeypatch.setattr(run_module.ApprovalSettler, "needing_approval", lambda self, calls: {})
     with pytest.raises(AssertionError, match=r"refund#\S+ \(run 1\) ran without a stored approval"):
         check_agent(agent_module(lookup, refund), config=None, turns=1, decide="approve")
 
 
 def test_fails_if_the_kit_ran_denied_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_module = importlib.import_module("durable_agents.run")
-    dispatch = run_module._Session.dispatch
+    run_module = importlib.import_module("durable_agents._tool_execution")
+    dispatch = run_module.ToolExecutor.dispatch
 
     async def obeys_nobody(self: Any, calls: Any, **kw: Any) -> Any:
         decided = kw.get("decided") or {}
         kw["run"] = set(decided)  # every decided call runs, denied ones too
         return await dispatch(self, calls, **kw)
 
-    monkeypatch.setattr(run_module._Session, "dispatch", obeys_nobody)
+    monkeypatch.setattr(run_module.ToolExecutor, "dispatch", obeys_nobody)
     with pytest.raises(AssertionError, match=r"refund#\S+ \(run 1\) ran without a stored approval"):
         check_agent(agent_module(lookup, refund), config=None, turns=1, decide="deny")
 
@@ -473,8 +473,8 @@ def test_fails_if_the_kit_ran_denied_calls(monkeypatch: pytest.MonkeyPatch) -> N
 def test_fails_if_the_kit_ran_an_approved_call_without_claiming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    run_module = importlib.import_module("durable_agents.run")
-    append = run_module._Session.append
+    run_module = importlib.import_module("durable_agents._session_log")
+    append = run_module.SessionLog.append
 
     async def no_claims(self: Any, messages: Any, **kw: Any) -> Any:
         approvals = [a for a in kw.pop("approvals", ()) if a.event != "claimed"]
@@ -482,34 +482,34 @@ def test_fails_if_the_kit_ran_an_approved_call_without_claiming_it(
             return None  # the claim write, dropped
         return await append(self, messages, approvals=approvals, **kw)
 
-    monkeypatch.setattr(run_module._Session, "append", no_claims)
+    monkeypatch.setattr(run_module.SessionLog, "append", no_claims)
     with pytest.raises(AssertionError, match=r"ran before its claim was stored"):
         check_agent(agent_module(lookup, refund), config=None, turns=1, decide="approve")
 
 
 def test_fails_if_the_kit_ran_a_claimed_orphan_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_module = importlib.import_module("durable_agents.run")
-    dispatch = run_module._Session.dispatch
+    run_module = importlib.import_module("durable_agents._tool_execution")
+    dispatch = run_module.ToolExecutor.dispatch
 
     async def rerun(self: Any, calls: Any, *, resuming: bool = False, **kw: Any) -> Any:
         return await dispatch(self, calls, resuming=False, **kw)  # claimed orphans run again
 
-    monkeypatch.setattr(run_module._Session, "dispatch", rerun)
+    monkeypatch.setattr(run_module.ToolExecutor, "dispatch", rerun)
     # First found: a crash right after the claim landed; the resume ran the claimed call.
     with pytest.raises(AssertionError, match=r"unsafe call refund#\S+ lost its result in a crash"):
         check_agent(agent_module(lookup, refund), config=None, turns=1, decide="approve")
 
 
 def test_fails_if_the_kit_ran_an_approved_call_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_module = importlib.import_module("durable_agents.run")
-    dispatch = run_module._Session.dispatch
+    run_module = importlib.import_module("durable_agents._tool_execution")
+    dispatch = run_module.ToolExecutor.dispatch
 
     async def twice(self: Any, calls: Any, **kw: Any) -> Any:
         if kw.get("run"):  # the approved calls just claimed: dispatched twice
             await dispatch(self, calls, **kw)
         return await dispatch(self, calls, **kw)
 
-    monkeypatch.setattr(run_module._Session, "dispatch", twice)
+    monkeypatch.setattr(run_module.ToolExecutor, "dispatch", twice)
     with pytest.raises(AssertionError, match=r"approved call refund#\S+ ran 2 times"):
         check_agent(agent_module(lookup, refund), config=None, turns=1, decide="approve")
 
@@ -580,14 +580,14 @@ def test_a_decide_callable_may_approve_with_its_own_arguments() -> None:
 def test_fails_if_the_kit_ran_the_models_arguments_instead_of_the_edit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    run_module = importlib.import_module("durable_agents.run")
-    result_content = run_module._Session.result_content
+    run_module = importlib.import_module("durable_agents._tool_execution")
+    result_content = run_module.ToolExecutor.result_content
 
     async def as_the_model_asked(self: Any, call: Any, *args: Any) -> Any:
         stored = next(c for m in self.history for c in m.tool_calls if c.id == call.id)
         return await result_content(self, stored, *args)  # the edit, dropped
 
-    monkeypatch.setattr(run_module._Session, "result_content", as_the_model_asked)
+    monkeypatch.setattr(run_module.ToolExecutor, "result_content", as_the_model_asked)
     with pytest.raises(AssertionError) as failure:
         check_agent(importlib.import_module("examples.refunds.agent"), decide="edit")
     text = str(failure.value)
@@ -600,7 +600,7 @@ def test_fails_if_the_kit_ran_the_models_arguments_instead_of_the_edit(
 
 
 def test_fails_if_an_edited_calls_result_does_not_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_module = importlib.import_module("durable_agents.run")
+    run_module = importlib.import_module("durable_agents._tool_execution")
     monkeypatch.setattr(run_module, "_ran_edited", lambda content, edited: content)
     with pytest.raises(AssertionError, match=r"which ran with an approver's edit, does not say so"):
         check_agent(agent_module(lookup, refund), config=None, turns=1, decide="edit")
@@ -742,9 +742,12 @@ def test_two_gated_tools_in_one_step_with_mixed_decisions() -> None:
 def _refused(monkeypatch: pytest.MonkeyPatch, method: str, replace: Any) -> str:
     """check_agent's failure on the dentist's agent (gated tool first) with one method of
     the run loop replaced by `replace(original)`."""
-    run_module = importlib.import_module("durable_agents.run")
-    original = getattr(run_module._Session, method)
-    monkeypatch.setattr(run_module._Session, method, replace(original))
+    owner = {  # the class of the run loop's part that has the method
+        "settle": importlib.import_module("durable_agents._approval_settling").ApprovalSettler,
+        "dispatch": importlib.import_module("durable_agents._tool_execution").ToolExecutor,
+    }[method]
+    original = getattr(owner, method)
+    monkeypatch.setattr(owner, method, replace(original))
     with pytest.raises(AssertionError) as failure:
         check_agent(
             agent_module(book_slot, find_slots, send_sms), config=None, turns=1, decide="approve"

@@ -369,13 +369,13 @@ def test_mcptools_deciding_a_side_effect_is_safe_is_the_kits_fault(
 def test_the_kit_sending_an_unsafe_mcp_orphan_again_is_caught(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_module = importlib.import_module("durable_agents.run")
-    dispatch = run_module._Session.dispatch
+    run_module = importlib.import_module("durable_agents._tool_execution")
+    dispatch = run_module.ToolExecutor.dispatch
 
     async def forgetful(self: Any, calls: Any, *, resuming: bool = False, **kw: Any) -> Any:
         return await dispatch(self, calls, resuming=False, **kw)  # as if every orphan were safe
 
-    monkeypatch.setattr(run_module._Session, "dispatch", forgetful)
+    monkeypatch.setattr(run_module.ToolExecutor, "dispatch", forgetful)
     with pytest.raises(AssertionError) as failure:
         check_notes(server, notes_module(), turns=1, decide="approve")
     assert re.search(

@@ -1,4 +1,8 @@
-"""Agent: the static part of a run (who it is, what it may call, its limits)."""
+"""Agent: the static part of a run (who it is, what it may call, its limits).
+
+Its settings are described on `Agent` itself and in docs/python-api.md (Agents);
+the limits in docs/limits.md.
+"""
 
 from __future__ import annotations
 
@@ -102,6 +106,13 @@ class Agent(Generic[DepsT, OutputT]):
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "toolsets", tuple(self.toolsets))
+        # (The checks run in this order: the first wrong setting is the one reported.)
+        self._check_instructions_and_toolsets()
+        self._check_counts()
+        self._check_byte_limits()
+        self._check_tools()
+
+    def _check_instructions_and_toolsets(self) -> None:
         if not (isinstance(self.instructions, str) or callable(self.instructions)):
             raise ConfigurationError(
                 f"agent {self.name!r}: instructions must be a str or a function of the "
@@ -113,6 +124,8 @@ class Agent(Generic[DepsT, OutputT]):
                     f"agent {self.name!r}: toolsets must have list_tools(ctx) (e.g. "
                     f"durable_agents.mcp.MCPTools), got {toolset!r}"
                 )
+
+    def _check_counts(self) -> None:
         for count in ("max_tool_retries", "max_output_retries"):
             value = getattr(self, count)
             if type(value) is not int or value < 0:
@@ -128,6 +141,8 @@ class Agent(Generic[DepsT, OutputT]):
         budget = self.max_session_tokens
         if budget is not None and (type(budget) is not int or budget < 1):
             raise ConfigurationError(f"max_session_tokens must be a positive int, got {budget!r}")
+
+    def _check_byte_limits(self) -> None:
         for limit in ("max_result_bytes", "max_message_bytes"):
             value = getattr(self, limit)
             if not 0 < value <= MAX_ROW_BYTES:
@@ -135,6 +150,8 @@ class Agent(Generic[DepsT, OutputT]):
                     f"{limit} must be between 1 and {MAX_ROW_BYTES:,} (the stores' row limit), "
                     f"got {value:,}"
                 )
+
+    def _check_tools(self) -> None:
         seen: set[str] = set()
         for t in self.tools:
             if not isinstance(t, Tool):

@@ -1,55 +1,12 @@
 """Human approval bound to the exact call: approve once, run once, never run what was not approved.
 
-A tool declared `requires_approval=True` does not run when the model calls
-it. Its call is stored with write #1 of the step as usual, together with a
-`requested` event carrying the call's digest; the step's other calls run;
-`run()` returns `status="awaiting_approval"` with the waiting calls as
-`PendingApproval`s. A person sees a call's name and arguments and decides
-with `approve(store, session_id, tool_call_id, digest=..., approved=...)`,
-sending the digest of what they saw: a decision for other arguments than the
-stored ones is refused. When every waiting call of the step is decided,
-`run(..., message=None)` continues the turn: an approved call is *claimed*
-(one write saying it is about to run), then runs through the normal path; a
-denied one gets a `tool-denied` result the model sees.
-
-Every event is one insert into `agent_approvals`, conditional in SQL on the
-event it depends on (see `stores/_statements.py`), written through the store's
-atomic append, so `testing.crash_on_write` counts it:
-
-    requested   with write #1 of the step                  the call and its digest
-    approved /  `approve()`: one write; lands only if the call was requested
-    denied      with that digest and is undecided (racing approvers: one wins);
-                an approval may carry the approver's edited arguments
-    claimed     before an approved call's handler runs; lands only once
-
-After a crash: an undecided call waits (it is never an orphan); an approved,
-unclaimed one is claimed and run once; a claimed one without a result is an
-orphan, answered as any orphan is (a `tool-durability-error` unless the tool
-is `safe_to_retry`): an approved call never runs twice.
-
-Edited approvals: the approver may change the arguments as they approve
-(`approve(..., approved=True, arguments={...})`, or `"arguments"` in the HTTP
-decision). The edit is checked against the tool's input schema (the one stored
-with the call for a toolset's tool, `ToolCall.policy`; else the agent's tool),
-then stored with the decision, in the same one write: the `approved` event
-keeps the edited arguments as sent and their own digest (`arguments_digest`,
-`approval_digest` of the call with them), while its `digest` stays the one of
-the model's call, which the approver was shown. The call then runs once, with
-the edited arguments, under the same call id and idempotency key, and its
-result tells the model a person changed the arguments. An edit equal to the
-model's arguments (the same digest) is a plain approval: nothing extra is
-stored. Only an approval carries arguments (the schema refuses them on any
-other event), and the store keeps both versions, so the timeline page and
-`durable-agents sessions show` show the edit next to what the model asked for.
-
-The digest is the hex SHA-256 of the UTF-8 bytes of the JSON array
-`[session_id, tool_call_id, tool_name, arguments]` written with sorted object
-keys, no whitespace (`","` and `":"` as separators), non-ASCII characters as
-themselves (not `\\u` escapes), and no NaN or infinities: in Python,
-`json.dumps([...], sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-allow_nan=False)`. Integers are written as digits; give approval-bound tools
-integer, string and boolean arguments (a float's shortest form differs
-between languages).
+The public side of approvals: the digest a decision carries (`approval_digest`),
+what waits for a decision (`pending_approvals`, `PendingApproval`), deciding
+(`approve`, with edited arguments checked against the tool's schema), and the
+stored events folded into one state per call (`approval_states`). Settling the
+decided calls when the turn goes on is the run loop's (`_approval_settling`).
+How it works, edited approvals, the digest's exact definition and the crash
+windows: docs/approvals.md.
 """
 
 from __future__ import annotations
@@ -81,7 +38,7 @@ if TYPE_CHECKING:
 
 
 def approval_digest(session_id: str, tool_call_id: str, tool_name: str, arguments: Any) -> str:
-    """The digest a decision must carry: see the module docstring for its exact definition."""
+    """The digest a decision must carry; its exact definition: docs/approvals.md (The digest)."""
     canonical = json.dumps(
         [session_id, tool_call_id, tool_name, arguments],
         sort_keys=True,

@@ -10,7 +10,8 @@ run loop asks `calls_that_fit()` before it runs a step's handlers, and defers th
 calls that do not fit to a fresh invocation (see `run()`, status "deferred").
 
 Outside a Workers invocation (CPython, tests) there is no budget: `current()` is
-None, `spend()` does nothing, nothing is deferred.
+None, `spend()` does nothing, nothing is deferred. How calls are deferred is
+`_deferral`; the guide is docs/limits.md (Invocation budgets).
 """
 
 from __future__ import annotations

@@ -8,40 +8,12 @@ first `summary_of` messages), then the messages after what it covers:
                                      └ summary of 0..e-1 (summary_of = e)
     sent:     [instructions] [summary] [e .. now, without s]
 
-When that is over `Agent.max_context_tokens`, the run loop compacts before its
-next LLM call (a step boundary: every call is answered): it picks a cut `p`
-where a turn begins (a user message, so a call and its results are never split
-and the running turn is sent whole; at a turn's first step, possibly that
-turn's own start), has the older part folded into the summary (LLM calls, or
-the agent's own `summarize`), and stores the new summary in one append, like
-any other write (at a turn's first step, with the turn's message before it: a
-summary always follows the message of the turn it was made in). A crash
-before that write loses nothing (the next turn compacts again); after it, the
-next turn loads from `p` on (`Store.load_context`). No tool runs while
-compacting, so nothing can run twice.
-
-Tokens are estimated, not counted, from what is serialized for the provider:
-`max_context_tokens=N` bounds a request's body (the JSON as sent, in UTF-8
-bytes: instructions, tool specs, summary, messages, every id, type tag and
-escape) at `4 * N` bytes (`BYTES_PER_TOKEN`; JSON and code run closer to 3
-bytes a token, hence the default budget's margin). An LLM sizes its own wire
-format (`llm.base.SizedLLM`: the kit's adapters do, each message as if it were
-a turn of its own, never less than sent); one that cannot is sized by
-`message_size` and `request_size` here, which count more than any adapter of
-the kit sends. Each stored message is measured once (`WindowMeter`), not once
-a step.
-
-The bound, precisely: every request the run loop sends for a turn is within
-`4 * N` bytes, but while the running turn is too large by itself. The cut is
-never inside the running turn, so when its messages, with the instructions,
-the tool specs and the summary, are over `4 * N` bytes, they are sent whole,
-with the summary and nothing older; the next turn is within the bound again
-(the large turn is folded before its first call). A summary is kept within
-half the budget (cut, saying so, if the summarizer wrote more). The default
-summarizer's requests are within the bound too, but one for a single message
-whose transcript alone is larger (`TRANSCRIPT_CHARS_PER_MESSAGE` cuts a
-message's text, not its calls). What an agent's `history_processor` returns
-is sent as it is: the bound is on the window it is handed.
+Here are the window, the sizes it is measured with (`WindowMeter`, each stored
+message once), where a cut may fall (`cut_position`: where a turn begins) and
+the fold of older messages into a summary (`fold`); the run loop compacts with
+them at a step boundary (`_compaction`). The bound this keeps, how tokens are
+estimated, and why a crash while compacting loses nothing: docs/limits.md
+(Long sessions: a bounded context).
 """
 
 from __future__ import annotations

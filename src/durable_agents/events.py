@@ -23,14 +23,13 @@ crash-window table in docs/contract.md).
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from ._run_result import RunResult
 from .messages import Message, TextDelta
-
-if TYPE_CHECKING:
-    from .run import RunResult
 
 __all__ = ["CancelToken", "MessageStored", "OnEvent", "RunEvent", "RunFinished", "TextDelta"]
 
@@ -82,3 +81,33 @@ class CancelToken:
     async def wait(self) -> None:
         """Return once `cancel()` has been called."""
         await self._event.wait()
+
+
+_log = logging.getLogger("durable_agents")
+
+
+class EventReporter:
+    """Hands a run's events to its `on_event`, which may be sync or async (the kit's own
+    plumbing: `run()` makes one).
+
+    A watcher that raises is logged and dropped, never allowed to end the turn:
+    an error between a step's write #1 and its handlers would leave orphans.
+    """
+
+    def __init__(self, on_event: OnEvent | None) -> None:
+        self.on_event = on_event
+
+    @property
+    def watched(self) -> bool:
+        return self.on_event is not None
+
+    async def emit(self, event: RunEvent) -> None:
+        if self.on_event is None:
+            return
+        try:
+            outcome = self.on_event(event)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception:
+            _log.exception("on_event raised; this run reports no more events")
+            self.on_event = None

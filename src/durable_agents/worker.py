@@ -68,6 +68,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol
 
+from ._leases import died_on_this_host, lease_owner
 from .agent import Agent
 from .approvals import pending_approvals
 from .errors import (
@@ -79,7 +80,7 @@ from .errors import (
     describe_exception,
 )
 from .llm.base import LLM
-from .run import RunStatus, _died_on_this_host, _lease_owner, run, stop_reason, stop_turn
+from .run import RunStatus, run, stop_reason, stop_turn
 from .stores.base import LeaseHolder, Schedule, Store
 from .tools import DepsT, Handler
 
@@ -306,7 +307,7 @@ def _left_behind(holder: LeaseHolder, now_ms: int) -> bool:
     """Whether the lease's run is gone: it expired, or its process (of this host) ended.
     (The store lists this host's unexpired leases too; the clocks may differ a little,
     which the conditional take of the lease settles.)"""
-    return holder.expires_at <= now_ms or _died_on_this_host(holder)
+    return holder.expires_at <= now_ms or died_on_this_host(holder)
 
 
 def _attempts(owner: str) -> tuple[int, int]:
@@ -470,7 +471,7 @@ class _Pass:
         """Take the session's lease as try `attempt` (from `take_from`, the run that died,
         only: never from one that took it over since); the owner, or None if another
         run holds it."""
-        owner = _lease_owner(f"worker.{attempt}.{self.now_ms()}.{self.new_id()}")
+        owner = lease_owner(f"worker.{attempt}.{self.now_ms()}.{self.new_id()}")
         ttl_ms = math.ceil(self.runner.lease_seconds * 1000)
         holder = await self.store.acquire_lease(session_id, owner, ttl_ms, take_from=take_from)
         return owner if holder is None else None
