@@ -55,8 +55,8 @@ def test_the_bundle_holds_the_workers_modules_and_nothing_else(bundle: Any) -> N
         "durable_agents",
         "durable_agents.run",
         "durable_agents.stores.base",
-        "durable_agents.cloudflare.app",
-        "durable_agents.cloudflare.d1",
+        "durable_agents.cloudflare.routes",
+        "durable_agents.stores.d1",
         "durable_agents.cloudflare.fetch_transport",
         "durable_agents.llm.settings",
     } <= bundle.worker_modules

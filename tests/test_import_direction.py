@@ -114,7 +114,7 @@ def test_the_kit_is_all_there() -> None:
     assert {
         "durable_agents.run",
         "durable_agents.llm.base",
-        "durable_agents.cloudflare.d1",
+        "durable_agents.stores.d1",
     } <= names
     assert any(is_core(n) and n.startswith("durable_agents.stores") for n in names)
 

@@ -43,10 +43,10 @@ from durable_agents.cloudflare.app import (
     serve_session,
 )
 from durable_agents.cloudflare.commands import AnyCommand
-from durable_agents.cloudflare.d1 import D1Store
 from durable_agents.cloudflare.routes import ROUTES
 from durable_agents.cloudflare.session_object import HANDLERS
 from durable_agents.llm.settings import setting
+from durable_agents.stores.d1 import D1Store
 from durable_agents.testing import ScriptedLLM
 from durable_agents.testing.fake_d1 import FakeD1Database
 

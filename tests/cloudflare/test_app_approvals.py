@@ -20,7 +20,7 @@ from durable_agents.cloudflare.app import (
     handle_request,
     serve_session,
 )
-from durable_agents.cloudflare.d1 import D1Store
+from durable_agents.stores.d1 import D1Store
 from durable_agents.testing import FunctionLLM
 from durable_agents.testing.fake_d1 import FakeD1Database
 

@@ -35,7 +35,7 @@ from durable_agents.cloudflare.app import (
     serve_session,
     with_budget,
 )
-from durable_agents.cloudflare.d1 import D1Store
+from durable_agents.stores.d1 import D1Store
 from durable_agents.testing.conformance import ticking_clock
 from durable_agents.testing.fake_d1 import FakeD1Database
 

@@ -21,10 +21,10 @@ from durable_agents.cloudflare import app, d1_store
 from durable_agents.cloudflare import reads as paging
 from durable_agents.cloudflare.app import Command, LiveSession, Reply, handle_request
 from durable_agents.cloudflare.commands import HISTORY_LIMIT
-from durable_agents.cloudflare.d1 import D1Store
 from durable_agents.cloudflare.tokens import mint_session_token
 from durable_agents.stores import memory_store
 from durable_agents.stores.base import ApprovalChange, Store
+from durable_agents.stores.d1 import D1Store
 from durable_agents.testing.conformance import ticking_clock
 from durable_agents.testing.fake_d1 import FakeD1Database
 

@@ -30,9 +30,9 @@ from durable_agents.cloudflare.app import (
     handle_request,
     serve_session,
 )
-from durable_agents.cloudflare.d1 import D1Store
 from durable_agents.schedules import MAX_DELAY_SECONDS, MAX_SCHEDULES_PER_SESSION
 from durable_agents.stores.base import Schedule
+from durable_agents.stores.d1 import D1Store
 from durable_agents.testing.fake_d1 import FakeD1Database
 
 TOKEN = "master-token"

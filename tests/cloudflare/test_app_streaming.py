@@ -35,7 +35,7 @@ from durable_agents.cloudflare.app import (
     handle_request,
     serve_session,
 )
-from durable_agents.cloudflare.d1 import D1Store
+from durable_agents.stores.d1 import D1Store
 from durable_agents.testing.fake_d1 import FakeD1Database
 
 TOKEN = "s3cret-token"

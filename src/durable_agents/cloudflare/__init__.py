@@ -19,8 +19,8 @@ from __future__ import annotations
 import sys
 
 from .._http.client import set_default_transport
-from .d1 import D1Store, d1_store
-from .do_store import DurableObjectStore, durable_object_store
+from ..stores.d1 import D1Store, d1_store
+from ..stores.durable_object import DurableObjectStore, durable_object_store
 from .fetch_transport import FetchTransport, InvocationLimitError
 
 if sys.platform == "emscripten":

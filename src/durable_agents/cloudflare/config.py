@@ -97,8 +97,8 @@ def session_store_kind(env: Any) -> str:
 def session_stores(env: Any, storage: Any) -> tuple[Store, SessionIndex | None]:
     """A session object's store and index, per `SESSION_STORE`: D1 and no index, or its
     own SQLite (`storage`, the object's `ctx.storage`) with D1 as the index."""
-    from .d1 import d1_store
-    from .do_store import durable_object_store
+    from ..stores.d1 import d1_store
+    from ..stores.durable_object import durable_object_store
 
     d1 = d1_store(env.DB)
     if session_store_kind(env) == "durable-object":

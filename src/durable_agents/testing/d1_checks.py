@@ -18,10 +18,10 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..cloudflare.d1 import d1_store
 from ..errors import MessageTooLargeError, SessionConflictError, StoreError
 from ..messages import Message, ToolCall, Usage
 from ..stores import _rows, _schema, _statements
+from ..stores.d1 import d1_store
 from .conformance import ticking_clock
 
 Check = Callable[[Any], Awaitable[None]]

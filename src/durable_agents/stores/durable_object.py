@@ -52,8 +52,8 @@ from typing import Any, Protocol
 from ..errors import ConfigurationError, SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
-from ..stores import _appends, _limits, _paging, _rows, _schema, _statements
-from ..stores.base import (
+from . import _appends, _limits, _paging, _rows, _schema, _statements
+from .base import (
     ApprovalChange,
     ApprovalEvent,
     Lease,

@@ -38,8 +38,8 @@ from .. import budget
 from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
-from ..stores import _appends, _limits, _paging, _rows, _schema, _statements
-from ..stores.base import (
+from . import _appends, _limits, _paging, _rows, _schema, _statements
+from .base import (
     ApprovalChange,
     ApprovalEvent,
     Lease,
