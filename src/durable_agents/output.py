@@ -26,7 +26,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .errors import ConfigurationError
 from .messages import ToolSpec
-from .tools import _summarise
+from .tools import validation_summary
 
 __all__ = ["OutputSchema"]
 
@@ -71,7 +71,7 @@ class OutputSchema:
                 return self.adapter.validate_python(arguments["result"])
             return self.adapter.validate_python(arguments)
         except ValidationError as exc:
-            raise ValueError(_summarise(exc)) from None
+            raise ValueError(validation_summary(exc)) from None
 
     def from_text(self, text: str) -> Any:
         """The answer a text reply gives, read as JSON. ValueError saying why not."""
@@ -96,4 +96,4 @@ class OutputSchema:
         try:
             return self.adapter.validate_json(text)
         except ValidationError as exc:
-            raise ValueError(_summarise(exc)) from None
+            raise ValueError(validation_summary(exc)) from None

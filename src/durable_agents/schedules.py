@@ -33,8 +33,7 @@ from typing import Any
 
 from ._json import repair_text
 from .errors import ScheduleError, SessionNotFoundError
-from .limits import MAX_ROW_BYTES
-from .stores._limits import MAX_BOUND_INT
+from .limits import MAX_BOUND_INT, MAX_ROW_BYTES
 from .stores.base import Schedule, Store
 
 # The furthest ahead a schedule may be: a year and a bit (a Durable Object's alarm

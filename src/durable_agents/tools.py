@@ -191,7 +191,7 @@ class Tool:
             try:
                 return self.input_model.model_validate(arguments)
             except ValidationError as exc:
-                raise ToolArgumentsError(_summarise(exc), tool_name=self.name) from None
+                raise ToolArgumentsError(validation_summary(exc), tool_name=self.name) from None
         problems = schema_problems(arguments, self.input_schema, "arguments")
         if problems:
             said = "; ".join(f"{p.path}: {p.why}" for p in problems)
@@ -208,7 +208,7 @@ class Tool:
             try:
                 checked = self.output.validate_python(value)
             except ValidationError as exc:
-                problems = _summarise(exc)
+                problems = validation_summary(exc)
                 raise ValueError(f"it does not match the output schema: {problems}") from None
             content = self.output.dump_json(checked).decode()
         elif isinstance(value, str):
@@ -389,7 +389,8 @@ def _check_name(name: str) -> str:
     return name
 
 
-def _summarise(exc: ValidationError) -> str:
+def validation_summary(exc: ValidationError) -> str:
+    """One line naming each problem pydantic found (`where: what`), as the model reads it."""
     parts = []
     for error in exc.errors(include_url=False):
         where = ".".join(str(p) for p in error["loc"]) or "(root)"

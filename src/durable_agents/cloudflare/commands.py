@@ -28,8 +28,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .. import _json
+from ..limits import MAX_BOUND_INT
 from ..messages import CALL_ID, MessageOrigin
-from ..stores._limits import MAX_BOUND_INT
 from .bodies import ApprovalBody, MessageBody, ScheduleBody, matching
 
 __all__ = [

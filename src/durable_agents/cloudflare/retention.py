@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import ConfigurationError
+from ..limits import MAX_BOUND_INT
 from ..llm.settings import setting
-from ..stores._limits import MAX_BOUND_INT
 from ..stores.base import SessionInfo
 
 __all__ = ["RETENTION_BATCH", "RETENTION_MAX_BATCHES", "RETENTION_OBJECTS", "run_retention"]

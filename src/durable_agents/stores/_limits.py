@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from .. import limits
 from ..errors import ConfigurationError, StoreError
 
 # The largest magnitude of an integer any statement binds. On Workers a Python int
@@ -21,7 +22,7 @@ from ..errors import ConfigurationError, StoreError
 # supported for value ..."; Durable Object SQL: "TypeError: Cannot convert a BigInt
 # value to a number"). Every store keeps to the same range, so what one stores, any
 # other can. Measured on workerd by tests/cloudflare/test_workerd_behaviour.py.
-MAX_BOUND_INT = 2**53 - 2
+MAX_BOUND_INT = limits.MAX_BOUND_INT
 
 
 def clamp_int(value: int) -> int:
