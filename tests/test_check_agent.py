@@ -356,7 +356,7 @@ def test_fails_on_a_store_that_drops_write_one() -> None:
 
 
 def test_fails_if_the_kit_ran_unsafe_orphans_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_module = importlib.import_module("durable_agents._tool_execution")
+    run_module = importlib.import_module("durable_agents._turn.tool_execution")
     dispatch = run_module.ToolExecutor.dispatch
 
     async def forgetful(self: Any, calls: Any, *, resuming: bool = False, **kw: Any) -> Any:
@@ -450,14 +450,14 @@ def test_an_agent_without_approval_tools_is_swept_once() -> None:
 def test_fails_if_the_kit_ran_gated_calls_without_approval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    run_module = importlib.import_module("durable_agents._approval_settling")
+    run_module = importlib.import_module("durable_agents._turn.approval_settling")
     monkeypatch.setattr(run_module.ApprovalSettler, "needing_approval", lambda self, calls: {})
     with pytest.raises(AssertionError, match=r"refund#\S+ \(run 1\) ran without a stored approval"):
         check_agent(agent_module(lookup, refund), config=None, turns=1, decide="approve")
 
 
 def test_fails_if_the_kit_ran_denied_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_module = importlib.import_module("durable_agents._tool_execution")
+    run_module = importlib.import_module("durable_agents._turn.tool_execution")
     dispatch = run_module.ToolExecutor.dispatch
 
     async def obeys_nobody(self: Any, calls: Any, **kw: Any) -> Any:
@@ -473,7 +473,7 @@ def test_fails_if_the_kit_ran_denied_calls(monkeypatch: pytest.MonkeyPatch) -> N
 def test_fails_if_the_kit_ran_an_approved_call_without_claiming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    run_module = importlib.import_module("durable_agents._session_log")
+    run_module = importlib.import_module("durable_agents._turn.session_log")
     append = run_module.SessionLog.append
 
     async def no_claims(self: Any, messages: Any, **kw: Any) -> Any:
@@ -488,7 +488,7 @@ def test_fails_if_the_kit_ran_an_approved_call_without_claiming_it(
 
 
 def test_fails_if_the_kit_ran_a_claimed_orphan_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_module = importlib.import_module("durable_agents._tool_execution")
+    run_module = importlib.import_module("durable_agents._turn.tool_execution")
     dispatch = run_module.ToolExecutor.dispatch
 
     async def rerun(self: Any, calls: Any, *, resuming: bool = False, **kw: Any) -> Any:
@@ -501,7 +501,7 @@ def test_fails_if_the_kit_ran_a_claimed_orphan_again(monkeypatch: pytest.MonkeyP
 
 
 def test_fails_if_the_kit_ran_an_approved_call_twice(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_module = importlib.import_module("durable_agents._tool_execution")
+    run_module = importlib.import_module("durable_agents._turn.tool_execution")
     dispatch = run_module.ToolExecutor.dispatch
 
     async def twice(self: Any, calls: Any, **kw: Any) -> Any:
@@ -580,7 +580,7 @@ def test_a_decide_callable_may_approve_with_its_own_arguments() -> None:
 def test_fails_if_the_kit_ran_the_models_arguments_instead_of_the_edit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    run_module = importlib.import_module("durable_agents._tool_execution")
+    run_module = importlib.import_module("durable_agents._turn.tool_execution")
     result_content = run_module.ToolExecutor.result_content
 
     async def as_the_model_asked(self: Any, call: Any, *args: Any) -> Any:
@@ -600,7 +600,7 @@ def test_fails_if_the_kit_ran_the_models_arguments_instead_of_the_edit(
 
 
 def test_fails_if_an_edited_calls_result_does_not_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    run_module = importlib.import_module("durable_agents._tool_execution")
+    run_module = importlib.import_module("durable_agents._turn.tool_execution")
     monkeypatch.setattr(run_module, "_ran_edited", lambda content, edited: content)
     with pytest.raises(AssertionError, match=r"which ran with an approver's edit, does not say so"):
         check_agent(agent_module(lookup, refund), config=None, turns=1, decide="edit")
@@ -743,8 +743,8 @@ def _refused(monkeypatch: pytest.MonkeyPatch, method: str, replace: Any) -> str:
     """check_agent's failure on the dentist's agent (gated tool first) with one method of
     the run loop replaced by `replace(original)`."""
     owner = {  # the class of the run loop's part that has the method
-        "settle": importlib.import_module("durable_agents._approval_settling").ApprovalSettler,
-        "dispatch": importlib.import_module("durable_agents._tool_execution").ToolExecutor,
+        "settle": importlib.import_module("durable_agents._turn.approval_settling").ApprovalSettler,
+        "dispatch": importlib.import_module("durable_agents._turn.tool_execution").ToolExecutor,
     }[method]
     original = getattr(owner, method)
     monkeypatch.setattr(owner, method, replace(original))

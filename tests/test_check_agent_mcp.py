@@ -369,7 +369,7 @@ def test_mcptools_deciding_a_side_effect_is_safe_is_the_kits_fault(
 def test_the_kit_sending_an_unsafe_mcp_orphan_again_is_caught(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_module = importlib.import_module("durable_agents._tool_execution")
+    run_module = importlib.import_module("durable_agents._turn.tool_execution")
     dispatch = run_module.ToolExecutor.dispatch
 
     async def forgetful(self: Any, calls: Any, *, resuming: bool = False, **kw: Any) -> Any:

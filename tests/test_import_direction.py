@@ -5,8 +5,8 @@
     durable_agents.cloudflare  core and llm; never testing or the CLI
     durable_agents.llm         core; never cloudflare, testing or the CLI;
                                llm/base.py (the LLM protocol) only `messages`
-    durable_agents.mcp         core and llm (its HTTP client and SSE reader), as an
-                               adapter is; never cloudflare, testing or the CLI
+    durable_agents.mcp         core only (its HTTP client and SSE reader are the
+                               core's `_http`); never llm, cloudflare, testing or the CLI
     core                       every other module of durable_agents (the run loop,
                                tools, messages, errors, agent, limits, stores):
                                neither cloudflare, nor llm beyond llm.base, nor
@@ -147,6 +147,40 @@ def test_llm_and_mcp_never_import_cloudflare_testing_or_the_cli() -> None:
         if within(name, "durable_agents.llm", "durable_agents.mcp")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_mcp_uses_the_core_plumbing_not_an_llm_adapters() -> None:
+    path = KIT / "mcp.py"
+    found = kit_imports(path, "durable_agents.mcp")
+    assert sorted(i for i in found if within(i, "durable_agents.llm")) == []
+
+
+def private_owner(imported: str) -> str | None:
+    """The package or module a `_private` part of `imported` belongs to (None: all public).
+
+    `durable_agents.stores._limits` -> `durable_agents.stores`; `durable_agents._json`
+    -> `durable_agents` (the kit's own shared plumbing, open to all of it)."""
+    parts = imported.split(".")
+    for k, part in enumerate(parts[1:], start=1):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:k])
+    return None
+
+
+def test_nothing_imports_another_packages_private_module() -> None:
+    offenders = {}
+    for name, path in kit_modules():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        bad = [
+            i
+            for i in kit_imports(path, name)
+            if within(i, "durable_agents")
+            and (owner := private_owner(i)) is not None
+            and not within(package, owner)
+        ]
+        if bad:
+            offenders[name] = sorted(bad)
+    assert offenders == {}
 
 
 def test_the_llm_protocol_module_imports_only_messages() -> None:

@@ -4,7 +4,7 @@ The public side of approvals: the digest a decision carries (`approval_digest`),
 what waits for a decision (`pending_approvals`, `PendingApproval`), deciding
 (`approve`, with edited arguments checked against the tool's schema), and the
 stored events folded into one state per call (`approval_states`). Settling the
-decided calls when the turn goes on is the run loop's (`_approval_settling`).
+decided calls when the turn goes on is the run loop's (`_turn.approval_settling`).
 How it works, edited approvals, the digest's exact definition and the crash
 windows: docs/approvals.md.
 """

@@ -11,7 +11,7 @@ calls that do not fit to a fresh invocation (see `run()`, status "deferred").
 
 Outside a Workers invocation (CPython, tests) there is no budget: `current()` is
 None, `spend()` does nothing, nothing is deferred. How calls are deferred is
-`_deferral`; the guide is docs/limits.md (Invocation budgets).
+`_turn.deferral`; the guide is docs/limits.md (Invocation budgets).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ first `summary_of` messages), then the messages after what it covers:
 Here are the window, the sizes it is measured with (`WindowMeter`, each stored
 message once), where a cut may fall (`cut_position`: where a turn begins) and
 the fold of older messages into a summary (`fold`); the run loop compacts with
-them at a step boundary (`_compaction`). The bound this keeps, how tokens are
+them at a step boundary (`_turn.compaction`). The bound this keeps, how tokens are
 estimated, and why a crash while compacting loses nothing: docs/limits.md
 (Long sessions: a bounded context).
 """

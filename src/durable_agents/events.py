@@ -28,7 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ._run_result import RunResult
+from ._turn.run_result import RunResult
 from .messages import Message, TextDelta
 
 __all__ = ["CancelToken", "MessageStored", "OnEvent", "RunEvent", "RunFinished", "TextDelta"]

@@ -13,7 +13,7 @@ with the errors, unstored, under the same bound.
 
 `final_result` has no side effect, so a crash before its result is stored is
 repaired by validating the stored call again. What a run keeps while the model
-tries is `_output_retries`; the guide is docs/turns.md (A typed answer).
+tries is `_turn.output_retries`; the guide is docs/turns.md (A typed answer).
 """
 
 from __future__ import annotations

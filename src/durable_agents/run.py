@@ -17,12 +17,12 @@ repairing live calls; why write #1 comes before any handler, what an orphan
 gets, and every crash window: docs/contract.md.
 
 This module keeps the turn's writes and their order; what happens between them
-has a module of its own: the calls' handlers and results (`_tool_execution`),
-approvals at resume (`_approval_settling`), typed answers (`_output_retries`),
-calls deferred to a fresh Workers invocation (`_deferral`), the lease
-(`_leases`), ids (`_ids`), the append itself (`_session_log`), compaction
-(`_compaction`), the LLM call (`_llm_call`) and the turn's tools and
-instructions (`_turn_setup`). The guide: docs/contract.md.
+has a module of its own: the calls' handlers and results (`_turn.tool_execution`),
+approvals at resume (`_turn.approval_settling`), typed answers (`_turn.output_retries`),
+calls deferred to a fresh Workers invocation (`_turn.deferral`), the lease
+(`_turn.leases`), ids (`_turn.ids`), the append itself (`_turn.session_log`), compaction
+(`_turn.compaction`), the LLM call (`_turn.llm_call`) and the turn's tools and
+instructions (`_turn.setup`). The guide: docs/contract.md.
 """
 
 from __future__ import annotations
@@ -37,19 +37,18 @@ from typing import Any
 import httpx
 
 from . import budget, context
-from ._approval_settling import ApprovalSettler
-from ._compaction import Compactor
-from ._deferral import DEFERRED_REASON as DEFERRED_REASON  # re-exported: it lived here first
-from ._deferral import deferral_events
-from ._ids import CallIds, random_id
-from ._ids import idempotency_key as idempotency_key  # re-exported: it lived here first
-from ._leases import RunLease, release_left_lease, take_lease
-from ._llm_call import ask_unless_cancelled, processed
-from ._output_retries import OutputRetries, output_schema
-from ._run_result import RunResult, RunStatus
-from ._session_log import SessionLog
-from ._tool_execution import ToolExecutor
-from ._turn_setup import (
+from ._turn.approval_settling import ApprovalSettler
+from ._turn.compaction import Compactor
+from ._turn.deferral import DEFERRED_REASON as DEFERRED_REASON  # re-exported: it lived here first
+from ._turn.deferral import deferral_events
+from ._turn.ids import CallIds, random_id
+from ._turn.ids import idempotency_key as idempotency_key  # re-exported: it lived here first
+from ._turn.leases import RunLease, release_left_lease, take_lease
+from ._turn.llm_call import ask_unless_cancelled, processed
+from ._turn.output_retries import OutputRetries, output_schema
+from ._turn.run_result import RunResult, RunStatus
+from ._turn.session_log import SessionLog
+from ._turn.setup import (
     Setup,
     add_toolset_tools,
     bind_tools,
@@ -57,6 +56,7 @@ from ._turn_setup import (
     instructions_for_turn,
     turn_instructions,
 )
+from ._turn.tool_execution import ToolExecutor
 from .agent import Agent, OutputT
 from .approvals import ApprovalState, PendingApproval, approval_states
 from .errors import (

@@ -68,7 +68,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol
 
-from ._leases import died_on_this_host, lease_owner
+from ._turn.leases import died_on_this_host, lease_owner
 from .agent import Agent
 from .approvals import pending_approvals
 from .errors import (

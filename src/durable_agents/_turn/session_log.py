@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ._leases import RunLease
-from .events import EventReporter, MessageStored
-from .messages import Message, MessageOrigin
-from .stores.base import ApprovalChange, Lease, Schedule, Store
+from ..events import EventReporter, MessageStored
+from ..messages import Message, MessageOrigin
+from ..stores.base import ApprovalChange, Lease, Schedule, Store
+from .leases import RunLease
 
 __all__ = ["SessionLog"]
 

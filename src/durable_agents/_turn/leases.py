@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigurationError, SessionBusyError
-from .stores.base import LeaseHolder, Store
+from ..errors import ConfigurationError, SessionBusyError
+from ..stores.base import LeaseHolder, Store
 
 __all__ = ["RunLease", "died_on_this_host", "lease_owner", "release_left_lease", "take_lease"]
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import context
-from ._session_log import SessionLog
-from .agent import Agent
-from .llm.base import LLM
-from .messages import Message, ToolSpec, Usage
+from .. import context
+from ..agent import Agent
+from ..llm.base import LLM
+from ..messages import Message, ToolSpec, Usage
+from .session_log import SessionLog
 
 __all__ = ["Compactor"]
 

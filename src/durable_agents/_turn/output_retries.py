@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from .messages import (
+from ..messages import (
     OUTPUT_TOOL,
     LLMResponse,
     Message,
@@ -22,7 +22,7 @@ from .messages import (
     tool_error,
     tool_error_content,
 )
-from .output import OutputSchema
+from ..output import OutputSchema
 
 __all__ = ["OutputRetries", "output_schema", "turn_results"]
 

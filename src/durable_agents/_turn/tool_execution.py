@@ -20,21 +20,18 @@ from typing import Any
 
 import httpx
 
-from . import _json, _timeouts
-from ._ids import idempotency_key
-from ._output_retries import OutputRetries, turn_results
-from ._session_log import SessionLog
-from .agent import Agent
-from .approvals import ApprovalState
-from .budget import InvocationBudget
-from .errors import (
+from .. import _json, _timeouts
+from ..agent import Agent
+from ..approvals import ApprovalState
+from ..budget import InvocationBudget
+from ..errors import (
     ModelRetry,
     ToolArgumentsError,
     ToolDurabilityError,
     ToolFailure,
     describe_exception,
 )
-from .messages import (
+from ..messages import (
     OUTPUT_TOOL,
     MalformedToolCall,
     Message,
@@ -43,8 +40,11 @@ from .messages import (
     tool_error,
     tool_error_content,
 )
-from .schedules import ScheduleRoom, StepSchedules, room_left
-from .tools import Tool, ToolContext
+from ..schedules import ScheduleRoom, StepSchedules, room_left
+from ..tools import Tool, ToolContext
+from .ids import idempotency_key
+from .output_retries import OutputRetries, turn_results
+from .session_log import SessionLog
 
 __all__ = ["ToolExecutor"]
 

@@ -14,17 +14,17 @@ from typing import Any
 
 import httpx
 
-from . import _json
-from .agent import Agent
-from .errors import (
+from .. import _json
+from ..agent import Agent
+from ..errors import (
     ConfigurationError,
     DurableAgentsError,
     MessageTooLargeError,
     ToolsetError,
     describe_exception,
 )
-from .messages import ORIGINS, OUTPUT_TOOL, Message, MessageOrigin
-from .tools import Handler, RunContext, Tool, Toolset
+from ..messages import ORIGINS, OUTPUT_TOOL, Message, MessageOrigin
+from ..tools import Handler, RunContext, Tool, Toolset
 
 __all__ = [
     "Setup",

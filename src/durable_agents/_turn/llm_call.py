@@ -11,11 +11,11 @@ import contextlib
 import inspect
 from typing import Any
 
-from .agent import Agent
-from .errors import ConfigurationError
-from .events import CancelToken, EventReporter
-from .llm.base import LLM
-from .messages import LLMResponse, Message, TextDelta, ToolSpec
+from ..agent import Agent
+from ..errors import ConfigurationError
+from ..events import CancelToken, EventReporter
+from ..llm.base import LLM
+from ..messages import LLMResponse, Message, TextDelta, ToolSpec
 
 __all__ = ["ask_unless_cancelled", "processed"]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .approvals import approval_digest
-from .budget import InvocationBudget
-from .messages import MalformedToolCall, ToolCall
-from .stores.base import ApprovalChange
-from .tools import Tool
+from ..approvals import approval_digest
+from ..budget import InvocationBudget
+from ..messages import MalformedToolCall, ToolCall
+from ..stores.base import ApprovalChange
+from ..tools import Tool
 
 __all__ = ["DEFERRED_REASON", "deferral_events", "split_to_fit"]
 

@@ -12,21 +12,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._deferral import split_to_fit
-from ._output_retries import OutputRetries
-from ._session_log import SessionLog
-from ._tool_execution import ToolExecutor
-from .approvals import (
+from ..approvals import (
     ApprovalState,
     PendingApproval,
     approval_digest,
     approval_states,
     waiting_calls,
 )
-from .budget import InvocationBudget
-from .errors import ApprovalPendingError, SessionBusyError, ToolArgumentsError
-from .messages import MalformedToolCall, ToolCall
-from .stores.base import ApprovalChange
+from ..budget import InvocationBudget
+from ..errors import ApprovalPendingError, SessionBusyError, ToolArgumentsError
+from ..messages import MalformedToolCall, ToolCall
+from ..stores.base import ApprovalChange
+from .deferral import split_to_fit
+from .output_retries import OutputRetries
+from .session_log import SessionLog
+from .tool_execution import ToolExecutor
 
 __all__ = ["ApprovalSettler"]
 

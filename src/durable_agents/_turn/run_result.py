@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, Literal
 
-from .agent import OutputT
-from .approvals import PendingApproval
-from .messages import Message, Usage
+from ..agent import OutputT
+from ..approvals import PendingApproval
+from ..messages import Message, Usage
 
 __all__ = ["RunResult", "RunStatus"]
 

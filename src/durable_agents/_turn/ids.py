@@ -8,8 +8,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from .errors import ConfigurationError
-from .messages import CALL_ID, Message, ToolCall
+from ..errors import ConfigurationError
+from ..messages import CALL_ID, Message, ToolCall
 
 __all__ = ["CallIds", "idempotency_key", "random_id"]
 
