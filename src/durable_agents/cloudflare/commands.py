@@ -10,9 +10,11 @@ table; the HTTP routes in docs/http-api.md#routes.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from typing import Annotated, Any, Literal
+import typing
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -41,7 +43,6 @@ __all__ = [
     "SESSION_NAME",
     "TOOL_CALL_ID",
     "VIEW_LIMIT",
-    "AnyCommand",
     "Approve",
     "Cancel",
     "Command",
@@ -58,6 +59,7 @@ __all__ = [
     "Stop",
     "Unschedule",
     "View",
+    "command_types",
 ]
 
 SESSION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -96,7 +98,7 @@ class Command(BaseModel):
         given = {k: v for k, v in fields.items() if v is not None}
         given.update(zip(("message", "request_key"), args[1:], strict=False))
         try:
-            return _COMMAND.validate_python({"action": action, **given})
+            return _command_union().validate_python({"action": action, **given})
         except ValidationError as exc:
             raise ValueError(f"not a command: {exc}") from None
 
@@ -124,7 +126,7 @@ class Command(BaseModel):
         if not isinstance(data, dict) or "origin" in data or data.get("action") == "stop":
             raise ValueError(f"not a command: {text[:200]!r}")
         try:
-            return _COMMAND.validate_python(data)
+            return _command_union().validate_python(data)
         except ValidationError:
             raise ValueError(f"not a command: {text[:200]!r}") from None
 
@@ -249,9 +251,25 @@ class Unschedule(Command):
     schedule_id: ScheduleId
 
 
-AnyCommand = Annotated[
-    SendMessage | Resume | Stop | Approve | History | View | Events | ListApprovals | Cancel
-    | Delete | Schedule | ListSchedules | Unschedule,
-    Field(discriminator="action"),
-]  # fmt: skip
-_COMMAND: TypeAdapter[AnyCommand] = TypeAdapter(AnyCommand)
+def command_types() -> tuple[type[Command], ...]:
+    """Every command the object serves: each class under `Command` that names its
+    `action`. Defining one is all it takes to add it to the union."""
+    found: list[type[Command]] = []
+    pending = list(Command.__subclasses__())
+    while pending:
+        member = pending.pop(0)
+        pending.extend(member.__subclasses__())
+        action = member.model_fields["action"].annotation
+        if typing.get_origin(action) is Literal:
+            found.append(member)
+    return tuple(found)
+
+
+@functools.cache
+def _command_union() -> TypeAdapter[Command]:
+    """The discriminated union of `command_types()`, validated by one model on both sides
+    of the Worker -> object hop; built on first use, once every member is defined."""
+    members = command_types()
+    # A union assembled at run time, which a type checker cannot follow.
+    union = Annotated[Union[members], Field(discriminator="action")]  # type: ignore[valid-type]  # noqa: UP007
+    return TypeAdapter(union)

@@ -25,7 +25,7 @@ from .config import SessionIndex
 from .live import LiveSession
 from .wire import Reply
 
-__all__ = ["CommandT", "ObjectContext", "ObjectHandler"]
+__all__ = ["HANDLERS", "CommandT", "ObjectContext", "ObjectHandler", "handles"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +50,23 @@ class ObjectContext:
 
 CommandT = TypeVar("CommandT", bound=Command)
 ObjectHandler = Callable[[CommandT, ObjectContext], Awaitable[Reply]]
+
+# The object's handler of each command, filled by `@handles` where the handlers live
+# (turns.py, reads.py, schedules_api.py, session_object.py).
+HANDLERS: dict[type[Command], ObjectHandler[Any]] = {}
+
+
+HandlerT = TypeVar("HandlerT", bound=Callable[..., Awaitable[Reply]])
+
+
+def handles(*commands: type[Command]) -> Callable[[HandlerT], HandlerT]:
+    """Make the decorated function the object's handler of `commands`."""
+
+    def register(handler: HandlerT) -> HandlerT:
+        for command in commands:
+            if command in HANDLERS:
+                raise ValueError(f"{command.__name__} has a handler already")
+            HANDLERS[command] = handler
+        return handler
+
+    return register

@@ -29,7 +29,7 @@ from .commands import (
     View,
 )
 from .live import follow, message_event, sse
-from .object_context import ObjectContext
+from .object_context import ObjectContext, handles
 from .wire import HTML_HEADERS, SSE_HEADERS, Reply, error_reply, no_session
 
 __all__ = [
@@ -120,6 +120,7 @@ def after_position(last_event_id: str | None, query: str) -> int | Reply | None:
 # --- the object's side ---
 
 
+@handles(ListApprovals)
 async def list_approvals(command: ListApprovals, ctx: ObjectContext) -> Reply:
     """GET .../approvals: the calls of the last step waiting for a decision."""
     info = await ctx.store.get_session(ctx.session_id)
@@ -129,6 +130,7 @@ async def list_approvals(command: ListApprovals, ctx: ObjectContext) -> Reply:
     return Reply(200, {"session_id": ctx.session_id, "pending": [p.to_dict() for p in pending]})
 
 
+@handles(History)
 async def history(command: History, ctx: ObjectContext) -> Reply:
     """GET /sessions/{name}: one page of the stored messages, each with its position, and
     `next`, the `after` of the page that follows (null on the last one)."""
@@ -150,6 +152,7 @@ async def history(command: History, ctx: ObjectContext) -> Reply:
     return Reply(200, body)
 
 
+@handles(View)
 async def view(command: View, ctx: ObjectContext) -> Reply:
     """GET .../view: one page of the session's timeline, an HTML page a person reads: the
     latest messages, or those after `command.after` or before `command.before`, with
@@ -225,6 +228,7 @@ async def _results_after(
     return [(last + 1 + i, m) for i, m in enumerate(after)]
 
 
+@handles(Events)
 async def replay_events(command: Events, ctx: ObjectContext) -> Reply:
     """GET .../events: the stored messages after `command.after`, then the running turn live
     (also a new session's first turn, before anything of it is stored). The replay reads

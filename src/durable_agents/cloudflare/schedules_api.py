@@ -12,7 +12,7 @@ from ..errors import ConfigurationError, ScheduleError
 from ..schedules import due_time, new_schedule, room_left
 from .bodies import ScheduleBody
 from .commands import SCHEDULE_ID, ListSchedules, Schedule, ScheduleSpec, Unschedule
-from .object_context import ObjectContext
+from .object_context import ObjectContext, handles
 from .routing import Request
 from .wire import Reply, error_for, error_reply, no_session
 
@@ -54,6 +54,7 @@ async def delete_schedule(request: Request) -> Reply:
 # --- the object's side ---
 
 
+@handles(ListSchedules)
 async def list_schedules(command: ListSchedules, ctx: ObjectContext) -> Reply:
     """The session's schedules, earliest first."""
     found = await ctx.store.load_schedules(ctx.session_id)
@@ -62,6 +63,7 @@ async def list_schedules(command: ListSchedules, ctx: ObjectContext) -> Reply:
     return Reply(200, {"session_id": ctx.session_id, "schedules": [s.to_dict() for s in found]})
 
 
+@handles(Unschedule)
 async def cancel_schedule(command: Unschedule, ctx: ObjectContext) -> Reply:
     """Delete one schedule; the alarm is armed for the next."""
     if not await ctx.store.delete_schedule(ctx.session_id, command.schedule_id):
@@ -75,6 +77,7 @@ async def cancel_schedule(command: Unschedule, ctx: ObjectContext) -> Reply:
     return Reply(200, {"schedule_id": command.schedule_id, "deleted": True})
 
 
+@handles(Schedule)
 async def make_schedule(command: Schedule, ctx: ObjectContext) -> Reply:
     """Store a schedule at the object's own time (one atomic write), then arm the alarm."""
     store, session_id, alarm = ctx.store, ctx.session_id, ctx.alarm

@@ -1,15 +1,16 @@
 """A session's Durable Object, as plain Python: the command it was sent -> its answer.
 
-`serve_session` looks the command's handler up in `HANDLERS` (one per member of the
-`commands.Command` union): the turns (turns.py), the reads (reads.py), the schedules
-(schedules_api.py), delete. `src/entry.py`'s `AgentSession` is a thin shell around
-it; the object's part in the whole is drawn in docs/architecture.md.
+`serve_session` looks the command's handler up in `HANDLERS` (one per command, each
+registered where it lives with `@handles`): the turns (turns.py), the reads
+(reads.py), the schedules (schedules_api.py), delete (here). `src/entry.py`'s
+`AgentSession` is a thin shell around it; the object's part in the whole is drawn in
+docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -20,33 +21,22 @@ from ..errors import DurableAgentsError, SessionNotFoundError
 from ..llm.base import LLM
 from ..llm.settings import llm_from_env
 from ..stores.base import Store
-from . import reads, schedules_api, turns
+from . import reads, schedules_api, turns  # noqa: F401 - their @handles fill HANDLERS
 from .agent_module import MakeDeps, MakeLLM
 from .alarms import ObjectAlarm
 from .commands import (
-    Approve,
-    Cancel,
     Command,
     Delete,
-    Events,
-    History,
-    ListApprovals,
-    ListSchedules,
-    Resume,
-    Schedule,
-    SendMessage,
-    Stop,
-    Unschedule,
-    View,
 )
 from .config import SessionIndex
 from .live import LiveSession
-from .object_context import ObjectContext, ObjectHandler
+from .object_context import HANDLERS, ObjectContext, handles
 from .wire import Reply, error_for, internal_error, no_session
 
 __all__ = ["HANDLERS", "serve_session"]
 
 
+@handles(Delete)
 async def delete_session(command: Delete, ctx: ObjectContext) -> Reply:
     """DELETE /sessions/{name}: the session's rows, and its row in the index."""
     found = await ctx.store.delete_session(ctx.session_id)
@@ -55,24 +45,6 @@ async def delete_session(command: Delete, ctx: ObjectContext) -> Reply:
     if not found:
         return no_session(ctx.session_id)
     return Reply(200, {"session_id": ctx.session_id, "deleted": True})
-
-
-# The object's handler of each command; a turn's (`turns.start_turn`) runs under the lock.
-HANDLERS: Mapping[type[Command], ObjectHandler[Any]] = {
-    SendMessage: turns.start_turn,
-    Resume: turns.start_turn,
-    Approve: turns.start_turn,
-    Stop: turns.start_turn,
-    Cancel: turns.cancel_turn,
-    History: reads.history,
-    View: reads.view,
-    Events: reads.replay_events,
-    ListApprovals: reads.list_approvals,
-    Delete: delete_session,
-    Schedule: schedules_api.make_schedule,
-    ListSchedules: schedules_api.list_schedules,
-    Unschedule: schedules_api.cancel_schedule,
-}
 
 
 async def serve_session(

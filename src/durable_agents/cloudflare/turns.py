@@ -26,7 +26,7 @@ from .alarms import ObjectAlarm, on_alarm
 from .commands import Approve, Cancel, Command, Resume, SendMessage, Stop
 from .config import SessionIndex, tools_client, with_budget
 from .live import LiveSession, LiveTurn, follow
-from .object_context import ObjectContext
+from .object_context import ObjectContext, handles
 from .wire import (
     ERROR_STATUS,
     SSE_HEADERS,
@@ -51,6 +51,7 @@ FIRST_EVENT_WAIT_S = 2.0
 Turn = SendMessage | Resume | Approve | Stop
 
 
+@handles(SendMessage, Resume, Approve, Stop)
 async def start_turn(command: Turn, ctx: ObjectContext) -> Reply:
     """Run `command`'s turn as a task of its own (handed to `ctx.keep_alive`, the object's
     `waitUntil`), so a client that goes away does not stop it; answer with its result,
@@ -291,6 +292,7 @@ async def _prepend(
         yield chunk
 
 
+@handles(Cancel)
 async def cancel_turn(command: Cancel, ctx: ObjectContext) -> Reply:
     """POST .../cancel: stop the running turn at its next step boundary; its result."""
     turn = ctx.live.current
