@@ -1,5 +1,5 @@
 """`check_agent` on agents with toolsets: an MCP server's tools (`MCPTools` against the real
-SDK server of tests/mcp_server.py, which records every call it receives with the
+SDK server of tests/support/mcp_server.py, which records every call it receives with the
 idempotency key in its `_meta`) and a toolset made in a test.
 
 The check forwards a toolset's requests to its server for real, so what it counts can be
@@ -21,13 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.support.mcp_process import Server
 
 from durable_agents import Agent, ConfigurationError, ToolContext
 from durable_agents.llm.offline import arguments_for
 from durable_agents.mcp import MCPTools
 from durable_agents.testing import AgentCheckReport, check_agent
 from durable_agents.tools import RunContext, Tool
-from test_mcp import Server
 
 NOTES_TOOLS = ["list_notes", "add_note", "delete_note"]  # read-only, additive, destructive
 

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
-from worker_fakes import PROJECT, START_TIMEOUT_S, TRIAGE_AGENT, FakeServices, durable_object_id
+from tests.support.worker_fakes import (
+    PROJECT,
+    START_TIMEOUT_S,
+    TRIAGE_AGENT,
+    FakeServices,
+    durable_object_id,
+)
 
 from durable_agents import (
     Agent,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from tests.support.crash_sweep import sweep
 
-from crash_sweep import sweep
 from durable_agents.stores import Store
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from served_worker import runtime_module
+from tests.support.served_worker import runtime_module
 
 dev = runtime_module("dev")
 wrangler_config = runtime_module("wrangler_config")

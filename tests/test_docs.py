@@ -10,7 +10,7 @@
 - A block marked `<!-- docs-test: fragment -->` is not run, and is linted with the
   names and top-level awaits it takes from the text around it allowed; one marked
   `<!-- docs-test: lint only (why) -->` is not run. Fragments should stay rare. The
-  markers are described in tests/doc_blocks.py.
+  markers are described in tests/support/doc_blocks.py.
 - `mkdocs build --strict` passes (a broken link, anchor or reference is a warning);
   every name of a public module's `__all__` is on an API reference page; README.md is at
   most 300 lines and its relative links (and every page's) lead somewhere.
@@ -29,8 +29,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from doc_blocks import DOCS, ROOT, Block, all_blocks, blocks, doc_files
+from tests.support.doc_blocks import DOCS, ROOT, Block, all_blocks, blocks, doc_files
 
 PYTHON_BLOCKS = all_blocks("python")
 VENV_BIN = Path(sys.executable).parent
@@ -120,7 +119,7 @@ def test_there_are_python_blocks_and_few_fragments() -> None:
         if b.marker is not None
         and not re.fullmatch(r"fragment|lint only.*|not run.*|crash after \".+\"", b.marker)
     ]
-    assert not unknown, f"markers tests/doc_blocks.py does not know: {unknown}"
+    assert not unknown, f"markers tests/support/doc_blocks.py does not know: {unknown}"
 
 
 def test_python_blocks_pass_ruff(tmp_path: Path) -> None:

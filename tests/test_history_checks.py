@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from durable_agents import Message, ToolCall, ToolDurabilityError, idempotency_key
-from history_checks import (
+from tests.support.history_checks import (
     Effect,
     append_effect,
     assert_at_most_once,
@@ -16,6 +14,8 @@ from history_checks import (
     assert_well_formed,
     read_effects,
 )
+
+from durable_agents import Message, ToolCall, ToolDurabilityError, idempotency_key
 
 SESSION = "s"
 SAFE, UNSAFE = {"lookup"}, {"post"}

@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 KIT = SRC / "durable_agents"
 EXAMPLES = ROOT / "examples"
-HELPER_DIRS = [ROOT / "tests", ROOT / "tests" / "llm", ROOT / "tests" / "cloudflare"]
 
 APPLICATIONS = ("durable_agents.cli",)  # built on the kit, not part of the Worker's core
 
@@ -79,7 +78,8 @@ def kit_imports(path: Path, name: str) -> set[str]:
 
 
 def helper_modules() -> set[str]:
-    return {p.stem for d in HELPER_DIRS for p in d.glob("*.py") if not p.stem.startswith("test_")}
+    """The test helpers, by their old bare names too (a helper was once on sys.path)."""
+    return {p.stem for p in (ROOT / "tests" / "support").glob("*.py") if p.stem != "__init__"}
 
 
 def is_core(name: str) -> bool:

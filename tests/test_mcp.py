@@ -1,5 +1,5 @@
 """`durable_agents.mcp.MCPTools` against a real MCP server (the official SDK's, in
-tests/mcp_server.py, as a subprocess) and against a fake upstream that answers
+tests/support/mcp_server.py, as a subprocess) and against a fake upstream that answers
 what no real server should (tests/test_mcp.py's `Upstream`).
 
 The server counts every call a tool receives (a JSON line each in a file), so
@@ -14,7 +14,6 @@ import asyncio
 import datetime
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.support.mcp_process import TOKEN, Server
 
 from durable_agents import (
     Agent,
@@ -53,66 +53,8 @@ from durable_agents.tools import RunContext, Tool
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
-TOKEN = "s3cret-token"
 
 # -- the real server ----------------------------------------------------------------------
-
-
-@dataclass
-class Server:
-    """tests/mcp_server.py, running; `calls()` reads what its tools received."""
-
-    calls_file: Path
-    release_file: Path
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-
-    def url(self, endpoint: str = "json") -> str:
-        return f"http://127.0.0.1:{self.port}/{endpoint}"
-
-    def start(self, port: int = 0) -> None:
-        env = dict(os.environ)
-        env.update(
-            MCP_TEST_CALLS=str(self.calls_file),
-            MCP_TEST_RELEASE=str(self.release_file),
-            MCP_TEST_TOKEN=TOKEN,
-        )
-        with open(self.calls_file.with_name("server.log"), "ab") as log:  # never a full pipe
-            self.proc = subprocess.Popen(
-                [sys.executable, str(HERE / "mcp_server.py"), "--port", str(port)],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=env,
-            )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 20)
-        line = self.proc.stdout.readline().decode() if ready else ""
-        if not line.startswith("listening "):
-            self.stop()
-            raise AssertionError(f"the MCP server did not start: {line!r}")
-        self.port = int(line.split()[1])
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-            self.proc = None
-
-    def calls(self, tool: str | None = None) -> list[dict[str, Any]]:
-        if not self.calls_file.exists():
-            return []
-        lines = [json.loads(line) for line in self.calls_file.read_text().splitlines()]
-        return [c for c in lines if tool is None or c["tool"] == tool]
-
-    def hold(self) -> None:
-        """The slow_* tools wait from now on, until `release()`."""
-        self.release_file.unlink(missing_ok=True)
-
-    def release(self) -> None:
-        self.release_file.touch()
 
 
 @pytest.fixture(scope="module")
@@ -893,7 +835,9 @@ SCRIPT = Path(__file__).resolve()
 
 def spawn_child(db: Path, url: str, session: str, name: str, arguments: dict[str, Any]) -> Any:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(SRC), str(HERE.parent), env.get("PYTHONPATH")])
+    )
     command = [sys.executable, str(SCRIPT), "child", str(db), url, session, name]
     return subprocess.Popen(
         [*command, json.dumps(arguments)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env

@@ -32,18 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from durable_agents import (
-    Message,
-    RunResult,
-    SessionConflictError,
-    ToolCall,
-    ToolDurabilityError,
-    run,
-)
-from durable_agents.stores import sqlite_store
-from durable_agents.testing import SimulatedCrash, crash_on_write
-from history_checks import (
+from tests.support.history_checks import (
     assert_at_most_once,
     assert_durability_errors_only_for,
     assert_effects_match_history,
@@ -53,7 +42,7 @@ from history_checks import (
     read_effects,
     results_by_call,
 )
-from process_agent import (
+from tests.support.process_agent import (
     AGENT,
     CONFLICT_EXIT,
     SAFE_TOOLS,
@@ -68,6 +57,17 @@ from process_agent import (
     turn_message,
     wait_ready,
 )
+
+from durable_agents import (
+    Message,
+    RunResult,
+    SessionConflictError,
+    ToolCall,
+    ToolDurabilityError,
+    run,
+)
+from durable_agents.stores import sqlite_store
+from durable_agents.testing import SimulatedCrash, crash_on_write
 
 pytestmark = pytest.mark.slow
 

@@ -29,9 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from durable_agents import Message, pending_tool_calls
-from history_checks import (
+from tests.support.history_checks import (
     Effect,
     assert_at_most_once,
     assert_durability_errors_only_for,
@@ -40,7 +38,7 @@ from history_checks import (
     durability_errors,
     read_effects,
 )
-from process_agent import (
+from tests.support.process_agent import (
     SAFE_TOOLS,
     TURNS,
     UNSAFE_TOOLS,
@@ -51,6 +49,8 @@ from process_agent import (
     turn_message,
     wait_ready,
 )
+
+from durable_agents import Message, pending_tool_calls
 
 pytestmark = pytest.mark.slow
 

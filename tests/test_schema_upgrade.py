@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_do_store import FakeDurableObjectStorage
+from tests.support.do_storage import FakeDurableObjectStorage
 
 from durable_agents.cloudflare import d1_store, durable_object_store
 from durable_agents.messages import Message, ToolCall, encode_tool_calls

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser
 from pydantic import BaseModel
+from tests.support.headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
 
 from durable_agents import (
     Agent,
@@ -46,7 +47,6 @@ from durable_agents.stores.base import ApprovalEvent, SessionInfo
 from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
 from durable_agents.testing.conformance import ticking_clock
 from durable_agents.timeline import TimelinePage, render_timeline
-from headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
 
 HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 T0 = 1_800_000_000_000  # 2027-01-15 08:00:00 UTC

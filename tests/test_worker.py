@@ -2,7 +2,7 @@
 due schedules fired, once, by one process or two racing, killed anywhere.
 
 In-process first (`work_once` on a SQLite store with a clock the test moves), then
-real `durable-agents worker` processes (`--app worker_app:make_runner`) on one
+real `durable-agents worker` processes (`--app tests.support.worker_app:make_runner`) on one
 SQLite file: two racing, one whose resumes keep crashing, and a sweep that
 SIGKILLs workers at many points of resuming and firing and checks that no
 schedule is lost or run twice and no unsafe call runs twice.
@@ -25,6 +25,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.history_checks import (
+    assert_at_most_once,
+    assert_durability_errors_only_for,
+    assert_effects_match_history,
+    assert_well_formed,
+    durability_errors,
+    read_effects,
+)
+from tests.support.process_agent import (
+    AGENT,
+    SAFE_TOOLS,
+    UNSAFE_TOOLS,
+    assert_plays_script,
+    make_handlers,
+    next_action,
+    turn_message,
+)
+from tests.support.worker_app import read_seen, turn_starts
 
 from durable_agents import (
     Agent,
@@ -42,27 +60,11 @@ from durable_agents import (
 from durable_agents.stores import SQLiteStore, sqlite_store
 from durable_agents.testing import CrashingStore, FunctionLLM, ScriptedLLM, SimulatedCrash
 from durable_agents.worker import Runner, WorkReport, load_runner, serve, work_once
-from history_checks import (
-    assert_at_most_once,
-    assert_durability_errors_only_for,
-    assert_effects_match_history,
-    assert_well_formed,
-    durability_errors,
-    read_effects,
-)
-from process_agent import (
-    AGENT,
-    SAFE_TOOLS,
-    UNSAFE_TOOLS,
-    assert_plays_script,
-    make_handlers,
-    next_action,
-    turn_message,
-)
-from worker_app import read_seen, turn_starts
 
-TESTS = Path(__file__).resolve().parent
-SRC = TESTS.parent / "src"
+ROOT = (
+    Path(__file__).resolve().parents[1]
+)  # the worker runs here: `--app tests.support.worker_app:...`
+SRC = ROOT / "src"
 HOST = socket.gethostname()
 
 
@@ -574,16 +576,24 @@ def worker_command() -> list[str]:
 
 @contextmanager
 def worker(db: Path, files: Path, *options: str, **env: str) -> Iterator[subprocess.Popen[str]]:
-    """A `durable-agents worker` process on `db`, run from tests/ (so `--app worker_app:...`
-    is found in the current directory); killed and reaped on leaving."""
+    """A `durable-agents worker` process on `db`, run from the repository's root (so
+    `--app tests.support.worker_app:...` is found from the current directory); killed
+    and reaped on leaving."""
     environ = dict(os.environ)
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), environ.get("PYTHONPATH")]))
     environ["WORKER_APP_EFFECTS"] = str(files / "effects.log")
     environ["WORKER_APP_SEEN"] = str(files / "seen.log")
     environ.update(env)
-    command = [*worker_command(), "worker", "--db", str(db), "--app", "worker_app:make_runner"]
+    command = [
+        *worker_command(),
+        "worker",
+        "--db",
+        str(db),
+        "--app",
+        "tests.support.worker_app:make_runner",
+    ]
     proc = subprocess.Popen(
-        [*command, *options], cwd=TESTS, env=environ, text=True,
+        [*command, *options], cwd=ROOT, env=environ, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -879,12 +889,12 @@ def test_the_worker_command_explains_a_bad_app(tmp_path: Path) -> None:
     db = tmp_path / "empty.db"
     asyncio.run(_touch_store(db))
     for db_path, app, problem in [
-        (db, "worker_app:nothing", "has no 'nothing'"),
-        (tmp_path / "none.db", "worker_app:make_runner", "no database at"),
+        (db, "tests.support.worker_app:nothing", "has no 'nothing'"),
+        (tmp_path / "none.db", "tests.support.worker_app:make_runner", "no database at"),
     ]:
         bad = subprocess.run(
             [*worker_command(), "worker", "--db", str(db_path), "--app", app, "--once"],
-            cwd=TESTS, capture_output=True, text=True, timeout=60, check=False,
+            cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert (bad.returncode, problem in bad.stderr) == (2, True), bad.stderr
 

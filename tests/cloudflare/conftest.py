@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from worker_fakes import PaymentsAPI
+from tests.support.worker_fakes import PaymentsAPI
 
 
 @pytest.fixture(scope="module")

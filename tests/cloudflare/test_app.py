@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import BaseModel
+from tests.support.app_calls import Recorder
 
 from durable_agents import (
     Agent,
@@ -101,17 +102,6 @@ def make_deps(env: Any, http: httpx.AsyncClient) -> Deps:
     if url is None:
         raise ConfigurationError("TEST_API_URL is not set")
     return Deps(str(url), http)
-
-
-class Recorder:
-    """A dispatch that records what reached the 'Durable Object' and answers 200."""
-
-    def __init__(self) -> None:
-        self.commands: list[tuple[str, Command]] = []
-
-    async def __call__(self, name: str, command: Command) -> Reply:
-        self.commands.append((name, command))
-        return Reply(200, {"ok": True})
 
 
 async def call(

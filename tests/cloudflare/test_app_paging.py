@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from test_app_streaming import parse, read_all  # the SSE of a Reply, parsed
+from tests.support.app_calls import parse, read_all  # the SSE of a Reply, parsed
 
 from durable_agents import Agent, LLMResponse, Message, TextDelta, ToolCall, ToolSpec, Usage
 from durable_agents.cloudflare import app, d1_store

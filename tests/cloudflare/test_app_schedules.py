@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 import pytest
-from test_app import Recorder
+from tests.support.app_calls import Recorder
 
 from durable_agents import Agent, Message
 from durable_agents.cloudflare import d1_store

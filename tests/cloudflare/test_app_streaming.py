@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from tests.support.app_calls import read_all
 
 from durable_agents import (
     Agent,
@@ -116,23 +117,6 @@ class Object:
             method, path, SSE if headers is None else headers, raw, env=ENV,
             dispatch=self.dispatch, query=query,
         )  # fmt: skip
-
-
-def parse(chunks: list[bytes]) -> list[tuple[str, str | None, Any]]:
-    """(event, id, data) of each server-sent event in `chunks`; comments dropped."""
-    events = []
-    for block in b"".join(chunks).decode().split("\n\n"):
-        fields = dict(
-            line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":")
-        )
-        if fields:
-            events.append((fields["event"], fields.get("id"), json.loads(fields["data"])))
-    return events
-
-
-async def read_all(reply: Reply) -> list[tuple[str, str | None, Any]]:
-    assert reply.stream is not None, reply.body
-    return parse([chunk async for chunk in reply.stream])
 
 
 @pytest.fixture

@@ -32,7 +32,8 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, Request
-from worker_fakes import (
+from tests.support.headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
+from tests.support.worker_fakes import (
     PROJECT,
     REFUNDS_AGENT,
     START_TIMEOUT_S,
@@ -45,7 +46,6 @@ from worker_fakes import (
 
 from durable_agents.cloudflare.chat_page import chat_page_html
 from durable_agents.testing.worker import DevWorker
-from headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow
 

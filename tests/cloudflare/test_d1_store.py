@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support import d1_checks
 
 from durable_agents.cloudflare import D1Store, d1_store
 from durable_agents.errors import StoreError
 from durable_agents.messages import Message
 from durable_agents.stores import Store
-from durable_agents.testing import d1_checks
 from durable_agents.testing.fake_d1 import FakeD1Database
 
 

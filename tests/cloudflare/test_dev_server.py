@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import (
+from tests.support.worker_fakes import (
     DURABILITY_REPLY,
     DevServer,
     FakeServices,

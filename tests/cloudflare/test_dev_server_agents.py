@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
-from worker_fakes import REFUNDS_AGENT, DevServer
+from tests.support.worker_fakes import REFUNDS_AGENT, DevServer
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import DURABILITY_REPLY, TRIAGE_AGENT, FakeServices, durable_object_id
+from tests.support.worker_fakes import (
+    DURABILITY_REPLY,
+    TRIAGE_AGENT,
+    FakeServices,
+    durable_object_id,
+)
 
 from durable_agents.testing.pytest_plugin import find_project
 from durable_agents.testing.worker import DevWorker

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_fakes import DevServer, FakeServices, read_history
+from tests.support.worker_fakes import DevServer, FakeServices, read_history
 
 pytestmark = pytest.mark.slow
 CALLS = 1000

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from worker_fakes import DURABILITY_REPLY, DevServer, FakeServices
+from tests.support.worker_fakes import DURABILITY_REPLY, DevServer, FakeServices
 
 from durable_agents.testing.worker import DevWorker
 

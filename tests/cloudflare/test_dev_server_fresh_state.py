@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import PROJECT, START_TIMEOUT_S, TRIAGE_AGENT
+from tests.support.worker_fakes import PROJECT, START_TIMEOUT_S, TRIAGE_AGENT
 
 from durable_agents.testing.worker import DevWorker
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import pytest
-from worker_fakes import DevServer, FakeServices, d1_query, durable_object_id
+from tests.support.worker_fakes import DevServer, FakeServices, d1_query, durable_object_id
 
 pytestmark = pytest.mark.slow
 

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.served_worker import ServedWorker
 
 from durable_agents.testing.worker import DevWorker
-from served_worker import ServedWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = ROOT / "tests" / "workers" / "limits" / "wrangler.toml"

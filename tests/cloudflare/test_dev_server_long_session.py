@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from worker_fakes import PROJECT, DevServer
+from tests.support.worker_fakes import PROJECT, DevServer
 
 pytestmark = pytest.mark.slow
 WINDOW_BYTES = 300_000  # a window is about 32,000-64,000 estimated tokens: ~130-260 kB

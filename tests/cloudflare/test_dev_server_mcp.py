@@ -1,6 +1,6 @@
 """An MCP server's tools on real workerd: `scripts/dev --agent tests/agents/mcp_only.py`,
 an agent whose only tools are `MCPTools(url_setting="MCP_URL")`, talking through the
-Worker's `fetch` to the official SDK's server (tests/mcp_server.py, its `/sse` endpoint:
+Worker's `fetch` to the official SDK's server (tests/support/mcp_server.py, its `/sse` endpoint:
 sessions, answers as event streams) on 127.0.0.1. MCP_URL reaches the Worker from the
 dev server's environment, named by the toolset alone. Two dev server starts: before and
 after the kill.
@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import read_history
+from tests.support.history_checks import assert_durability_errors_only_for, assert_well_formed
+from tests.support.worker_fakes import read_history
 
 from durable_agents import Message, idempotency_key
 from durable_agents.mcp import MCPTools
 from durable_agents.testing.worker import DevWorker, find_project
 from durable_agents.tools import RunContext
-from history_checks import assert_durability_errors_only_for, assert_well_formed
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ SOURCE = "mcp:127.0.0.1"  # MCPTools' name by default: the URL's host
 
 @dataclass
 class NotesServer:
-    """tests/mcp_server.py, running: its `/sse` endpoint, and the calls its tools got."""
+    """tests/support/mcp_server.py, running: its `/sse` endpoint, and the calls its tools got."""
 
     folder: Path
     process: subprocess.Popen[bytes]
@@ -80,7 +80,7 @@ def mcp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NotesServer]:
     }
     with open(folder / "server.log", "ab") as log:  # stderr to a file: never a full pipe
         process = subprocess.Popen(
-            [sys.executable, str(TESTS / "mcp_server.py")],
+            [sys.executable, str(TESTS / "support" / "mcp_server.py")],
             stdout=subprocess.PIPE, stderr=log, env=env,
         )  # fmt: skip
     try:

@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from worker_fakes import FakeServices, PaymentsAPI, read_history
+from tests.support.worker_fakes import FakeServices, PaymentsAPI, read_history
 
 from durable_agents.messages import CALL_ID
 from durable_agents.testing.worker import DevWorker, EventStream, find_project

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from worker_fakes import DevServer, FakeServices, _completion, read_history, serving
+from tests.support.worker_fakes import DevServer, FakeServices, _completion, read_history, serving
 
 pytestmark = pytest.mark.slow
 

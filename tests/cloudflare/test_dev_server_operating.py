@@ -15,10 +15,16 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import Browser
-from worker_fakes import DURABILITY_REPLY, DevServer, FakeServices, append_turns, read_history
+from tests.support.headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
+from tests.support.worker_fakes import (
+    DURABILITY_REPLY,
+    DevServer,
+    FakeServices,
+    append_turns,
+    read_history,
+)
 
 from durable_agents.testing.worker import DevWorker
-from headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
 
 SECRET = "an-operator-secret-of-more-than-32-bytes"
 RETENTION_DAYS = 0.00003  # 2.6 s: sessions idle longer go when the cron fires

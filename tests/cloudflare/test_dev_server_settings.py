@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import PROJECT, DevServer
+from tests.support.worker_fakes import PROJECT, DevServer
 
 pytestmark = pytest.mark.slow
 

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.served_worker import ServedWorker
 
 from durable_agents.testing.worker import DevWorker
-from served_worker import ServedWorker
 
 pytestmark = pytest.mark.slow
 

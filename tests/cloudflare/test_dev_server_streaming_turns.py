@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import DURABILITY_REPLY, FakeServices, read_history, serving
+from tests.support.worker_fakes import DURABILITY_REPLY, FakeServices, read_history, serving
 
 from durable_agents.testing.worker import DevWorker, SSEEvent
 

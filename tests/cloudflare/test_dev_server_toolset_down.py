@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import durable_object_id
+from tests.support.worker_fakes import durable_object_id
 
 from durable_agents.testing.worker import DevWorker, find_project
 

@@ -5,7 +5,7 @@ Every ```sh / ```bash block of README.md and docs/ that talks to the dev server
 block, `TOKEN=...`, `DIGEST=$(...)`, holds in the next), with the dev server's real
 address put in for the documented one. The output each block shows (its `# ` lines)
 is checked against what the command printed, `…` standing for any text
-(tests/doc_blocks.py says how such output is read, and which markers change what
+(tests/support/doc_blocks.py says how such output is read, and which markers change what
 runs).
 
 The server a page talks to is the one its own text starts: a `scripts/dev` line in
@@ -29,8 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from tests.support.doc_blocks import (
+    DEV_ORIGINS,
+    ROOT,
+    Block,
+    blocks,
+    commands,
+    doc_files,
+    missing_output,
+)
 
-from doc_blocks import DEV_ORIGINS, ROOT, Block, blocks, commands, doc_files, missing_output
 from durable_agents.testing.worker import DevWorker
 
 pytestmark = pytest.mark.slow

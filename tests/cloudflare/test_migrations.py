@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from test_do_store import FakeDurableObjectStorage
+from tests.support.do_storage import FakeDurableObjectStorage
 
 from durable_agents.cloudflare import d1_store, durable_object_store
 from durable_agents.stores import _schema, sqlite_store

@@ -26,8 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from served_worker import ServedWorker, link_python_modules, runtime_module, wrangler
+from tests.support.served_worker import ServedWorker, link_python_modules, runtime_module, wrangler
 
 pytestmark = pytest.mark.slow
 

@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from served_worker import ServedWorker
+from tests.support.served_worker import ServedWorker
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_fakes import PaymentsAPI
+from tests.support.worker_fakes import PaymentsAPI
 
 from durable_agents.testing.worker import DevWorker, running_in_group
 

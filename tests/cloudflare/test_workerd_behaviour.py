@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from served_worker import ServedWorker
+from tests.support.served_worker import ServedWorker
 
 CONFIG = Path(__file__).resolve().parents[1] / "workers" / "probe" / "wrangler.toml"
 MAX_NUMBER = 2**53 - 2  # the largest int Pyodide hands to JavaScript as a Number

@@ -27,9 +27,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from tests.support.served_worker import runtime_module
 
 from durable_agents.stores import _schema
-from served_worker import runtime_module
 
 PROJECT = Path(__file__).resolve().parents[2]
 KIT = tomllib.loads((PROJECT / "wrangler.toml").read_text())

@@ -9,7 +9,8 @@ import pytest
 from anthropic.types import Message as AnthropicMessage
 from anthropic.types import TextBlock, ToolUseBlock
 from anthropic.types import Usage as AnthropicUsage
-from llm_support import (
+from pydantic import ValidationError
+from tests.support.llm_support import (
     ERROR_CONTENT,
     PARIS,
     POST,
@@ -20,7 +21,6 @@ from llm_support import (
     fast_retry,
     validate_request,
 )
-from pydantic import ValidationError
 
 from durable_agents import ConfigurationError, LLMResponse, Message, ToolCall, Usage
 from durable_agents.llm import AnthropicLLM, MalformedToolCall

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_support import Reply, ScriptedServer, conversations, fast_retry
 from pydantic import BaseModel
+from tests.support.llm_support import Reply, ScriptedServer, conversations, fast_retry
 
 from durable_agents import Agent, Message, ToolCall, ToolContext, run, tool
 from durable_agents.context import DEFAULT_MAX_CONTEXT_TOKENS

@@ -1,4 +1,4 @@
-"""The crash sweep (tests/crash_sweep.py) with each real adapter in the loop.
+"""The crash sweep (tests/support/crash_sweep.py) with each real adapter in the loop.
 
 The model is still `crash_sweep.policy`, but it sits behind a fake provider:
 each request is validated against the provider's request schema, decoded from
@@ -25,11 +25,11 @@ from typing import Any
 import httpx
 import pytest
 from anthropic.types import Message as AnthropicMessage
-from llm_support import fast_retry, validate_request
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel
+from tests.support.crash_sweep import policy, sweep
+from tests.support.llm_support import fast_retry, validate_request
 
-from crash_sweep import policy, sweep
 from durable_agents import LLM, LLMResponse, Message, ToolCall
 from durable_agents.llm import AnthropicLLM, OpenAILLM, WorkersAILLM
 from durable_agents.stores import Store

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_support import Reply, ScriptedServer, fast_retry, validate_request
 from pydantic import BaseModel
+from tests.support.llm_support import Reply, ScriptedServer, fast_retry, validate_request
 
 from durable_agents import Agent, Message, ToolContext, Usage, run, tool
 from durable_agents.llm import AnthropicLLM, OpenAILLM, WorkersAILLM

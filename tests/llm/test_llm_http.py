@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from llm_support import RecordingSleep, Reply, ScriptedServer, fast_retry
+from tests.support.llm_support import RecordingSleep, Reply, ScriptedServer, fast_retry
 
 from durable_agents import LLMResponse, Message, Usage
 from durable_agents.llm import (

@@ -7,7 +7,15 @@ import json
 from typing import Any
 
 import pytest
-from llm_support import (
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion_message_function_tool_call import (
+    ChatCompletionMessageFunctionToolCall,
+    Function,
+)
+from pydantic import ValidationError
+from tests.support.llm_support import (
     ERROR_CONTENT,
     PARIS,
     POST,
@@ -17,14 +25,6 @@ from llm_support import (
     conversations,
     validate_request,
 )
-from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionMessage
-from openai.types.chat.chat_completion import Choice
-from openai.types.chat.chat_completion_message_function_tool_call import (
-    ChatCompletionMessageFunctionToolCall,
-    Function,
-)
-from pydantic import ValidationError
 
 from durable_agents import ConfigurationError, LLMResponse, Message, ToolCall, Usage
 from durable_agents.llm import LLMResponseError, MalformedToolCall, OpenAILLM

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 from anthropic.types import RawMessageStreamEvent
-from llm_support import (
+from openai.types.chat import ChatCompletionChunk
+from pydantic import TypeAdapter
+from tests.support.llm_support import (
     TOOLS,
     RecordingSleep,
     Reply,
@@ -20,8 +22,6 @@ from llm_support import (
     sse,
     validate_request,
 )
-from openai.types.chat import ChatCompletionChunk
-from pydantic import TypeAdapter
 
 from durable_agents import LLMResponse, Message, ToolCall, Usage
 from durable_agents._http.sse import SSEEvent, sse_events, sse_lines
@@ -804,7 +804,7 @@ async def test_an_unfinished_event_at_the_end_is_dropped() -> None:
 
 
 async def test_the_fake_model_of_the_dev_server_tests_streams_in_timed_chunks() -> None:
-    from worker_fakes import FakeServices
+    from tests.support.worker_fakes import FakeServices
 
     conversation = [Message.system("Triage."), Message.user("triage issue 7")]
     with FakeServices() as fake:

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import pytest
-from llm_support import ERROR_CONTENT, POST, TOOLS, conversations, fast_retry
+from tests.support.llm_support import ERROR_CONTENT, POST, TOOLS, conversations, fast_retry
 
 from durable_agents import ConfigurationError, LLMResponse, Message, ToolCall, Usage
 from durable_agents.llm import (

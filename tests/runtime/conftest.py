@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from tests.support import d1_checks
 
-from durable_agents.testing import conformance, d1_checks
+from durable_agents.testing import conformance
 from durable_agents.testing.pytest_plugin import (  # noqa: F401 - hooks and fixtures for this dir
     pytest_pycollect_makemodule,
     pytest_runtest_makereport,

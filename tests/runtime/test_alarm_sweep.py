@@ -1,12 +1,12 @@
-"""The crash sweep over a session object's alarm (tests/alarm_sweep.py), inside workerd:
+"""The crash sweep over a session object's alarm (tests/support/alarm_sweep.py), inside workerd:
 the turn mark and the alarm in a real Durable Object's storage, the history in the
 object's own SQLite (the Durable Object store) or in D1."""
 
 import json
 
+from tests.support.alarm_sweep import crash_loop, deferred_step_meets_a_client, sweep
 from workers import DurableObject
 
-from alarm_sweep import crash_loop, deferred_step_meets_a_client, sweep
 from durable_agents.cloudflare import d1_store, durable_object_store
 
 

@@ -1,6 +1,7 @@
 """The crash sweep of the core, inside workerd (Pyodide 314) on its real D1."""
 
-from crash_sweep import sweep
+from tests.support.crash_sweep import sweep
+
 from durable_agents.cloudflare import d1_store
 
 

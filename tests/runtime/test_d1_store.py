@@ -1,7 +1,9 @@
 """The D1 store against workerd's D1, inside workerd, through the workers SDK's wrapper."""
 
+from tests.support import d1_checks
+
 from durable_agents.cloudflare import d1_store
-from durable_agents.testing import conformance, d1_checks
+from durable_agents.testing import conformance
 
 
 async def test_store_contract(conformance_check, env):

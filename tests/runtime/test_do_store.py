@@ -9,9 +9,9 @@ object gets it: workerd's SQLite-backed storage) and runs the check there.
 
 import time
 
+from tests.support.crash_sweep import sweep
 from workers import DurableObject
 
-from crash_sweep import sweep
 from durable_agents.cloudflare import d1_store, durable_object_store
 from durable_agents.errors import SessionConflictError, StoreError
 from durable_agents.messages import Message

@@ -27,7 +27,7 @@ from types import ModuleType
 
 from durable_agents.testing.worker import run_wrangler, running_in_group
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORKERS = ROOT / "tests" / "workers"
 DEV = ROOT / "runtime" / "dev.py"
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"

@@ -40,10 +40,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.support.served_worker import runtime_module
+
 from durable_agents import Message, ToolCall, Usage
 from durable_agents.stores import sqlite_store
 from durable_agents.testing.worker import DevWorker
-from served_worker import runtime_module
 
 PROJECT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0  # a start takes 10-15 s; far longer on a busy machine

@@ -1,6 +1,6 @@
 """A real MCP server for tests/test_mcp.py, written with the official MCP Python SDK (2.x).
 
-    python tests/mcp_server.py [--port P]
+    python tests/support/mcp_server.py [--port P]
 
 Serves one set of note tools over streamable HTTP on 127.0.0.1, on several
 endpoints, one per way the SDK serves them:

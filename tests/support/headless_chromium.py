@@ -6,7 +6,8 @@ the browser tests skip with that reason, and only then: a missing chromium
 anywhere else fails them.
 
     # the fixtures `chromium` (its path) and `browser` (one per test module):
-    from headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
+    from tests.support.headless_chromium import (  # noqa: F401 - fixtures
+        browser_fixture, chromium_fixture)
 """
 
 from __future__ import annotations

@@ -18,11 +18,11 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..errors import MessageTooLargeError, SessionConflictError, StoreError
-from ..messages import Message, ToolCall, Usage
-from ..stores import _rows, _schema, _statements
-from ..stores.d1 import d1_store
-from .conformance import ticking_clock
+from durable_agents.errors import MessageTooLargeError, SessionConflictError, StoreError
+from durable_agents.messages import Message, ToolCall, Usage
+from durable_agents.stores import _rows, _schema, _statements
+from durable_agents.stores.d1 import d1_store
+from durable_agents.testing.conformance import ticking_clock
 
 Check = Callable[[Any], Awaitable[None]]
 E = TypeVar("E", bound=BaseException)

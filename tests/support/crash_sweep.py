@@ -25,6 +25,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tests.support.history_checks import (
+    Effect,
+    assert_at_most_once,
+    assert_durability_errors_only_for,
+    assert_effects_match_history,
+    assert_well_formed,
+    durability_errors,
+)
+
 from durable_agents import (
     LLM,
     Agent,
@@ -38,14 +47,6 @@ from durable_agents import (
 )
 from durable_agents.stores import Store
 from durable_agents.testing import FunctionLLM, SimulatedCrash, count_writes, crash_on_write
-from history_checks import (
-    Effect,
-    assert_at_most_once,
-    assert_durability_errors_only_for,
-    assert_effects_match_history,
-    assert_well_formed,
-    durability_errors,
-)
 
 TURNS = ("first", "second")
 SAFE_TOOLS = frozenset({"lookup"})

@@ -1,6 +1,6 @@
 """A real agent process for the process-level tests: it gets killed, restarted and raced.
 
-    python tests/process_agent.py --db PATH --effects PATH --session S
+    python tests/support/process_agent.py --db PATH --effects PATH --session S
         [--mode turns|resume|send] [--message TEXT] [--turns N]
         [--start-file F] [--gate-dir D --gate-count N] [--think-ms MS] [--handler-ms MS]
 
@@ -46,6 +46,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.support.history_checks import Turn, append_effect
+
 from durable_agents import (
     Agent,
     LLMResponse,
@@ -60,7 +62,6 @@ from durable_agents import (
 )
 from durable_agents.stores import sqlite_store
 from durable_agents.testing import FunctionLLM
-from history_checks import Turn, append_effect
 
 _TEXT = {"properties": {"text": {"type": "string"}}, "required": ["text"]}
 LOOKUP = tool(
@@ -233,14 +234,15 @@ async def main(args: argparse.Namespace) -> int:
 # -- for the parent: start children, read their state ------------------------------
 
 SCRIPT = Path(__file__).resolve()
-SRC = SCRIPT.parent.parent / "src"
+ROOT = SCRIPT.parents[2]  # for `tests.support`, which the child imports
+SRC = ROOT / "src"
 
 
 def spawn(db: Path, effects: Path, session: str, *options: str) -> subprocess.Popen[bytes]:
     """Start a child on `db` and `effects` (unbuffered stdout: `read_line` never
     reads past a line). Prefer `child()`, which cleans up."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), str(ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, str(SCRIPT), "--db", str(db), "--effects", str(effects)]
     command += ["--session", session, *options]
     return subprocess.Popen(

@@ -32,17 +32,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from durable_agents import Agent, LLMResponse, Message, ToolCall, ToolContext, ToolSpec, tool
-from durable_agents.cloudflare.alarms import ObjectAlarm
-from durable_agents.cloudflare.app import Command, LiveSession, serve_alarm, serve_session
-from durable_agents.stores import Store
-from durable_agents.testing import FunctionLLM, SimulatedCrash, crash_on_write
-from history_checks import (
+from tests.support.history_checks import (
     Effect,
     assert_at_most_once,
     assert_durability_errors_only_for,
     durability_errors,
 )
+
+from durable_agents import Agent, LLMResponse, Message, ToolCall, ToolContext, ToolSpec, tool
+from durable_agents.cloudflare.alarms import ObjectAlarm
+from durable_agents.cloudflare.app import Command, LiveSession, serve_alarm, serve_session
+from durable_agents.stores import Store
+from durable_agents.testing import FunctionLLM, SimulatedCrash, crash_on_write
 
 FIRST, REMINDER = "Post the news", "Send the reminder"
 UNSAFE = frozenset({"post", "remind"})

@@ -33,11 +33,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from tests.support.history_checks import append_effect
+from tests.support.process_agent import AGENT, next_action
+
 from durable_agents import LLMResponse, Message, ToolContext, ToolSpec
 from durable_agents.testing import FunctionLLM
 from durable_agents.worker import Runner
-from history_checks import append_effect
-from process_agent import AGENT, next_action
 
 CHECKPOINTS = ("llm", "tool")
 
