@@ -170,7 +170,9 @@ def test_an_edit_of_the_agent_file_reloads_the_worker_and_keeps_the_sessions(
     # it announced no second start. (~3 s on an idle 2-core machine, up to ~7 s on a busy
     # one, the new workerd starting Python and importing the Worker; the time is printed,
     # not asserted: a loaded machine slows both a reload and a restart.)
-    assert server.process is process and process is not None and process.poll() is None
+    assert server.process is process
+    assert process is not None
+    assert process.poll() is None
     assert sum(line.startswith("dev: ready on") for line in server.lines) == 1, server.lines
     server.wait_for_line(r"probe_agent\.py changed: the Worker reloads")
 
