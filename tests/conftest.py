@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
@@ -62,6 +64,18 @@ SLOW_FILES: Mapping[str, int] = {
     "tests/test_public_api.py": 8,
     "tests/test_check_agent_mcp.py": 7,
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With a bytecode prefix (scripts/test's PYTHONPYCACHEPREFIX, outside src/), bytecode is
+    written there, by this process and every process the tests start (xdist's, each CLI
+    run, each crashed child, each MCP server): a prefix hides .venv's own __pycache__, so
+    under a shell's PYTHONDONTWRITEBYTECODE each of them would compile the kit and its
+    dependencies from source (2-4 s a process). Without a prefix nothing changes: no
+    __pycache__ may appear in src/, which `wrangler dev` watches."""
+    if os.environ.get("PYTHONPYCACHEPREFIX"):
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+        sys.dont_write_bytecode = False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
