@@ -57,6 +57,9 @@ pytestmark = pytest.mark.slow
 SEED = 20240611
 KILLS_PER_SESSION = 6
 MIN_KILLS = 30
+# Past TIME_BUDGET_S (a slow or loaded machine), the test settles for this many kills once
+# one of them lost an unsafe call's result: it stops on what the kills showed, never on
+# the clock alone, so a loaded machine takes longer but proves as much.
 MIN_KILLS_WHEN_SLOW = 12
 MAX_KILLS = 150  # only reached if no kill ever lost an unsafe call's result
 TIME_BUDGET_S = 30.0
@@ -166,12 +169,9 @@ def test_sigkill_at_random_points_never_repeats_a_side_effect(
     lost_unsafe = 0  # unsafe calls whose result a kill lost (stored durability errors)
 
     while kills < MIN_KILLS or (lost_unsafe == 0 and kills < MAX_KILLS):
-        if time.monotonic() - started > TIME_BUDGET_S:
-            # A slow machine: settle for fewer kills, but never for a vacuous run.
-            so_far = f"out of time after {kills} kills; windows so far: {dict(windows)}"
-            assert lost_unsafe, so_far
-            assert kills >= MIN_KILLS_WHEN_SLOW, so_far
-            break
+        slow = time.monotonic() - started > TIME_BUDGET_S
+        if slow and lost_unsafe and kills >= MIN_KILLS_WHEN_SLOW:
+            break  # a slow machine: fewer kills, but never a vacuous run
         session = f"s{len(sessions)}"
         sessions.append(session)
         for n in range(KILLS_PER_SESSION):

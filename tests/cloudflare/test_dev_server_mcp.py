@@ -85,7 +85,8 @@ def mcp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NotesServer]:
         )  # fmt: skip
     try:
         assert process.stdout is not None
-        ready, _, _ = select.select([process.stdout], [], [], 30)
+        # Its line, or its exit (end of file), ends the wait; the cap is for a loaded machine.
+        ready, _, _ = select.select([process.stdout], [], [], 120)
         line = process.stdout.readline().decode() if ready else ""
         assert line.startswith("listening "), f"the MCP server did not start: {line!r}"
         yield NotesServer(folder, process, int(line.split()[1]))

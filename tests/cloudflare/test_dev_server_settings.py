@@ -154,6 +154,7 @@ def test_an_edit_of_the_agent_file_reloads_the_worker_and_keeps_the_sessions(
     server.wait_for_line(r"^dev: the Worker is not reloaded: .*probe_agent\.py", timeout=10)
     assert ask(server, "while-broken", "PROBE_UNSET")["version"] == "first"
 
+    process = server.process
     agent_file.write_text(PROBE_AGENT.replace('VERSION = "first"', 'VERSION = "second"'))
     edited = time.monotonic()
     version, polls = "first", 0
@@ -165,9 +166,14 @@ def test_an_edit_of_the_agent_file_reloads_the_worker_and_keeps_the_sessions(
     took = time.monotonic() - edited
     print(f"reload: the edit was served after {took:.2f} s ({polls} requests)")
     assert version == "second"
-    # ~3 s on an idle 2-core machine, up to ~7 s on a busy one (the new workerd starting
-    # Python and importing the Worker is nearly all of it); a restart of scripts/dev, 8-15 s.
-    assert took < 15, f"the reload took {took:.1f} s"
+    # A reload, not a restart of scripts/dev: the same server process served the edit, and
+    # it announced no second start. (~3 s on an idle 2-core machine, up to ~7 s on a busy
+    # one, the new workerd starting Python and importing the Worker; the time is printed,
+    # not asserted: a loaded machine slows both a reload and a restart.)
+    assert server.process is process
+    assert process is not None
+    assert process.poll() is None
+    assert sum(line.startswith("dev: ready on") for line in server.lines) == 1, server.lines
     server.wait_for_line(r"probe_agent\.py changed: the Worker reloads")
 
     status, _, history = server.request("GET", "/sessions/before-reload")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -114,52 +113,50 @@ def test_cancel_mid_turn_then_resume_finishes_it(worker: DevWorker, services: Fa
 
 
 def test_kill_9_mid_stream_then_events_from_the_last_id_replay_what_is_stored(
-    services: FakeServices, tmp_path: Path
+    worker: DevWorker, services: FakeServices
 ) -> None:
+    # The module's server (its other sessions are finished turns): killed here and started
+    # again on its state, so the test file's last test costs one start, not two.
     services.hold_posts = True  # the post lands, then the webhook holds its answer
-    with serving(services, tmp_path / "state") as dev:
-        worker = dev.worker
-        got: list[SSEEvent] = []
+    got: list[SSEEvent] = []
 
-        def listen() -> None:
-            try:
-                with worker.stream(
-                    "POST", "/sessions/crash/messages", {"message": "triage issue 6"}
-                ) as events:
-                    got.extend(events)
-            except OSError:
-                pass  # the server died under it
+    def listen() -> None:
+        try:
+            with worker.stream(
+                "POST", "/sessions/crash/messages", {"message": "triage issue 6"}
+            ) as events:
+                got.extend(events)
+        except OSError:
+            pass  # the server died under it
 
-        listener = threading.Thread(target=listen, daemon=True)
-        listener.start()
-        assert services.post_received.wait(60), "the post never arrived"
-        dev.crash()  # SIGKILL, mid-stream, between the post and its stored result
-        listener.join(10)
-        last_seen = max(int(e.id) for e in got if e.event == "message" and e.id is not None)
-        services.hold_posts = False
-        services.release_posts.set()
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert services.post_received.wait(60), "the post never arrived"
+    worker.kill()  # SIGKILL, mid-stream, between the post and its stored result
+    listener.join(10)
+    last_seen = max(int(e.id) for e in got if e.event == "message" and e.id is not None)
+    services.hold_posts = False
+    services.release_posts.set()
 
-        worker.restart()
-        with worker.stream(
-            "GET", "/sessions/crash/events", headers={"last-event-id": str(last_seen - 2)}
-        ) as again:
-            replay = list(again)
-        history = stored(worker, "crash")
-        positions = [p for p, _ in messages_of(replay)]
-        assert positions == list(range(last_seen - 1, last_seen - 1 + len(positions)))
-        assert [data for _, data in messages_of(replay)] == history[
-            positions[0] : positions[-1] + 1
-        ]
-        # The replay ends at what is stored (the post step has no result yet), or, when the
-        # object's alarm resumed the turn first (the request woke it), follows that to its end.
-        if replay[-1].data["status"] == "interrupted":
-            # (what the client missed of the stream before the kill is in it)
-            assert positions[-1] >= last_seen
-        else:
-            assert replay[-1].data["status"] == "complete", replay[-1]
-            assert positions[-1] == len(history) - 1
+    worker.restart()
+    with worker.stream(
+        "GET", "/sessions/crash/events", headers={"last-event-id": str(last_seen - 2)}
+    ) as again:
+        replay = list(again)
+    history = stored(worker, "crash")
+    positions = [p for p, _ in messages_of(replay)]
+    assert positions == list(range(last_seen - 1, last_seen - 1 + len(positions)))
+    assert [data for _, data in messages_of(replay)] == history[positions[0] : positions[-1] + 1]
+    # The replay ends at what is stored (the post step has no result yet), or, when the
+    # object's alarm resumed the turn first (the request woke it), follows that to its end.
+    if replay[-1].data["status"] == "interrupted":
+        # (what the client missed of the stream before the kill is in it)
+        assert positions[-1] >= last_seen
+    else:
+        assert replay[-1].data["status"] == "complete", replay[-1]
+        assert positions[-1] == len(history) - 1
 
-        resumed = worker.post("/sessions/crash/resume")
-        assert resumed.status == 200, resumed.body
-        assert resumed.body["response"] == DURABILITY_REPLY
-        assert len(services.posts) == 1  # never posted twice
+    resumed = worker.post("/sessions/crash/resume")
+    assert resumed.status == 200, resumed.body
+    assert resumed.body["response"] == DURABILITY_REPLY
+    assert len(services.posts) == 1  # never posted twice

@@ -106,9 +106,20 @@ def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -
     name = DATABASE["database_name"]
     local = ["--local", "--persist-to", str(state), "--config", str(config)]
 
+    def execute(command: str) -> list[list[dict[str, Any]]]:
+        """The rows of each statement of `command`, run by `wrangler d1 execute`."""
+        output = dev_process.wrangler(
+            ["d1", "execute", name, *local, "--json", "--command", command]
+        )
+        return [statement["results"] for statement in json.loads(output)]
+
     def d1(sql: str) -> list[dict[str, Any]]:
-        output = dev_process.wrangler(["d1", "execute", name, *local, "--json", "--command", sql])
-        results: list[dict[str, Any]] = json.loads(output)[0]["results"]
+        return execute(sql)[0]
+
+    def d1_each(*sql: str) -> list[list[dict[str, Any]]]:
+        """The rows of each query, read by one wrangler call (one Node start, not one each)."""
+        results = execute("; ".join(sql))
+        assert len(results) == len(sql), results
         return results
 
     # What the dev server reads of wrangler's record, before it starts wrangler dev.
@@ -143,19 +154,21 @@ def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -
         f.name for f in later
     ]
     assert pending() == []
-    assert d1(
-        f"SELECT name, input_tokens, output_tokens FROM agent_sessions WHERE id = '{OLD}'"
-    ) == [{"name": OLD, "input_tokens": 12, "output_tokens": 5}], (
+    # What the migrations made of the old rows, and the schema, read by one wrangler call.
+    named, summaries, instructions, approvals, schema = d1_each(
+        f"SELECT name, input_tokens, output_tokens FROM agent_sessions WHERE id = '{OLD}'",
+        f"SELECT summary_of FROM agent_messages WHERE session_id = '{OLD}'",
+        f"SELECT instructions FROM agent_messages WHERE session_id = '{OLD}'",
+        "SELECT event, reason, arguments, arguments_digest FROM agent_approvals",
+        "SELECT name FROM sqlite_master WHERE name LIKE 'agent_%'",
+    )
+    assert named == [{"name": OLD, "input_tokens": 12, "output_tokens": 5}], (
         "0004_session_names.sql did not name and sum the old session"
     )
-    assert d1(f"SELECT summary_of FROM agent_messages WHERE session_id = '{OLD}'") == [
-        {"summary_of": None}, {"summary_of": None},
-    ]  # fmt: skip
+    assert summaries == [{"summary_of": None}, {"summary_of": None}]
     # 0007: no instructions on the old messages, no edit on the old approval...
-    assert d1(f"SELECT instructions FROM agent_messages WHERE session_id = '{OLD}'") == [
-        {"instructions": None}, {"instructions": None},
-    ]  # fmt: skip
-    assert d1("SELECT event, reason, arguments, arguments_digest FROM agent_approvals") == [
+    assert instructions == [{"instructions": None}, {"instructions": None}]
+    assert approvals == [
         {"event": "requested", "reason": None, "arguments": None, "arguments_digest": None},
         {"event": "approved", "reason": "ann: ok", "arguments": None, "arguments_digest": None},
     ]
@@ -175,7 +188,6 @@ def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -
         )
     }
     assert {"agent_sessions", "agent_messages", "agent_sessions_by_name"} <= created
-    schema = d1("SELECT name FROM sqlite_master WHERE name LIKE 'agent_%'")
     assert {row["name"] for row in schema} == created
     # ...and exactly the schema the stores apply from the same files (stores/_schema.py).
     fresh = sqlite3.connect(":memory:")

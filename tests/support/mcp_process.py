@@ -43,7 +43,9 @@ class Server:
                 env=env,
             )
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 20)
+        # Its line, or its exit (end of file), ends the wait; the long cap is for a loaded
+        # machine, where importing the MCP SDK and uvicorn alone takes many seconds.
+        ready, _, _ = select.select([self.proc.stdout], [], [], 120)
         line = self.proc.stdout.readline().decode() if ready else ""
         if not line.startswith("listening "):
             self.stop()

@@ -277,7 +277,9 @@ def read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
     return proc.stdout.readline().decode()
 
 
-def wait_ready(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+def wait_ready(proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    """Wait for the child's `ready` line: it, or the child's exit, ends the wait (the cap is
+    for a loaded machine, where starting Python and importing the kit takes seconds)."""
     line = read_line(proc, timeout)
     if line != "ready\n":
         _, err = proc.communicate(timeout=timeout)
