@@ -690,11 +690,15 @@ def run_wrangler_dev(
         "--inspector-port", str(free_port("127.0.0.1", avoid=port)),
         "--show-interactive-dev-session=false", "--compatibility-flags", *launch.flags,
     ]  # fmt: skip
-    # One start at a time per config: wrangler runs the config's [build] (for this kit
-    # without a staging folder, DURABLE_AGENTS_DEV_LIMITS=off: build/worker/, with
-    # --agent's module) and bundles from it; another server's build must not change
-    # those files before this one has bundled them (until `Ready on`).
-    starting = start_lock(worker.config_file)
+    # One start at a time per config that wrangler builds: it runs the config's [build]
+    # (for this kit without a staging folder, DURABLE_AGENTS_DEV_LIMITS=off: build/worker/,
+    # with --agent's module) and bundles from it; another server's build must not change
+    # those files before this one has bundled them (until `Ready on`). A staged copy of
+    # the config (serve_kit) has no [build]: its server starts beside the others.
+    staged_copy = launch.wrangler_config != worker.config_file
+    starting = contextlib.ExitStack()
+    if not staged_copy:
+        starting.enter_context(start_lock(worker.config_file))
     # From the config's folder: with a script argument wrangler takes the project (its
     # python_modules/) from the working directory.
     server = wrangler(
