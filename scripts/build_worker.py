@@ -22,10 +22,11 @@ If the Worker did import one, it would fail at once on deploy; the kit's
 tests/test_bundle.py imports the staged bundle inside the local runtime
 and serves a turn from it.
 
-Staged too: the package data the Worker reads at run time, every `*.sql`, `*.html`,
-`*.css` and `*.js` file (DATA_SUFFIXES) in the folder of a staged package, or in a
-sub-folder of it that is no package of its own (`durable_agents/stores/migrations/`).
-wrangler.toml's `[[rules]]` uploads them as Text modules, and workerd shows every
+Staged too: the package data the Worker reads at run time, every `*.sql`, `*.html` and
+`*.css` file (DATA_SUFFIXES) in the folder of a staged package, or in a sub-folder of
+it that is no package of its own (`durable_agents/stores/migrations/`). wrangler
+uploads them as Text modules (its own rules for .sql and .html, wrangler.toml's
+`[[rules]]` for .css; a .js file would be a JavaScript module), and workerd shows every
 Text module to Python as a read-only file beside the modules (under /session/metadata/),
 so `importlib.resources` reads them in the Worker as on CPython
 (`durable_agents._resources.read_text`).
@@ -68,8 +69,8 @@ CPYTHON_ONLY = (
     "durable_agents.cli",  # the `durable-agents` command
     "durable_agents.stores.sqlite",  # sqlite_store: SQLite files, not D1
 )
-# Package data the Worker reads (the schema's migrations, pages, styles, scripts).
-DATA_SUFFIXES = (".sql", ".html", ".css", ".js")
+# Package data the Worker reads (the schema's migrations, pages, styles).
+DATA_SUFFIXES = (".sql", ".html", ".css")
 
 
 def source_modules(src: Path) -> dict[str, Path]:

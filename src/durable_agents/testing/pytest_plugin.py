@@ -109,7 +109,7 @@ def _imports(path: Path) -> Iterator[str]:
 
 
 # A package's modules and the data it reads (scripts/build_worker.py's DATA_SUFFIXES).
-_PACKAGE_FILES = (".py", ".sql", ".html", ".css", ".js")
+_PACKAGE_FILES = (".py", ".sql", ".html", ".css")
 
 
 def _find(name: str, roots: list[Path]) -> list[tuple[Path, Path]]:
