@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from .. import _json
+from .._schema.check import json_type
 from .wire import Reply, error_reply
 
 __all__ = [
@@ -97,11 +98,6 @@ def _first_field(errors: list[ErrorDetails]) -> tuple[str, ErrorDetails]:
     return (str(error["loc"][0]) if error["loc"] else ""), error
 
 
-def _json_type(value: Any) -> str:
-    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array"}
-    return "null" if value is None else names.get(type(value), "object")
-
-
 class MessageBody(Body):
     """POST /sessions/{name}/messages: `{"message": "..."}`, a non-empty string."""
 
@@ -115,7 +111,7 @@ class MessageBody(Body):
         if value is None:
             return "the field 'message' is missing"
         if not isinstance(value, str):
-            return f"'message' must be a string, got {_json_type(value)}"
+            return f"'message' must be a string, got {json_type(value)}"
         return "'message' is empty"
 
 
@@ -233,7 +229,7 @@ async def read_json(
         return error_reply(400, "invalid-json", f"the body is not valid JSON: {exc}"[:300])
     if not isinstance(data, dict):
         return error_reply(
-            422, "invalid-body", f"the body must be a JSON object, got {_json_type(data)}"
+            422, "invalid-body", f"the body must be a JSON object, got {json_type(data)}"
         )
     return data
 
