@@ -81,9 +81,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slowest test files first, each file's tests kept together and in their order.
 
-    `scripts/test` runs `pytest -n 2 --dist loadfile --no-loadscope-reorder`: xdist hands
-    whole files to its two processes in this order, the next one to whichever is free.
-    Longest first leaves the short files for the end, where they even the two processes
+    `scripts/test` runs `pytest -n N --dist loadfile --no-loadscope-reorder`: xdist hands
+    whole files to its processes in this order, the next one to whichever is free.
+    Longest first leaves the short files for the end, where they even the processes
     out; in collection order (or xdist's own, most tests first) a file of one long test
     could start last and keep one process running alone for a minute."""
 
