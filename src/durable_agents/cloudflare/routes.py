@@ -23,6 +23,7 @@ from . import reads, schedules_api
 from .agent_module import DEV_STUB_PREFIX, DevStub
 from .auth import authorize
 from .bodies import ApprovalBody, BodyReader, MessageBody, ResumeBody, TokenBody
+from .chat_page import chat_page_html
 from .commands import (
     REQUEST_KEY,
     TOOL_CALL_ID,
@@ -199,7 +200,7 @@ async def handle_request(
     if dev_stubs and path.startswith(DEV_STUB_PREFIX) and setting(env, "DEV_STUBS") == "on":
         return await serve_dev_stub(method, path, headers, body, dev_stubs, query)
     if path == "/" and method.upper() in ("GET", "HEAD") and setting(env, "CHAT_PAGE") == "on":
-        return Reply(200, None, HTML_HEADERS, text=_chat_page_html())
+        return Reply(200, None, HTML_HEADERS, text=chat_page_html())
     settings = _api_settings(env)
     if isinstance(settings, Reply):
         return settings
@@ -230,10 +231,3 @@ def _api_settings(env: Any) -> ApiSettings | Reply:
             )
         )
     return settings
-
-
-def _chat_page_html() -> str:
-    """The chat page (`CHAT_PAGE` = "on"), imported only when asked for."""
-    from .chat_page import chat_page_html
-
-    return chat_page_html()
