@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -109,11 +110,36 @@ def say(message: str) -> None:
 
 
 def read_config(file: Path) -> dict[str, Any]:
-    """What this server needs of a Worker's config: wrangler reads the rest itself."""
+    """What this server needs of a Worker's config: wrangler reads the rest itself. Its
+    [vars] are those of VARS_OVERRIDE's file where that variable is set."""
     try:
-        return load_config(file)
+        config = load_config(file)
+        replaced = vars_override()
     except ConfigError as exc:
         fail(str(exc))
+    if replaced is not None:
+        config["vars"] = replaced
+    return config
+
+
+# The kit's own tests serve the template's [vars] whatever a user put in wrangler.toml's
+# (tests/support/template_vars.toml): a TOML file whose [vars] replace the config's, for
+# this server and for the Worker (write_env_file blanks the config's other names).
+VARS_OVERRIDE = "DURABLE_AGENTS_VARS"
+
+
+def vars_override() -> dict[str, Any] | None:
+    """The [vars] of the file VARS_OVERRIDE names; None where it is not set."""
+    name = os.environ.get(VARS_OVERRIDE)
+    if not name:
+        return None
+    try:
+        found = tomllib.loads(Path(name).read_text()).get("vars", {})
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{VARS_OVERRIDE}: cannot read {name}: {exc}") from exc
+    if not isinstance(found, dict):
+        raise ConfigError(f"{VARS_OVERRIDE}: {name} has no [vars] table")
+    return found
 
 
 def find_config() -> Path:
@@ -610,12 +636,19 @@ def migrations_applied(migrated: Future[list[str]]) -> list[str]:
         fail(f"D1 migrations: {exc}")
 
 
-def write_env_file(persist: Path, served: Mapping[str, Setting]) -> Path:
-    """The env file for `wrangler dev --env-file` (mode 600: it holds secrets)."""
+def write_env_file(persist: Path, served: Mapping[str, Setting], config_file: Path) -> Path:
+    """The env file for `wrangler dev --env-file` (mode 600: it holds secrets). With
+    VARS_OVERRIDE, it also holds the replacing [vars], and blanks every other name of the
+    config's own [vars] (wrangler reads those from the config)."""
     env_file = persist / "dev-settings.env"
+    given = env_file_settings(served)
+    if vars_override() is not None:
+        own = load_config(config_file).get("vars") or {}
+        replaced = {k: s.value for k, s in served.items() if s.source == "[vars]"}
+        given = {**dict.fromkeys(own, ""), **replaced, **given}
     fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        lines = [dotenv_line(k, v) for k, v in env_file_settings(served).items()]
+        lines = [dotenv_line(k, v) for k, v in given.items()]
     except ValueError as exc:
         fail(f"the setting {exc}")
     with os.fdopen(fd, "w") as out:
@@ -682,7 +715,7 @@ def run_wrangler_dev(
     agent = worker.agent
     served = with_defaults(worker.settings, agent, origin) if agent is not None else worker.settings
     notes = settings_notes(served, agent) if agent is not None else []
-    env_file = write_env_file(launch.persist, served)
+    env_file = write_env_file(launch.persist, served, worker.config_file)
     args = [
         "dev", *launch.script, "--config", str(launch.wrangler_config), "--ip", options.ip,
         "--port", str(port),

@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from runtime.kit_files import is_kit
 
 from durable_agents.cloudflare import d1_store
 from durable_agents.stores import Store, memory_store, sqlite_store
@@ -128,3 +129,26 @@ async def durable_store(request: pytest.FixtureRequest, tmp_path: Path) -> Async
     store, resource = await _make(request.param, tmp_path)
     yield store
     await _close(resource)
+
+
+TEMPLATE_VARS = Path(__file__).parent / "support" / "template_vars.toml"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def template_vars(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every dev server a test of the kit starts serves the template's [vars] (runtime/dev.py:
+    DURABLE_AGENTS_VARS), not what a user has put in wrangler.toml's: the kit's tests hold
+    whatever agent and settings the project has. Your own tests' servers serve yours."""
+    relative = Path(str(request.path)).resolve().relative_to(Path(__file__).parent.parent)
+    if not is_kit(relative.as_posix()):
+        yield
+        return
+    before = os.environ.get("DURABLE_AGENTS_VARS")
+    os.environ["DURABLE_AGENTS_VARS"] = str(TEMPLATE_VARS)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DURABLE_AGENTS_VARS", None)
+        else:
+            os.environ["DURABLE_AGENTS_VARS"] = before

@@ -1,12 +1,14 @@
 """Your own files meet checks that find bugs; the kit's code meets strict ones.
 
-`scripts/test` lints and type-checks the whole project. `src/agent.py` and
-`tests/test_agent.py` are yours: ruff's default rules and mypy without
-`--strict` (pyproject.toml says so per file). Here an agent written without
-annotations (tests/agents/unannotated_refunds.py) takes the template's place
-in a copy of the project, and every check `scripts/test` runs over it passes;
-the same agent put in the kit's own tree fails strict mypy, so the split is
-what lets it through.
+`scripts/lint` (run by `scripts/test` and, for yours only, by `scripts/check`)
+lints and type-checks the whole project. `src/agent.py`, `tests/test_agent.py`
+and every Python file you add, wherever it is, are yours: ruff's default rules
+and mypy without `--strict` (runtime/kit_files.py says which files are the
+kit's). Here an agent written without annotations
+(tests/agents/unannotated_refunds.py) takes the template's place in a copy of
+the project, beside a second file of yours (an MCP server beside the tests),
+and `scripts/lint` passes; the same agent put in the kit's own tree fails
+strict mypy, so the split is what lets it through.
 """
 
 from __future__ import annotations
@@ -27,6 +29,15 @@ from durable_agents.testing import check_agent
 def test_agent():
     print(check_agent(importlib.import_module("agent")))
 """
+# Yours too, though no name says so: unsorted imports, a long line, no annotations.
+SECOND_FILE = f"""\
+import sys
+import json
+def answer(request):
+    return json.dumps({{"jsonrpc": "2.0", "id": request.get("id"), "note": "{"x" * 100}"}})
+if __name__ == "__main__":
+    print(answer(json.loads(sys.stdin.read())))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +46,10 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("project")
     for name in ("pyproject.toml", "wrangler.toml"):
         shutil.copy(PROJECT / name, root)
+    for name in ("scripts/lint", "runtime/kit_files.py", "runtime/mypy-yours.ini"):
+        (root / name).parent.mkdir(exist_ok=True)
+        shutil.copy2(PROJECT / name, root / name)
+    (root / ".venv").symlink_to(BIN.parent, target_is_directory=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     shutil.copytree(PROJECT / "src", root / "src", ignore=ignore)
     shutil.copytree(PROJECT / "examples", root / "examples", ignore=ignore)
@@ -47,6 +62,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (PROJECT / ".mypy_cache").is_dir():
         shutil.copytree(PROJECT / ".mypy_cache", root / ".mypy_cache")
     (root / "tests" / "test_agent.py").write_text(TEST_AGENT)
+    (root / "tests" / "catalog_server.py").write_text(SECOND_FILE)
     return root
 
 
@@ -54,29 +70,28 @@ def run(root: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=300, check=False)
 
 
-def test_ruff_holds_your_files_to_its_default_rules(project: Path) -> None:
-    checked = run(project, str(BIN / "ruff"), "check", "--no-cache", "src", "tests", "examples")
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    formatted = run(
-        project, str(BIN / "ruff"), "format", "--check", "--no-cache", "src", "tests", "examples"
-    )
-    assert formatted.returncode == 0, formatted.stdout + formatted.stderr
-
-
-def test_mypy_checks_your_agent_without_strict_and_the_kit_with_it(project: Path) -> None:
-    cache = ["--cache-dir", str(project / ".mypy_cache")]
-    checked = run(project, str(BIN / "mypy"), *cache)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    # The same file as part of the kit is refused: the override is what lets it through.
+def test_scripts_lint_holds_your_files_to_the_default_rules_and_the_kit_to_strict_ones(
+    project: Path,
+) -> None:
+    linted = run(project, "scripts/lint")
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    said = linted.stdout
+    assert "yours: src/agent.py tests/catalog_server.py tests/test_agent.py" in said, said
+    # The same files as the kit's are refused: the split is what lets them through.
     kit_file = project / "src" / "durable_agents" / "unannotated.py"
     shutil.copy(AGENT, kit_file)
+    shutil.copy(project / "tests" / "catalog_server.py", project / "examples" / "server.py")
     try:
-        strict = run(project, str(BIN / "mypy"), *cache)
+        strict = run(project, "scripts/lint")
+        (project / "examples" / "server.py").unlink()
+        typed = run(project, "scripts/lint")
     finally:
         kit_file.unlink()
     assert strict.returncode == 1
-    assert "unannotated.py" in strict.stdout
-    assert "[no-untyped-def]" in strict.stdout
+    assert "examples/server.py:1:" in strict.stdout  # ruff's full set: imports, line length
+    assert typed.returncode == 1
+    assert "unannotated.py" in typed.stdout
+    assert "[no-untyped-def]" in typed.stdout
 
 
 def test_the_template_test_passes_with_the_unannotated_agent(project: Path) -> None:

@@ -80,11 +80,13 @@ GONE_TIMEOUT_S = 20.0
 # The project's wrangler on its pinned Node 22 (wrangler needs Node >= 22.12), with
 # runtime/workerd as its workerd: what the dev server (runtime/dev.py) runs too.
 WRANGLER = Path("scripts", "wrangler")
-# What a process needs from the environment, and which Pyodide bundle workerd runs
-# (runtime/dev.py: PYODIDE_BUNDLE; scripts/test sets it); nothing else reaches the server.
+# What a process needs from the environment, which Pyodide bundle workerd runs
+# (runtime/dev.py: PYODIDE_BUNDLE; scripts/test sets it) and the [vars] that replace the
+# config's (DURABLE_AGENTS_VARS: the kit's own tests serve the template's); nothing else
+# reaches the server.
 _KEPT_ENV = frozenset(
     {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "TZ", "TMPDIR", "TEMP", "TMP"}
-    | {"PYODIDE_BUNDLE"}
+    | {"PYODIDE_BUNDLE", "DURABLE_AGENTS_VARS"}
 )
 _KEPT_ENV_PREFIXES = ("LC_", "NODE_", "NPM_", "npm_", "XDG_")
 
