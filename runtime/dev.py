@@ -110,11 +110,11 @@ def say(message: str) -> None:
 
 
 def read_config(file: Path) -> dict[str, Any]:
-    """What this server needs of a Worker's config: wrangler reads the rest itself. Its
-    [vars] are those of VARS_OVERRIDE's file where that variable is set."""
+    """What this server needs of a Worker's config: wrangler reads the rest itself. The
+    project's own config has the [vars] of VARS_OVERRIDE's file where that is set."""
     try:
         config = load_config(file)
-        replaced = vars_override()
+        replaced = vars_override(file)
     except ConfigError as exc:
         fail(str(exc))
     if replaced is not None:
@@ -128,10 +128,11 @@ def read_config(file: Path) -> dict[str, Any]:
 VARS_OVERRIDE = "DURABLE_AGENTS_VARS"
 
 
-def vars_override() -> dict[str, Any] | None:
-    """The [vars] of the file VARS_OVERRIDE names; None where it is not set."""
+def vars_override(config_file: Path) -> dict[str, Any] | None:
+    """The [vars] of the file VARS_OVERRIDE names for the project's own config; None where
+    it is not set, or for another Worker's config."""
     name = os.environ.get(VARS_OVERRIDE)
-    if not name:
+    if not name or config_file.resolve().parent != PROJECT:
         return None
     try:
         found = tomllib.loads(Path(name).read_text()).get("vars", {})
@@ -642,7 +643,7 @@ def write_env_file(persist: Path, served: Mapping[str, Setting], config_file: Pa
     config's own [vars] (wrangler reads those from the config)."""
     env_file = persist / "dev-settings.env"
     given = env_file_settings(served)
-    if vars_override() is not None:
+    if vars_override(config_file) is not None:
         own = load_config(config_file).get("vars") or {}
         replaced = {k: s.value for k, s in served.items() if s.source == "[vars]"}
         given = {**dict.fromkeys(own, ""), **replaced, **given}
