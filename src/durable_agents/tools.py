@@ -147,8 +147,10 @@ class Tool:
     """A declared tool. Build it with `tool(...)`; see the module docstring.
 
     `input_model` is the pydantic model of the model form; `input_adapter` checks the
-    arguments of a tool made from plain parameters (or one dataclass or TypedDict
-    parameter), whose handler then gets a dict of the values (or the instance).
+    arguments of a tool made from plain parameters (or from one dataclass or TypedDict
+    parameter): `parse_arguments` makes the dict of their values (or the instance),
+    which `handler` passes to the function's parameters.
+
     A toolset's tools also have a `source` (where they came from, `"mcp:notes"`)
     and `annotations` (what the source said of them, e.g. MCP's `readOnlyHint`).
     """
