@@ -6,9 +6,9 @@ Checked with mypy (strict) on small programs, as a user's code would be.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
-import pytest
 from mypy import api as mypy_api
 
 from durable_agents import Agent, ToolContext, tool
@@ -104,10 +104,12 @@ def test_generic_forms_work_at_run_time() -> None:
     assert Agent[int]("a", deps_type=int).deps_type is int
 
 
-def test_a_parameterized_context_as_first_parameter_is_refused() -> None:
-    from durable_agents import ConfigurationError
+def test_a_parameterized_context_alone_is_the_context_of_a_tool_without_arguments() -> None:
+    async def handler(ctx: ToolContext[int]) -> int:
+        return ctx.deps
 
-    async def handler(ctx: ToolContext[int]) -> None: ...
-
-    with pytest.raises(ConfigurationError, match="the first parameter is the arguments"):
-        tool(handler)
+    made = tool(handler)
+    assert made.input_schema == {"type": "object", "properties": {}}
+    assert made.handler is not None
+    value = made.handler({}, ToolContext[int]("s", "c", "t", "k", deps=3))
+    assert asyncio.run(value) == 3

@@ -1,13 +1,17 @@
 """Tools: what the LLM may call, how its arguments are checked, and how results are encoded.
 
-Two ways to make one:
+Ways to make one (the guide: docs/python-api.md, "Tools"):
 
-    @tool(safe_to_retry=True)
-    async def get_issue(args: IssueRef, ctx: ToolContext) -> Issue:
-        '''Fetch an issue by id.'''
+    @tool(safe_to_retry=True)  # plain parameters: the schema built from the signature
+    async def get_issue(ctx: ToolContext, repo: str, number: int) -> Issue:
+        '''Fetch an issue.'''
 
-    post_slack = tool(name="post_slack", description="Post to Slack", input=SlackPost)
-    # handler supplied later: run(agent, ..., tools={"post_slack": handler})
+    @tool  # one pydantic model: that model's schema
+    async def post_slack(args: SlackPost, ctx: ToolContext) -> Receipt:
+        '''Post to Slack.'''
+
+    notify = tool(name="notify", description="Notify someone", input=Notice)
+    # handler supplied later: run(agent, ..., tools={"notify": handler})
 
 `safe_to_retry` is a statement about the operation, not a retry policy: it
 lets the run loop call the handler again when a crash lost its result. It
@@ -22,13 +26,14 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Generic, Protocol, get_origin, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from typing_extensions import TypeVar
 
 from . import _json
 from ._schema.check import json_type, schema_problems
+from ._tool_signature import input_schema, read_signature
 from .errors import ConfigurationError, ToolArgumentsError
 from .messages import ToolSpec
 from .stores.base import Schedule
@@ -141,6 +146,11 @@ class Toolset(Protocol):
 class Tool:
     """A declared tool. Build it with `tool(...)`; see the module docstring.
 
+    `input_model` is the pydantic model of the model form; `input_adapter` checks the
+    arguments of a tool made from plain parameters (or from one dataclass or TypedDict
+    parameter): `parse_arguments` makes the dict of their values (or the instance),
+    which `handler` passes to the function's parameters.
+
     A toolset's tools also have a `source` (where they came from, `"mcp:notes"`)
     and `annotations` (what the source said of them, e.g. MCP's `readOnlyHint`).
     """
@@ -156,6 +166,7 @@ class Tool:
     requires_approval: bool = False
     source: str | None = None
     annotations: Mapping[str, Any] | None = None
+    input_adapter: TypeAdapter[Any] | None = None
 
     @property
     def spec(self) -> ToolSpec:
@@ -181,17 +192,21 @@ class Tool:
         return replace(self, handler=handler)
 
     def parse_arguments(self, arguments: Any) -> Any:
-        """The handler's `args`: a model instance or the checked dict; else ToolArgumentsError."""
+        """The handler's `args`: the model instance, what `input_adapter` made (the
+        values of plain parameters as a dict), or the dict checked against the schema;
+        else ToolArgumentsError."""
         if not isinstance(arguments, dict):
             raise ToolArgumentsError(
                 f"arguments must be a JSON object, got {json_type(arguments)}",
                 tool_name=self.name,
             )
-        if self.input_model is not None:
-            try:
+        try:
+            if self.input_model is not None:
                 return self.input_model.model_validate(arguments)
-            except ValidationError as exc:
-                raise ToolArgumentsError(validation_summary(exc), tool_name=self.name) from None
+            if self.input_adapter is not None:
+                return self.input_adapter.validate_python(arguments)
+        except ValidationError as exc:
+            raise ToolArgumentsError(validation_summary(exc), tool_name=self.name) from None
         problems = schema_problems(arguments, self.input_schema, "arguments")
         if problems:
             said = "; ".join(f"{p.path}: {p.why}" for p in problems)
@@ -273,13 +288,30 @@ def tool(
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool, or decorate a handler into one.
 
-    - `@tool` / `@tool(safe_to_retry=True, name=..., timeout=...)` on
-      `async def name(args: InModel, ctx: ToolContext) -> OutModel`: the name
-      comes from the function, the description from its docstring, the input
-      and output schemas from its annotations (`ctx` may be left out).
+    - `@tool` / `@tool(safe_to_retry=True, name=..., timeout=...)` on a function: the
+      name comes from the function, the output schema from its return annotation,
+      the input schema from its parameters. The parameter annotated `ToolContext`
+      (or `ToolContext[Deps]`; anywhere, first or last) gets the call's context;
+      every other parameter is an argument the model sends:
+
+      - plain parameters, `async def search(ctx: ToolContext, query: str, limit:
+        int = 10)`: the schema pydantic-ai builds from the signature (types,
+        defaults, `Field`/`Annotated` constraints, `$defs` for nested models, no
+        other keys), each argument described by the docstring's `Args:` (Google,
+        NumPy or Sphinx style), the tool by the rest of the docstring; the
+        handler gets the checked values;
+      - one pydantic model, `(args: InModel, ctx: ToolContext)`: the model's own
+        schema, the whole docstring as the description; the handler gets the
+        instance (a dataclass or TypedDict: its schema, as pydantic-ai makes it);
+      - one `dict`/`Any`/unannotated parameter: any object, as sent; none: no
+        arguments.
+
+      `**kwargs` is refused; `*args` is an array argument. An unannotated
+      parameter named `ctx` (or the second of `(args, ctx)`) is the context too.
     - `tool(name=..., description=..., input=InModel | json_schema_dict,
       output=OutType | None, safe_to_retry=False, handler=None)`: a declaration;
-      the handler may come later through `run(..., tools={name: handler})`.
+      the handler may come later through `run(..., tools={name: handler})`, and
+      takes `(args, ctx)`.
 
     `timeout` (seconds) turns an async handler that runs too long into an error
     result. `requires_approval=True`: the call waits for a person's decision
@@ -296,7 +328,7 @@ def tool(
         )
     if not name:
         raise ConfigurationError("a tool declaration needs a name")
-    model, schema = _input_schema(name, input if input is not None else {})
+    model, schema = input_schema(name, input if input is not None else {})
     return Tool(
         name=_check_name(name),
         description=description or "",
@@ -319,58 +351,19 @@ def _from_function(
     requires_approval: bool = False,
 ) -> Tool:
     tool_name = _check_name(name or fn.__name__)
-    params = list(inspect.signature(fn).parameters.values())
-    if len(params) > 2:
-        raise ConfigurationError(
-            f"tool {tool_name!r}: a handler takes (args, ctx), (args) or nothing; "
-            f"got {len(params)} parameters"
-        )
-    try:
-        hints = get_type_hints(fn)
-    except NameError as exc:
-        raise ConfigurationError(
-            f"tool {tool_name!r}: cannot resolve its annotations ({exc}); define the models "
-            "it names at module level"
-        ) from None
-    arg_type = hints.get(params[0].name) if params else None
-    if params and (arg_type is ToolContext or get_origin(arg_type) is ToolContext):
-        raise ConfigurationError(f"tool {tool_name!r}: the first parameter is the arguments")
-    model, schema = _input_schema(tool_name, arg_type if arg_type is not None else {})
-    returns = hints.get("return")
+    reading = read_signature(tool_name, fn, context=ToolContext, run_context=RunContext)
+    said = reading.description if reading.description is not None else inspect.getdoc(fn)
     return Tool(
         name=tool_name,
-        description=description or inspect.getdoc(fn) or "",
-        input_schema=schema,
-        input_model=model,
-        output=_output_adapter(returns),
+        description=description or said or "",
+        input_schema=reading.schema,
+        input_model=reading.model,
+        input_adapter=reading.adapter,
+        output=_output_adapter(reading.returns),
         safe_to_retry=safe_to_retry,
-        handler=_normalise_handler(fn, len(params)),
+        handler=reading.call,
         timeout=timeout,
         requires_approval=requires_approval,
-    )
-
-
-def _normalise_handler(fn: Callable[..., Any], arity: int) -> Handler:
-    if arity == 2:
-        return fn
-    if arity == 1:
-        return lambda args, ctx: fn(args)
-    return lambda args, ctx: fn()
-
-
-def _input_schema(
-    name: str, spec: type[BaseModel] | dict[str, Any] | Any
-) -> tuple[type[BaseModel] | None, dict[str, Any]]:
-    if isinstance(spec, type) and issubclass(spec, BaseModel):
-        return spec, spec.model_json_schema()
-    if spec is dict or spec is Any or get_origin(spec) is dict or spec == {}:
-        return None, {"type": "object", "properties": {}}
-    if isinstance(spec, dict):
-        if spec.get("type", "object") != "object":
-            raise ConfigurationError(f"tool {name!r}: the input schema must describe an object")
-        return None, {"type": "object", **spec}
-    raise ConfigurationError(
-        f"tool {name!r}: input must be a pydantic model or a JSON-schema dict, got {spec!r}"
     )
 
 
