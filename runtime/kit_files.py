@@ -80,6 +80,7 @@ KIT_TESTS = frozenset(
         "test_timeline",
         "test_timeouts",
         "test_tool_errors",
+        "test_tool_parameters",
         "test_turn_features",
         "test_user_code_checks",
         "test_worker",
