@@ -16,9 +16,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import EmailStr, NameEmail, TypeAdapter
-from pydantic_core import to_jsonable_python
-
 from ..errors import ConfigurationError
 
 __all__ = ["FORMATS", "PRESETS", "Steer", "format_fits", "steered_formats"]
@@ -140,7 +137,7 @@ PRESETS = {"future": 1, "past": -1}
 _PRESET_DAYS = 7
 _PRESET_FORMATS = ("date", "date-time")
 # Types whose format pydantic writes only with an optional package installed.
-_KNOWN_TYPES: Mapping[object, str] = {EmailStr: "email", NameEmail: "name-email"}
+_KNOWN_TYPES = {"EmailStr": "email", "NameEmail": "name-email"}
 
 
 def steered_formats(values: Mapping[Any, Any] | None) -> dict[str, Steer]:
@@ -167,8 +164,13 @@ def _format_of(key: Any) -> str:
     """The JSON-schema format a key of `values=` names."""
     if isinstance(key, str) and key.strip():
         return key.strip()
-    if isinstance(key, type) and key in _KNOWN_TYPES:
-        return _KNOWN_TYPES[key]
+    # pydantic imported here, not above: this module loads with the Worker, which never
+    # steers a value (and pydantic.networks is no small import).
+    from pydantic import TypeAdapter
+
+    pydantics = isinstance(key, type) and key.__module__ == "pydantic.networks"
+    if pydantics and key.__name__ in _KNOWN_TYPES:
+        return _KNOWN_TYPES[key.__name__]
     form = None
     if not isinstance(key, str):
         try:
@@ -214,6 +216,8 @@ def json_string(value: Any) -> str:
     hex form...); TypeError otherwise."""
     if isinstance(value, str):
         return value
+    from pydantic_core import to_jsonable_python  # (see _format_of)
+
     try:
         made = to_jsonable_python(value)
     except Exception:  # pydantic_core's PydanticSerializationError: not a JSON value
