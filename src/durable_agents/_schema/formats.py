@@ -1,8 +1,9 @@
-"""The string `format`s the kit knows: a valid value of each (`FORMATS`), and whether
-a string is one (`format_fits`).
+"""The string `format`s the kit knows: a valid value of each (`FORMATS`), whether a
+string is one (`format_fits`), and the values a caller steers a format to instead
+(`steered_formats`: `TestLLM(values=...)`, `check_agent(..., values=...)`).
 
 The generator writes these values (`values.py`); the check holds a string to its
-format when asked (`check.py`). Guide: docs/testing.md.
+format when asked (`check.py`). Guide: docs/testing.md ("Steering the values").
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import ipaddress
 import re
 import uuid
 from collections.abc import Callable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["FORMATS", "format_fits"]
+from ..errors import ConfigurationError
+
+__all__ = ["FORMATS", "PRESETS", "Steer", "format_fits", "steered_formats"]
 
 
 def _date(variant: int) -> datetime.date:
@@ -118,3 +122,109 @@ def format_fits(name: str, text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# -- steering: values= ------------------------------------------------------------------
+
+Steer = Callable[[datetime.datetime, int], Any]
+"""A steered format's values: `steer(now, variant)`, the `variant`-th value (a string) at
+time `now` (aware, UTC), or None when it has no such variant."""
+
+PRESETS = {"future": 1, "past": -1}
+"""The named values of the formats `date` and `date-time`: a day a week from the run's
+`now` (midnight UTC for a date-time), then a day further for each other value."""
+
+_PRESET_DAYS = 7
+_PRESET_FORMATS = ("date", "date-time")
+# Types whose format pydantic writes only with an optional package installed.
+_KNOWN_TYPES = {"EmailStr": "email", "NameEmail": "name-email"}
+
+
+def steered_formats(values: Mapping[Any, Any] | None) -> dict[str, Steer]:
+    """`values=` as the generator takes it: each key as the JSON-schema format it steers
+    (a Python type as the format pydantic writes for it: `datetime` is "date-time"),
+    each value as a `Steer`. A value is a preset (`PRESETS`, for dates), a function of
+    `now` (an aware UTC datetime) or a constant, either a string or what JSON writes as
+    one (a datetime, a UUID...). `ConfigurationError` for a key with no format, a preset
+    of a format that has none, or a constant that is not a string."""
+    steers: dict[str, Steer] = {}
+    named: dict[str, object] = {}
+    for key, value in (values or {}).items():
+        form = _format_of(key)
+        if form in steers:
+            raise ConfigurationError(
+                f"values= steers the format {form!r} twice: by {named[form]!r} and by {key!r}"
+            )
+        named[form] = key
+        steers[form] = _steer(form, value)
+    return steers
+
+
+def _format_of(key: Any) -> str:
+    """The JSON-schema format a key of `values=` names."""
+    if isinstance(key, str) and key.strip():
+        return key.strip()
+    # pydantic imported here, not above: this module loads with the Worker, which never
+    # steers a value (and pydantic.networks is no small import).
+    from pydantic import TypeAdapter
+
+    pydantics = isinstance(key, type) and key.__module__ == "pydantic.networks"
+    if pydantics and key.__name__ in _KNOWN_TYPES:
+        return _KNOWN_TYPES[key.__name__]
+    form = None
+    if not isinstance(key, str):
+        try:
+            form = TypeAdapter(key).json_schema().get("format")
+        except Exception:  # not a type pydantic knows (or one that needs a package)
+            form = None
+    if isinstance(form, str):
+        return form
+    raise ConfigurationError(
+        f'values= keys are JSON-schema formats ("date-time", "date", "email", '
+        f'"uuid", ...) or the Python types pydantic writes with one (datetime, date, '
+        f"EmailStr, UUID, HttpUrl, ...); {getattr(key, '__name__', key)!r} has no format. "
+        "To fix other values, pass the tool's arguments by hand (arguments=)"
+    )
+
+
+def _steer(form: str, value: Any) -> Steer:
+    if isinstance(value, str) and value in PRESETS:
+        if form not in _PRESET_FORMATS:
+            raise ConfigurationError(
+                f"values={{{form!r}: {value!r}}}: the presets {sorted(PRESETS)} are for the "
+                f"formats {list(_PRESET_FORMATS)} (datetime, date); give {form!r} a value, "
+                "or a function of now"
+            )
+        sign = PRESETS[value]
+        return lambda now, variant: _days_from(now, sign * (_PRESET_DAYS + variant), form)
+    if callable(value) and not isinstance(value, type):
+        return lambda now, variant: None if variant else json_string(value(now))
+    try:
+        constant = json_string(value)
+    except TypeError as exc:
+        raise ConfigurationError(f"values={{{form!r}: ...}}: {exc}") from None
+    return lambda now, variant: None if variant else constant
+
+
+def _days_from(now: datetime.datetime, days: int, form: str) -> str:
+    day = now.astimezone(datetime.UTC).date() + datetime.timedelta(days=days)
+    return day.isoformat() if form == "date" else f"{day.isoformat()}T00:00:00Z"
+
+
+def json_string(value: Any) -> str:
+    """`value` as JSON writes it, which must be a string (a datetime's ISO text, a UUID's
+    hex form...); TypeError otherwise."""
+    if isinstance(value, str):
+        return value
+    from pydantic_core import to_jsonable_python  # (see _format_of)
+
+    try:
+        made = to_jsonable_python(value)
+    except Exception:  # pydantic_core's PydanticSerializationError: not a JSON value
+        made = value
+    if not isinstance(made, str):
+        raise TypeError(
+            f"{value!r} is not a string, nor a value JSON writes as one (a datetime, a "
+            "date, a UUID, ...)"
+        )
+    return made

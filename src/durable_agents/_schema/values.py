@@ -9,17 +9,23 @@ string of its own (`regex_sample.py`), a `format` a valid value (`formats.py`).
 An optional property that cannot be filled is left out (the model's default
 applies); a required one cannot be.
 
+`steers` (the caller's `values=`, made by `formats.steered_formats`) give a format
+the caller's values instead: `{"date-time": "future"}` (relative to `now`),
+`{"email": "reader@example.org"}`; a steered value must fit the schema too.
+
 Every value is checked against the schema it was made for (`check.py`, formats
 included), then, given `validate` (the tool's pydantic model), against the
 model. What cannot be made valid raises `ConfigurationError` naming the tool,
 each field by its JSON path (`$.slot.date`) and why, and the `arguments=` to
-pass by hand. Deterministic: the same schema always gives the same arguments.
+pass by hand. Deterministic: the same schema (and steers, at the same `now`) always
+gives the same arguments.
 Core, not the testing kit: `TestLLM` is also the Worker's offline "demo" model.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +44,7 @@ from .check import (
     resolve,
     schema_problems,
 )
-from .formats import FORMATS, format_fits
+from .formats import FORMATS, PRESETS, Steer, format_fits
 from .regex_sample import PatternNotSampled, pattern_search, sample_pattern
 
 __all__ = ["example_arguments", "variant_arguments"]
@@ -110,8 +116,15 @@ def _only(value: Any, variant: int) -> Any:
 
 
 class _Maker:
-    def __init__(self, root: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        root: Mapping[str, Any],
+        steers: Mapping[str, Steer] | None = None,
+        now: datetime.datetime | None = None,
+    ) -> None:
         self.root = root
+        self.steers = steers or {}
+        self.now = now if now is not None else _now(self.steers)
 
     def resolve(self, schema: Any, path: str) -> Any:
         """`schema` with its `$ref`s followed; `_Unfillable` for one that cannot be."""
@@ -138,7 +151,7 @@ class _Maker:
             return _anything_or_nothing(schema, path, variant)
         if "const" in schema:
             return _only(schema["const"], variant)
-        if variant == 0 and self.default_fits(schema, path):
+        if variant == 0 and not self.steered(schema) and self.default_fits(schema, path):
             return copy.deepcopy(schema["default"])
         if isinstance(schema.get("enum"), list):
             return self.enum(schema, path, variant)
@@ -148,6 +161,35 @@ class _Maker:
         if isinstance(schema.get("allOf"), list) and schema["allOf"]:
             return self.all_of(schema, path, variant, depth)
         return self.typed(schema, path, variant, depth)
+
+    def steered(self, schema: Mapping[str, Any]) -> bool:
+        """Whether `values=` steers the schema's format (its values then win over a
+        `default`)."""
+        form = schema.get("format")
+        return isinstance(form, str) and form in self.steers
+
+    def steered_string(self, schema: Mapping[str, Any], form: str, path: str, variant: int) -> str:
+        """The value `values=` gives the format `form`, checked against the whole schema."""
+        try:
+            made = self.steers[form](self.now, variant)
+        except Exception as exc:  # the caller's function, or what it returned
+            raise _cannot(
+                path, f"values= for the format {form!r} raised {type(exc).__name__}: {exc}"
+            ) from None
+        if made is None:
+            raise _NoVariant
+        found = self.problems(made, schema, path)
+        if found:
+            hint = (
+                f" (its presets: {', '.join(map(repr, PRESETS))})"
+                if form in ("date", "date-time")
+                else ""
+            )
+            why = "; ".join(why for _, why in found)
+            raise _cannot(
+                path, f"the value values= gives the format {form!r} breaks its schema{hint}: {why}"
+            )
+        return str(made)
 
     def default_fits(self, schema: Mapping[str, Any], path: str) -> bool:
         """Whether the schema has a `default` that fits it (pydantic does not check one)."""
@@ -353,24 +395,11 @@ class _Maker:
         if isinstance(content, (Mapping, bool)):  # JSON inside a string (pydantic's Json)
             return json.dumps(self.value(content, f"{path} (its JSON content)", variant, depth + 1))
         form = schema.get("format")
+        if isinstance(form, str) and form in self.steers:
+            return self.steered_string(schema, form, path, variant)
         pattern = schema.get("pattern")
         if isinstance(pattern, str):
-            try:
-                text = sample_pattern(pattern, min_length=low, max_length=high, variant=variant)
-            except PatternNotSampled as exc:
-                raise _Unfillable([(path, f"its pattern '{pattern}': {exc.reason}")]) from None
-            if text is None:
-                raise _NoVariant
-            if isinstance(form, str) and not format_fits(form, text):
-                made = FORMATS[form](variant) if form in FORMATS else None
-                search = pattern_search(pattern)
-                if made is not None and (search is None or search(made)):
-                    return made
-                raise _cannot(
-                    path,
-                    f"its pattern '{pattern}' gives {text!r}, which is not a valid {form}",
-                )
-            return text
+            return _patterned(pattern, form, low, high, path, variant)
         if isinstance(form, str) and form in FORMATS:
             text = FORMATS[form](variant)
             if low <= len(text) and (high is None or len(text) <= high):
@@ -416,6 +445,26 @@ class _Maker:
                 f"no multiple of {step} lies within its bounds ({describe_bounds(schema)})",
             )
         return int(value) if integer else float(value)
+
+
+def _patterned(pattern: str, form: Any, low: int, high: int | None, path: str, variant: int) -> str:
+    """A string of `pattern` within the lengths (and of the format `form`, if it is one)."""
+    try:
+        text = sample_pattern(pattern, min_length=low, max_length=high, variant=variant)
+    except PatternNotSampled as exc:
+        raise _Unfillable([(path, f"its pattern '{pattern}': {exc.reason}")]) from None
+    if text is None:
+        raise _NoVariant
+    if isinstance(form, str) and not format_fits(form, text):
+        made = FORMATS[form](variant) if form in FORMATS else None
+        search = pattern_search(pattern)
+        if made is not None and (search is None or search(made)):
+            return made
+        raise _cannot(
+            path,
+            f"its pattern '{pattern}' gives {text!r}, which is not a valid {form}",
+        )
+    return text
 
 
 def _anything_or_nothing(schema: Any, path: str, variant: int) -> Any:
@@ -546,18 +595,30 @@ def _model_problems(exc: Exception) -> list[tuple[str, str]]:
     return problems
 
 
+def _now(steers: Mapping[str, Steer]) -> datetime.datetime:
+    """A time for a maker that steers nothing (it is never read). The generator reads no
+    clock: whoever steers a format gives the time (`now=`)."""
+    if steers:
+        raise TypeError("values= steers formats relative to now: give now= as well")
+    return datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
+
+
 def example_arguments(
     schema: Mapping[str, Any],
     *,
     tool_name: str | None = None,
     validate: Callable[[dict[str, Any]], object] | None = None,
+    steers: Mapping[str, Steer] | None = None,
+    now: datetime.datetime | None = None,
 ) -> dict[str, Any]:
     """Arguments that fit a tool's input schema (see the module docstring), checked against
     it and, with `validate` (e.g. the tool's `model_validate`), against the model too.
+    `steers`: the formats `values=` steers (`formats.steered_formats`), made at time `now`
+    (aware; required with steers: the generator reads no clock).
 
     Raises `ConfigurationError` naming the tool, each field that cannot be filled by its
     JSON path and why, and the `arguments=` to pass by hand instead."""
-    maker = _Maker(schema)
+    maker = _Maker(schema, steers, now)
     arguments: Any = {}
     try:
         arguments = maker.value(schema, "$")
@@ -572,14 +633,14 @@ def example_arguments(
             except Exception as exc:  # the model's own words: ValidationError, ToolArgumentsError
                 raise _Unfillable(_model_problems(exc), arguments) from None
     except _Unfillable as exc:
-        raise ConfigurationError(_unfillable_message(tool_name, exc)) from None
+        raise ConfigurationError(_unfillable_message(tool_name, exc, bool(steers))) from None
     except _NoVariant:  # (asked for by uniqueItems arrays only, which turn it into _Unfillable)
         problem = _cannot("$", "its values could not be made to differ (uniqueItems)")
-        raise ConfigurationError(_unfillable_message(tool_name, problem)) from None
+        raise ConfigurationError(_unfillable_message(tool_name, problem, bool(steers))) from None
     return arguments
 
 
-def _unfillable_message(tool_name: str | None, exc: _Unfillable) -> str:
+def _unfillable_message(tool_name: str | None, exc: _Unfillable, steered: bool = False) -> str:
     name = tool_name or "<tool name>"
     fields = "\n".join(f"  {path}: {why}" for path, why in exc.problems)
     holes = isinstance(exc.partial, dict)
@@ -589,7 +650,8 @@ def _unfillable_message(tool_name: str | None, exc: _Unfillable) -> str:
     one = len(exc.problems) == 1
     return (
         f"TestLLM cannot make arguments for tool {name!r} from its input schema:\n{fields}\n"
-        f"Give {'that field' if one else 'those fields'} a default that fits, or pass the "
+        + ("Change values= (the formats it steers), give " if steered else "Give ")
+        + f"{'that field' if one else 'those fields'} a default that fits, or pass the "
         f"tool's arguments by hand: check_agent(module, arguments={{{json.dumps(name)}: "
         f"{template}}}), or TestLLM(arguments={{...}}) where you drive TestLLM yourself"
         + (" (fill in each ...)" if "..." in template else "")
@@ -597,11 +659,17 @@ def _unfillable_message(tool_name: str | None, exc: _Unfillable) -> str:
     )
 
 
-def variant_arguments(schema: Mapping[str, Any], variant: int) -> Any:
+def variant_arguments(
+    schema: Mapping[str, Any],
+    variant: int,
+    *,
+    steers: Mapping[str, Steer] | None = None,
+    now: datetime.datetime | None = None,
+) -> Any:
     """The `variant`-th other value the generator makes for `schema` (`variant=0` is
-    `example_arguments`' value), if it can make one that fits the schema; else None.
-    For `check_agent`'s edits of a call's arguments."""
-    maker = _Maker(schema)
+    `example_arguments`' value, `steers` and `now` as there), if it can make one that
+    fits the schema; else None. For `check_agent`'s edits of a call's arguments."""
+    maker = _Maker(schema, steers, now)
     try:
         value = maker.value(schema, "$", variant)
     except (_Unfillable, _NoVariant):

@@ -14,19 +14,23 @@ word-sized `TextDelta`s, `delta_delay` seconds apart (0 by default), so a
 served offline agent streams visibly.
 
 The guide: docs/testing.md#offline-models-and-crash-points. The arguments
-`TestLLM` makes come from the kit's JSON Schema generator (`durable_agents._schema`).
+`TestLLM` makes come from the kit's JSON Schema generator (`durable_agents._schema`);
+`values=` steers them per format: docs/testing.md#steering-testllms-values.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import inspect
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from .._schema.formats import steered_formats
 from .._schema.values import example_arguments
 from ..messages import (
     OUTPUT_TOOL,
@@ -103,7 +107,16 @@ class TestLLM:
     email, url...) and its `pattern` (an example string of the regex), the
     items `minItems` asks for (all different under `uniqueItems`), every
     property of an object. `arguments={tool name: arguments}` gives a tool's
-    arguments by hand instead. With `one_per_step=True` it calls them one
+    arguments by hand instead. `values={format or type: value}` steers the
+    values it makes for a JSON-schema format (a Python type stands for the
+    format pydantic writes for it): `{"date-time": "future"}` (or `datetime:
+    "future"`) makes every date-time a week after the run's now (`"past"` a
+    week before; the same for `"date"`/`date`), `{"email": "ann@example.org"}`
+    a constant, `{datetime: lambda now: now + timedelta(days=3)}` a value of
+    now; each must still fit its schema, else `ConfigurationError` names the
+    field. `now` is read from `clock` (seconds, as `run(clock=)` takes it:
+    give it the run's clock; default `time.time`) when it makes arguments.
+    With `one_per_step=True` it calls them one
     step after another instead. Then it answers `text`, or a JSON summary of
     the results by tool name. Tool failures are results like any other: it
     does not retry them. An agent with `output_type` is answered through its
@@ -131,12 +144,16 @@ class TestLLM:
         text: str | None = None,
         delta_delay: float = 0.0,
         arguments: Mapping[str, Mapping[str, Any]] | None = None,
+        values: Mapping[Any, Any] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.call_tools = list(call_tools) if call_tools is not None else None
         self.one_per_step = one_per_step
         self.text = text
         self.delta_delay = delta_delay
         self.arguments = {name: dict(value) for name, value in (arguments or {}).items()}
+        self.steers = steered_formats(values)  # checked now: a bad key fails here
+        self.clock = clock or time.time
         self.calls = 0
 
     async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
@@ -167,7 +184,10 @@ class TestLLM:
         given = self.arguments.get(spec.name)
         if given is not None:
             return copy.deepcopy(given)
-        return example_arguments(spec.input_schema, tool_name=spec.name)
+        now = datetime.datetime.fromtimestamp(self.clock(), datetime.UTC)
+        return example_arguments(
+            spec.input_schema, tool_name=spec.name, steers=self.steers, now=now
+        )
 
     async def stream(
         self, messages: list[Message], tools: list[ToolSpec]
@@ -197,6 +217,8 @@ def arguments_for(
     *,
     tool_name: str | None = None,
     validate: Callable[[dict[str, Any]], object] | None = None,
+    values: Mapping[Any, Any] | None = None,
+    now: datetime.datetime | None = None,
 ) -> dict[str, Any]:
     """Arguments that satisfy a tool's input schema, as `TestLLM` makes them.
 
@@ -210,5 +232,11 @@ def arguments_for(
     the schema and, given `validate` (say the tool's pydantic
     `model_validate`), against that; what cannot be filled raises
     `ConfigurationError` naming `tool_name` and each field by its JSON path.
+    `values` steers formats as `TestLLM(values=)` does, at time `now` (an aware
+    datetime; default: now).
     """
-    return example_arguments(schema, tool_name=tool_name, validate=validate)
+    if now is None and values:
+        now = datetime.datetime.now(datetime.UTC)
+    return example_arguments(
+        schema, tool_name=tool_name, validate=validate, steers=steered_formats(values), now=now
+    )

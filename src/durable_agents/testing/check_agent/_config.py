@@ -1,7 +1,8 @@
 """What the check reads before it starts: the agent module (`AGENT`, `make_deps`,
-`DEV_STUBS`), the settings (the config's `[vars]` plus `env=`, empty URLs given
-placeholders), and the servers of the agent's toolsets. docs/testing.md ("`check_agent`:
-any agent at every crash point") describes the env a run gets."""
+`DEV_STUBS`, and `CHECK_AGENT`, the check's options it carries), the settings (the
+config's `[vars]` plus `env=`, empty URLs given placeholders), and the servers of the
+agent's toolsets. docs/testing.md ("`check_agent`: any agent at every crash point")
+describes the env a run gets; "Options the agent module carries", `CHECK_AGENT`."""
 
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ class CheckSetup:
 
     `env`: what `make_deps` gets; `stubs`: placeholder URL -> the module's dev stub
     answering there; `run_settings`: what `run(settings=)` gets (as the Worker passes
-    them); `servers`: a toolset's server URL -> that toolset."""
+    them); `servers`: a toolset's server URL -> that toolset; `options`: the module's
+    `CHECK_AGENT` (`arguments`, `values`, `expect_incomplete`), under what the caller
+    gives."""
 
     agent: Agent
     make_deps: Callable[..., Any]
@@ -60,6 +63,7 @@ class CheckSetup:
     stubs: dict[str, Callable[..., Any]]
     run_settings: dict[str, str]
     servers: dict[str, Toolset]
+    options: Mapping[str, Any]
 
 
 def check_setup(
@@ -68,7 +72,7 @@ def check_setup(
     env: Mapping[str, Any] | None,
 ) -> CheckSetup:
     """Load the agent module and make the settings its runs get."""
-    agent, make_deps, stubs, module_file = _load(module)
+    agent, make_deps, stubs, module_file, options = _load(module)
     settings = _settings(config, env, module_file)
     given = dict(settings)
     placeholders, answering = _fill_placeholders(settings, stubs)
@@ -80,7 +84,9 @@ def check_setup(
         if (v := settings.get(n) if n in stubs else given.get(n)) is not None
     }
     servers = _toolset_servers(agent, settings, placeholders)
-    return CheckSetup(agent, make_deps, CheckEnv(settings), answering, run_settings, servers)
+    return CheckSetup(
+        agent, make_deps, CheckEnv(settings), answering, run_settings, servers, options
+    )
 
 
 def _fill_placeholders(
@@ -136,7 +142,7 @@ def _placeholder(name: str) -> str:
 
 def _load(
     module: ModuleType | str,
-) -> tuple[Agent, Callable[..., Any], Mapping[str, Any], str | None]:
+) -> tuple[Agent, Callable[..., Any], Mapping[str, Any], str | None, Mapping[str, Any]]:
     if isinstance(module, str):
         module = importlib.import_module(module)
     where = getattr(module, "__file__", None) or module.__name__
@@ -147,7 +153,47 @@ def _load(
     if not callable(make_deps):
         raise ConfigurationError(f"{where}: make_deps(env, http) is missing")
     stubs = getattr(module, "DEV_STUBS", None) or {}
-    return agent, make_deps, stubs, getattr(module, "__file__", None)
+    options = _check_options(getattr(module, "CHECK_AGENT", None), where)
+    return agent, make_deps, stubs, getattr(module, "__file__", None), options
+
+
+CHECK_OPTIONS = {
+    "arguments": "{tool name: arguments}",
+    "values": "{format or type: value}",
+    "expect_incomplete": "a set of tool names",
+}
+
+
+def _check_options(options: object, where: str) -> Mapping[str, Any]:
+    """The module's `CHECK_AGENT`: the options of check_agent it carries for its agent
+    (what TestLLM cannot guess from its schemas), checked for their names and shapes."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ConfigurationError(
+            f"{where}: CHECK_AGENT must be a dict of check_agent's options "
+            f"({', '.join(CHECK_OPTIONS)}), got {type(options).__name__}"
+        )
+    unknown = sorted(str(k) for k in options if k not in CHECK_OPTIONS)
+    if unknown:
+        raise ConfigurationError(
+            f"{where}: CHECK_AGENT has {unknown}; it may hold "
+            + ", ".join(f"{k!r} ({shape})" for k, shape in CHECK_OPTIONS.items())
+        )
+    for key in ("arguments", "values"):
+        if not isinstance(options.get(key, {}), Mapping):
+            raise ConfigurationError(
+                f"{where}: CHECK_AGENT[{key!r}] must be {CHECK_OPTIONS[key]}, got "
+                f"{type(options[key]).__name__}"
+            )
+    expected = options.get("expect_incomplete", ())
+    names = isinstance(expected, (set, frozenset, list, tuple))
+    if not names or not all(isinstance(n, str) for n in expected):
+        raise ConfigurationError(
+            f"{where}: CHECK_AGENT['expect_incomplete'] must be a set of tool names, got "
+            f"{expected!r}"
+        )
+    return dict(options)
 
 
 def _toolset_servers(

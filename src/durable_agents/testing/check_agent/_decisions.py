@@ -6,10 +6,12 @@ docs/testing.md ("`check_agent`: any agent at every crash point")."""
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from ..._schema.formats import Steer
 from ..._schema.values import variant_arguments
 from ...agent import Agent
 from ...approvals import PendingApproval, approval_states, approve
@@ -60,8 +62,15 @@ class ArgumentEditor:
     """An approver's edits for decide="edit", made once per call (the same call made again
     gets the same edit)."""
 
-    def __init__(self, rules: ToolRules) -> None:
+    def __init__(
+        self,
+        rules: ToolRules,
+        steers: Mapping[str, Steer] | None = None,
+        now: datetime.datetime | None = None,
+    ) -> None:
         self.rules = rules
+        self.steers = steers  # values=: the edits' values of a steered format, as TestLLM's
+        self.now = now
         self.edits: dict[str, dict[str, Any] | None] = {}
 
     def edit_for(self, call: ToolCall) -> dict[str, Any] | None:
@@ -78,7 +87,7 @@ class ArgumentEditor:
         checker = self.rules.checking(call)
         schema = checker.input_schema
         for variant in range(1, _EDIT_VARIANTS + 1):
-            value = variant_arguments(schema, variant)
+            value = variant_arguments(schema, variant, steers=self.steers, now=self.now)
             if not isinstance(value, dict) or value == call.arguments:
                 continue
             try:

@@ -7,14 +7,16 @@ import asyncio
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import httpx
 
+from ..._schema.formats import Steer, steered_formats
 from ...stores.base import Store
+from ._breach import never_completed
 from ._config import check_setup
 from ._decisions import DecidePolicy, sweeps
 from ._player import Player
@@ -33,10 +35,16 @@ async def check_agent_async(
     arguments: Mapping[str, Mapping[str, Any]] | None = None,
     store: Callable[[Path], Store] | None = None,
     decide: DecidePolicy = "all",
+    values: Mapping[Any, Any] | None = None,
+    expect_incomplete: Collection[str] = (),
 ) -> AgentCheckReport:
     """`check_agent`, awaitable (for async tests). Same arguments, same report."""
     started = time.monotonic()
     setup = check_setup(module, config, env)
+    options = setup.options  # the module's CHECK_AGENT, under what the caller gives
+    arguments = {**options.get("arguments", {}), **(arguments or {})}
+    steers = _steers(options.get("values"), values)
+    expected = _names(options.get("expect_incomplete", ())) | _names(expect_incomplete)
     with tempfile.TemporaryDirectory(prefix="check-agent-") as directory:
         backend = _open_store(store, Path(directory))
         forward = httpx.AsyncClient(timeout=30.0) if setup.servers else None
@@ -46,9 +54,11 @@ async def check_agent_async(
                 backend,
                 turns=turns,
                 respond=respond,
-                arguments=arguments or {},
+                arguments=arguments,
                 own_store=store is not None,
                 forward=forward,
+                steers=steers,
+                expect_incomplete=expected,
             )
             await player.list_toolsets()
             for policy, decider in sweeps(player.gated, decide):
@@ -62,9 +72,32 @@ async def check_agent_async(
             if close is not None:
                 await close()
     tools = [*setup.agent.tools, *player.listed.values()]
-    return player.tally.report(
-        setup.agent.name, tools, list(player.listed), time.monotonic() - started
+    report = player.tally.report(
+        setup.agent.name,
+        tools,
+        list(player.listed),
+        time.monotonic() - started,
+        player.expect_incomplete,
     )
+    if report.never_completed:
+        raise never_completed(report, {t.name: t for t in tools}, player.arguments)
+    return report
+
+
+def _steers(
+    module_values: Mapping[Any, Any] | None, values: Mapping[Any, Any] | None
+) -> dict[str, Steer]:
+    """The formats steered: the module's `CHECK_AGENT["values"]`, each under the caller's
+    `values=` for the same format."""
+    return {**steered_formats(module_values), **steered_formats(values)}
+
+
+def _names(expect_incomplete: Collection[str]) -> set[str]:
+    """`expect_incomplete=` as a set of names (one name alone is taken as such, not as
+    its letters)."""
+    if isinstance(expect_incomplete, str):
+        return {expect_incomplete}
+    return set(expect_incomplete)
 
 
 def _open_store(store: Callable[[Path], Store] | None, directory: Path) -> Store:
@@ -133,6 +166,8 @@ def check_agent(
     arguments: Mapping[str, Mapping[str, Any]] | None = None,
     store: Callable[[Path], Store] | None = None,
     decide: DecidePolicy = "all",
+    values: Mapping[Any, Any] | None = None,
+    expect_incomplete: Collection[str] = (),
 ) -> AgentCheckReport:
     """Run an agent module at every crash point and check the at-most-once contract.
 
@@ -154,10 +189,21 @@ def check_agent(
     approving them all with edited arguments), `"approve"`, `"deny"`, `"edit"`,
     `"both"` (approve, then deny), or `decide(PendingApproval) -> bool | dict`
     (a dict approves the call with those arguments instead of the model's).
+    `values`: `{format or type: value}`, the values `TestLLM` makes for a
+    JSON-schema format, as `TestLLM(values=)` takes them: `{"date-time":
+    "future"}` (a week after the check starts), `{"email": "ann@example.org"}`.
+    `expect_incomplete`: names of side effects that may never complete in the
+    check (see below).
 
-    Returns an `AgentCheckReport`; raises `AssertionError` with the crash
-    point, the stored history and the requests on the first breach (what is
-    checked: docs/testing.md, "`check_agent`: any agent at every crash point").
+    Returns an `AgentCheckReport` (`report.tools[name]`: how far each tool's
+    calls got); raises `AssertionError` with the crash point, the stored
+    history and the requests on the first breach (what is checked:
+    docs/testing.md, "`check_agent`: any agent at every crash point"), and,
+    after the sweeps, when a tool that is not `safe_to_retry` never completed
+    (its handler never returned: every run raised `ModelRetry` or failed, or
+    it was never called), naming the tool, what happened instead and how to
+    fix it, unless `expect_incomplete` names it or a person denied its every
+    call; a safe tool that never completed is a warning in the report.
     Runs its own event loop: from async code, `await check_agent_async(...)`.
     """
     try:
@@ -179,5 +225,7 @@ def check_agent(
             arguments=arguments,
             store=store,
             decide=decide,
+            values=values,
+            expect_incomplete=expect_incomplete,
         )
     )

@@ -5,14 +5,17 @@ was stored and run against the rules (the `_check_*` modules)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import datetime
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import httpx
 
+from ..._schema.formats import Steer
+from ..._schema.values import example_arguments
 from ...approvals import approval_states
 from ...errors import ConfigurationError
-from ...llm.offline import TestLLM, arguments_for
+from ...llm.offline import TestLLM
 from ...messages import Message
 from ...run import pending_tool_calls, run
 from ...stores.base import Store
@@ -54,6 +57,8 @@ class Player:
         arguments: Mapping[str, Mapping[str, Any]],
         own_store: bool = False,
         forward: httpx.AsyncClient | None = None,
+        steers: Mapping[str, Steer] | None = None,
+        expect_incomplete: Collection[str] = (),
     ) -> None:
         agent = self.agent = setup.agent
         self.stage = Stage()
@@ -78,10 +83,15 @@ class Player:
         self.own_store = own_store
         self.arguments = {name: dict(value) for name, value in arguments.items()}
         self.given = set(self.arguments)
+        self.expect_incomplete = set(expect_incomplete)
+        # values= steers the formats TestLLM's arguments (and the edits) are made with, at
+        # the time the check starts: its runs' clock is the system's.
+        self.steers = dict(steers or {})
+        self.now = datetime.datetime.now(datetime.UTC)
         self.tools = {t.name: t for t in agent.tools}
         self.listed: dict[str, Tool] = {}  # the toolsets' tools, as listed before the check
         self.rules = ToolRules(self.tools, self.listed)
-        self.editor = ArgumentEditor(self.rules)
+        self.editor = ArgumentEditor(self.rules, self.steers, self.now)
         self.tally = Tally()
         if not agent.toolsets:  # (else once they are listed: `list_toolsets`)
             self._check_given()
@@ -89,9 +99,7 @@ class Player:
         for name, t in self.tools.items():  # made once, checked against the tool's model
             if name not in self.arguments:
                 validate = t.input_model.model_validate if t.input_model else t.parse_arguments
-                self.arguments[name] = arguments_for(
-                    t.input_schema, tool_name=name, validate=validate
-                )
+                self.arguments[name] = self._made(t, validate)
         self.handlers = {
             name: recorded_handler(t, self.stage, store) for name, t in self.tools.items()
         }
@@ -109,12 +117,24 @@ class Player:
                 "module's AGENT must carry its handlers"
             )
 
+    def _made(self, t: Tool, validate: Any) -> dict[str, Any]:
+        """TestLLM's arguments for `t`, made once (and checked) before the check."""
+        return example_arguments(
+            t.input_schema, tool_name=t.name, validate=validate, steers=self.steers, now=self.now
+        )
+
     def _check_given(self) -> None:
-        unknown = sorted(self.given - set(self.tools) - set(self.listed))
-        if unknown:
-            raise ConfigurationError(
-                f"arguments= names tools {self.agent.name!r} does not have: {unknown}"
-            )
+        known = set(self.tools) | set(self.listed)
+        for option, names in (
+            ("arguments", self.given),
+            ("expect_incomplete", self.expect_incomplete),
+        ):
+            unknown = sorted(set(names) - known)
+            if unknown:
+                raise ConfigurationError(
+                    f"{option}= names tools {self.agent.name!r} does not have: {unknown} "
+                    f"(its tools: {sorted(known)})"
+                )
 
     async def list_toolsets(self) -> None:
         """List every toolset once before the check: its tools' names, and TestLLM's
@@ -136,9 +156,7 @@ class Player:
         self._check_given()
         for name, t in self.listed.items():
             if name not in self.arguments:
-                self.arguments[name] = arguments_for(
-                    t.input_schema, tool_name=name, validate=t.parse_arguments
-                )
+                self.arguments[name] = self._made(t, t.parse_arguments)
 
     def breach(
         self, scenario: Scenario, what: str, history: list[Message], *, blame: Blame = "kit"
@@ -263,6 +281,8 @@ class Player:
     async def check(self, scenario: Scenario, history: list[Message]) -> None:
         """Check a played scenario's stored history and what ran against every rule."""
         states = approval_states(await self.store.load_approvals(scenario.name))
+        runs = ((i.tool_name, i.outcome, i.detail) for i in scenario.invocations)
+        self.tally.count_tools(runs, scenario.decisions, history)
         try:
             assert_well_formed(history, self.messages)
             assert_approvals(scenario, history, states, self.rules, self.tally)

@@ -4,15 +4,18 @@ store (what each append carried, to name the crash points)."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ...approvals import approval_states
+from ...errors import ModelRetry, ToolFailure
 from ...messages import Message
 from ...stores.base import ApprovalChange, Store
 from ...tools import RunContext, Tool, ToolContext, Toolset
 from ..crash_points import CrashingStore
+from ._report import clip
 from ._rules import plain
 from ._scenario import CURRENT, Crash, Invocation, Stage
 
@@ -20,8 +23,9 @@ Handler = Callable[[Any, ToolContext], Awaitable[Any]]
 
 
 def recorded_handler(t: Tool, stage: Stage, store: Store) -> Handler:
-    """`t`'s handler, each run recorded on the scenario being played (and, for a tool
-    that needs approval, what the store says of the call as it runs)."""
+    """`t`'s handler, each run recorded on the scenario being played: how it ended (for the
+    report's counts) and, for a tool that needs approval, what the store says of the call
+    as it runs."""
     handler = t.handler
     assert handler is not None
 
@@ -41,11 +45,26 @@ def recorded_handler(t: Tool, stage: Stage, store: Store) -> Handler:
         token = CURRENT.set(invocation)
         try:
             value = handler(args, ctx)
-            return await value if inspect.isawaitable(value) else value
+            value = await value if inspect.isawaitable(value) else value
+        except (Exception, asyncio.CancelledError) as exc:
+            invocation.outcome, invocation.detail = _ended(exc, t.timeout)
+            raise
         finally:
             CURRENT.reset(token)
+        invocation.outcome = "completed"
+        return value
 
     return recorded
+
+
+def _ended(exc: BaseException, timeout: float | None) -> tuple[str, str]:
+    """How a handler run that raised ended, for the report: ("retried" or "failed", what)."""
+    if isinstance(exc, ModelRetry):
+        return "retried", f"ModelRetry({clip(exc.message)!r})"
+    if isinstance(exc, asyncio.CancelledError):  # the run loop stopped it: its timeout
+        return "failed", f"stopped after its timeout ({timeout} s)" if timeout else "cancelled"
+    text = exc.message if isinstance(exc, ToolFailure) else str(exc)
+    return "failed", f"{type(exc).__name__}({clip(text)!r})"
 
 
 class RecordingToolset:

@@ -1,11 +1,14 @@
 """What `check_agent` saw and returns: the requests it recorded, the counts it keeps as it
-checks (`Tally`), and the report made of them (`AgentCheckReport`)."""
+checks (`Tally`), and the report made of them (`AgentCheckReport`, with a `ToolCounts` per
+tool: how far its calls got). docs/testing.md ("The report: how far each tool got")."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ...messages import Message, ToolErrorKind, tool_error
 from ...tools import Tool
 from ._jsonrpc import json_rpc, meta_key
 
@@ -53,12 +56,62 @@ class RecordedRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCounts:
+    """How far one tool's calls got in `check_agent`, over all its runs (every crash
+    point, both modes, every decision sweep): `report.tools["renew_loan"]`.
+
+    `calls`: the calls TestLLM made of it, as stored. Of the runs of its
+    handler: `completed` returned (its side effect done), `retried` raised
+    `ModelRetry`, `failed` raised anything else or was stopped by its
+    `timeout`. `rejected`: calls answered `invalid-arguments`, never run.
+    `approved` and `denied`: the decisions on its calls (a tool that needs
+    approval). `outcomes`: what the runs and calls that did not complete
+    ended in, `(text, times)`, most frequent first (`"ModelRetry('pick a
+    future date')"`, `"invalid arguments: ..."`).
+    """
+
+    name: str
+    safe_to_retry: bool
+    requires_approval: bool = False
+    calls: int = 0
+    completed: int = 0
+    retried: int = 0
+    failed: int = 0
+    rejected: int = 0
+    approved: int = 0
+    denied: int = 0
+    outcomes: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def runs(self) -> int:
+        """The runs of its handler that ended: completed, retried or failed."""
+        return self.completed + self.retried + self.failed
+
+    def ended_in(self, limit: int = 3) -> str:
+        """What its runs and calls ended in, as a failure says it: "12 runs: 12
+        ModelRetry('pick a future date')"."""
+        parts = [f"{times} {text}" for text, times in self.outcomes[:limit]]
+        if len(self.outcomes) > limit:
+            parts.append(f"{sum(n for _, n in self.outcomes[limit:])} other")
+        if self.denied and not self.approved:
+            parts.append(f"{self.denied} denied")
+        runs = f"{self.runs} run{'s' if self.runs != 1 else ''} of its handler"
+        return f"{self.calls} calls, {runs}: " + (", ".join(parts) or "none")
+
+
+@dataclass(frozen=True, slots=True)
 class AgentCheckReport:
     """What `check_agent` ran. Every count is over all crash points and both modes.
 
     `mcp_calls` counts the `tools/call` requests that reached a toolset's
     server; `edited` the approved calls that ran (or were lost) with an
-    approver's edited arguments."""
+    approver's edited arguments. `tools`: each tool's `ToolCounts` by name
+    (the agent's own, then its toolsets'), how far its calls got;
+    `expect_incomplete`: the tools `check_agent(expect_incomplete=)` let
+    off. `str(report)` is a line of totals, then the tools as a table and a
+    warning for each safe tool that never completed (docs/testing.md, "The
+    report: how far each tool got").
+    """
 
     agent: str
     safe_tools: tuple[str, ...]
@@ -76,6 +129,54 @@ class AgentCheckReport:
     toolset_tools: tuple[str, ...] = ()
     mcp_calls: int = 0
     seconds: float = 0.0
+    tools: Mapping[str, ToolCounts] = field(default_factory=dict)
+    expect_incomplete: tuple[str, ...] = ()
+
+    @property
+    def never_completed(self) -> tuple[str, ...]:
+        """The side effects (not `safe_to_retry`) whose handler never completed, but for
+        those every call of which a person denied, and those `expect_incomplete` names:
+        what `check_agent` fails on."""
+        return tuple(
+            name
+            for name, counts in self.tools.items()
+            if not counts.safe_to_retry
+            and _note(counts, self.expect_incomplete) in ("never called", "never completed")
+        )
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """A line for each tool that never completed and does not fail the check: a safe
+        one, one whose every call was denied, one `expect_incomplete` names."""
+        lines = []
+        for name, counts in self.tools.items():
+            note = _note(counts, self.expect_incomplete)
+            if note and name not in self.never_completed:
+                kind = "safe tool" if counts.safe_to_retry else "side effect"
+                lines.append(f"warning: {kind} {name!r} {note}: {counts.ended_in()}")
+        return tuple(lines)
+
+    def table(self) -> str:
+        """The tools' counts as an aligned table, a row a tool."""
+        header = ("tool", "kind", "calls", "completed", "ModelRetry", "failed",
+                  "invalid args", "approved", "denied", "")  # fmt: skip
+        rows = [header]
+        for name, c in self.tools.items():
+            gated = (str(c.approved), str(c.denied)) if c.requires_approval else ("-", "-")
+            rows.append((
+                name, "safe to retry" if c.safe_to_retry else "side effect", str(c.calls),
+                str(c.completed), str(c.retried), str(c.failed), str(c.rejected), *gated,
+                _note(c, self.expect_incomplete),
+            ))  # fmt: skip
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines = []
+        for row in rows:
+            cells = [
+                cell.ljust(width) if i in (0, 1, len(row) - 1) else cell.rjust(width)
+                for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+            ]
+            lines.append("  " + "  ".join(cells).rstrip())
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         text = (
@@ -102,7 +203,36 @@ class AgentCheckReport:
             )
         if self.seconds:
             text += f" ({self.seconds:.1f} s)"
+        if self.tools:
+            text += "\n" + self.table()
+        for line in self.warnings:
+            text += f"\n{line}"
         return text
+
+
+def _note(counts: ToolCounts, expected: Collection[str]) -> str:
+    """Why a tool never completed, or "" if it did."""
+    if counts.completed:
+        return ""
+    if counts.calls == 0:
+        what = "never called"
+    elif counts.denied and not counts.approved:
+        what = "never ran: every call denied"
+    else:
+        what = "never completed"
+    return f"{what} (expected)" if counts.name in expected else what
+
+
+@dataclass(slots=True)
+class _ToolTally:
+    calls: int = 0
+    completed: int = 0
+    retried: int = 0
+    failed: int = 0
+    rejected: int = 0
+    approved: int = 0
+    denied: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(slots=True)
@@ -119,9 +249,63 @@ class Tally:
     denied: int = 0
     edited: int = 0
     mcp_calls: int = 0
+    tools: dict[str, _ToolTally] = field(default_factory=dict)
+
+    def count_tools(
+        self,
+        runs: Iterable[tuple[str, str | None, str]],
+        decisions: Mapping[str, bool],
+        history: Sequence[Message],
+    ) -> None:
+        """Add how far each tool's calls got in a played scenario: its handler `runs`
+        (tool name, outcome, what it ended in), and from the stored `history` its calls,
+        the ones refused for their arguments and the `decisions` on them (call id ->
+        approved)."""
+        for name, outcome, detail in runs:
+            counts = self.tools.setdefault(name, _ToolTally())
+            if outcome == "completed":
+                counts.completed += 1
+            elif outcome in ("retried", "failed"):
+                if outcome == "retried":
+                    counts.retried += 1
+                else:
+                    counts.failed += 1
+                counts.outcomes[detail] += 1
+        names = {}
+        for message in history:
+            for call in message.tool_calls:
+                names[call.id] = call.name
+                self.tools.setdefault(call.name, _ToolTally()).calls += 1
+            error = tool_error(message.content) if message.role == "tool" else None
+            if error and error.get("kind") == ToolErrorKind.INVALID_ARGUMENTS.value:
+                counts = self.tools.setdefault(message.tool_name or "", _ToolTally())
+                counts.rejected += 1
+                counts.outcomes[f"invalid arguments: {clip(str(error['error']))}"] += 1
+        for call_id, approved in decisions.items():
+            counts = self.tools.setdefault(names.get(call_id, ""), _ToolTally())
+            if approved:
+                counts.approved += 1
+            else:
+                counts.denied += 1
+
+    def tool_counts(self, tools: Sequence[Tool]) -> dict[str, ToolCounts]:
+        """Each of `tools`' counts (zeros for one never called), in their order."""
+        made = {}
+        for t in tools:
+            c = self.tools.get(t.name, _ToolTally())
+            made[t.name] = ToolCounts(
+                t.name, t.safe_to_retry, t.requires_approval, c.calls, c.completed, c.retried,
+                c.failed, c.rejected, c.approved, c.denied, tuple(c.outcomes.most_common()),
+            )  # fmt: skip
+        return made
 
     def report(
-        self, agent: str, tools: Sequence[Tool], toolset_tools: Sequence[str], seconds: float
+        self,
+        agent: str,
+        tools: Sequence[Tool],
+        toolset_tools: Sequence[str],
+        seconds: float,
+        expect_incomplete: Collection[str] = (),
     ) -> AgentCheckReport:
         """The report of a finished check of agent `agent`, whose tools are `tools`."""
         return AgentCheckReport(
@@ -141,4 +325,11 @@ class Tally:
             toolset_tools=tuple(sorted(toolset_tools)),
             mcp_calls=self.mcp_calls,
             seconds=seconds,
+            tools=self.tool_counts(tools),
+            expect_incomplete=tuple(sorted(expect_incomplete)),
         )
+
+
+def clip(text: str, limit: int = 100) -> str:
+    """`text`, cut to `limit` characters (with "...") for a line of the report."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -27,6 +27,8 @@ class Invocation:
     run_number: int
     approval: ApprovalState | None = None  # for a requires_approval tool: the store's, as it ran
     arguments: Any = None  # what the handler was given, as JSON
+    outcome: str | None = None  # "completed", "retried" (ModelRetry), "failed"; None: running
+    detail: str = ""  # what a run that did not complete ended in: "ModelRetry('...')"
 
 
 @dataclass(frozen=True, slots=True)
