@@ -202,6 +202,11 @@ def _caller(
     """How the run loop calls `fn`: the context where `ctx` is, and the arguments as
     parsed (`whole`) or each parameter's value from the dict parse_arguments made."""
     plan = [(p.name, p.kind, p is ctx) for p in params]
+    if whole and [(kind in _POSITIONAL, is_ctx) for _, kind, is_ctx in plan] == [
+        (True, False),
+        (True, True),
+    ]:
+        return fn  # (args, ctx), as the run loop calls it: `Tool.handler` is the function
 
     def call(args: Any, context: Any) -> Any:
         positional: list[Any] = []
