@@ -188,7 +188,7 @@ async def test_a_wrong_setting_or_a_toolsets_own_configuration_error() -> None:
     assert wrong.error_code == "configuration"
     assert wrong.error is not None
     assert "SHELVES_MCP_URL must be an http:// or https:// URL" in wrong.error
-    assert "Set SHELVES_MCP_URL where the agent's settings come from" in wrong.error
+    assert "Fix SHELVES_MCP_URL where the agent's settings come from" in wrong.error
 
     class Unready:
         settings: tuple[str, ...] = ()

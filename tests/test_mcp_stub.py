@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from durable_agents import (
     Agent,
@@ -191,6 +191,54 @@ async def test_failures_are_is_error_results(caplog: pytest.LogCaptureFixture) -
     assert (await called("picky", {"title": "x"}))["content"][0]["text"] == "no such shelf"
 
 
+class Odd(BaseModel):
+    n: int
+
+    @field_validator("n")
+    @classmethod
+    def not_thirteen(cls, n: int) -> int:
+        if n == 13:
+            raise TypeError("a validator's bug")  # pydantic does not wrap a TypeError
+        return n
+
+
+@tool
+def odd(args: Odd) -> Any:
+    """Return something for n."""
+    if args.n == 1:
+        return Odd(n=1)  # a model: structured, as its JSON
+    if args.n == 2:
+        return {1, 2}  # a set: not JSON
+    return "plain text"
+
+
+async def test_what_a_handler_returns_or_breaks_never_escapes_the_stub(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stub = mcp_stub(odd)
+
+    async def result(n: int) -> dict[str, Any]:
+        status, body = await post(
+            stub, request("tools/call", {"name": "odd", "arguments": {"n": n}})
+        )
+        assert status == 200
+        answer: dict[str, Any] = body["result"]
+        return answer
+
+    assert (await result(1))["structuredContent"] == {"n": 1}
+    assert await result(3) == {
+        "content": [{"type": "text", "text": "plain text"}],
+        "isError": False,
+    }
+    unsent = await result(2)
+    assert unsent["isError"] is True
+    assert unsent["content"][0]["text"].startswith("'odd' ran, but its result cannot be sent: ")
+    with caplog.at_level("ERROR", logger="durable_agents"):
+        bug = await result(13)
+    assert bug["content"][0]["text"] == "TypeError: a validator's bug"
+    assert len(caplog.records) == 1
+
+
 @pytest.mark.parametrize(
     ("message", "status", "code"),
     [
@@ -249,6 +297,8 @@ def test_bad_stubs_are_refused_when_made() -> None:
         mcp_stub(find_book, annotations={"fnd_book": {"readOnlyHint": True}})
     with pytest.raises(ConfigurationError, match="must be a dict of MCP hints"):
         mcp_stub(find_book, annotations={"find_book": True})  # type: ignore[dict-item]
+    with pytest.raises(ConfigurationError, match="annotations map tool names to MCP hints"):
+        mcp_stub(find_book, annotations=[("find_book", {})])  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="name must be a non-empty string"):
         mcp_stub(find_book, name="")
     assert repr(catalog()) == "mcp_stub(find_book, place_hold, broken, picky, name='catalog')"

@@ -13,7 +13,8 @@ method `405`. It serves `initialize`, `ping`, `tools/list` and `tools/call` from
 kit's own `Tool`s (made with `durable_agents.tool`); anything else is error -32601.
 The guide: docs/mcp.md ("Offline: an MCP server as a dev stub").
 
-Inside the Worker it runs in the Worker itself (stdlib and pydantic only).
+In the dev server it runs inside the Worker, which answers its own requests there
+(it needs nothing but the standard library and pydantic).
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ class MCPStub:
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"mcp_stub: name must be a non-empty string, got {name!r}")
+        if not isinstance(annotations, Mapping):
+            raise ConfigurationError(
+                f"mcp_stub {name!r}: annotations map tool names to MCP hints, got "
+                f"{type(annotations).__name__}"
+            )
         self.name = name
         self.tools: dict[str, Tool] = {}
         for given in tools:
@@ -174,18 +180,17 @@ class MCPStub:
 
     async def _call(self, tool: Tool, arguments: Any) -> dict[str, Any]:
         """A `tools/call` result: the handler's result, or `isError` with why not."""
-        try:
-            args = tool.parse_arguments(arguments)
-        except ToolArgumentsError as exc:
-            return _failed(f"the arguments of {tool.name!r} are invalid: {exc}")
         assert tool.handler is not None  # (checked when made)
         try:
+            args = tool.parse_arguments(arguments)
             value = tool.handler(args, None)  # type: ignore[arg-type]  # no ctx: see mcp_stub
             if inspect.isawaitable(value):
                 value = await value
+        except ToolArgumentsError as exc:
+            return _failed(f"the arguments of {tool.name!r} are invalid: {exc}")
         except (ModelRetry, ToolFailure) as exc:
             return _failed(exc.message)
-        except Exception as exc:
+        except Exception as exc:  # a validator's or the handler's: never out of the stub
             _logger.error(
                 "mcp_stub %r: tool %r raised; answered isError", self.name, tool.name,
                 exc_info=exc,
@@ -193,7 +198,7 @@ class MCPStub:
             return _failed(describe_exception(exc))
         try:
             text = tool.encode_result(value)
-        except ValueError as exc:
+        except Exception as exc:  # not JSON, too deep, or off its output schema
             return _failed(f"{tool.name!r} ran, but its result cannot be sent: {exc}")
         answer: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": False}
         if not isinstance(value, str) and text.lstrip().startswith("{"):

@@ -193,9 +193,9 @@ def _settings_problem(toolset: Toolset, ctx: RunContext[Any], exc: Configuration
     fix = unset or names
     if not fix:
         return f"its tools could not be listed: {problem}"
-    which = " and ".join(fix)
+    which = f"{'Set' if unset else 'Fix'} {' and '.join(fix)}"
     return (
-        f"its tools could not be listed: {problem}. Set {which} where the agent's settings "
+        f"its tools could not be listed: {problem}. {which} where the agent's settings "
         f"come from: on Cloudflare, [vars] in wrangler.toml or a secret (`scripts/wrangler "
         f"secret put {fix[0]}`); with scripts/dev, .dev.vars or the environment (or a dev "
         "stub in the agent module's DEV_STUBS); with run(), its settings= (default "
