@@ -1,6 +1,7 @@
 """The `http` client a run's handlers and toolsets get during the check: every request
 recorded with the handler run that sent it, then answered (`respond`, a dev stub, or
-`200 {}`) or, for a toolset's server, forwarded for real. docs/testing.md
+`200 {}`) or, for a toolset's server, forwarded for real (or answered by the dev stub
+that stands in for it, `mcp_stub`). docs/testing.md
 ("`check_agent`: any agent at every crash point") says what goes where."""
 
 from __future__ import annotations
