@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -400,6 +402,32 @@ async def test_without_a_client_it_makes_its_own(server: Server) -> None:
         await tools.aclose()
 
 
+MODULE_LEVEL_NOTES = MCPTools(url_setting="NOTES_MCP_URL", name="notes")  # as in agent.py
+
+
+def test_a_module_level_mcptools_keeps_no_client_across_event_loops(server: Server) -> None:
+    # Issue 32: each test's event loop ran a turn through MCPTools' own client, kept on
+    # the module-level object: "ResourceWarning: unclosed transport", an error under -W
+    # error. run() without http= now makes the turn's client and closes it.
+    agent = Agent("notes", "Keep the user's notes.", toolsets=[MODULE_LEVEL_NOTES])
+    settings = {"NOTES_MCP_URL": server.url("json")}  # kept alive: a client holds its socket
+
+    async def one_turn() -> str:
+        llm = ScriptedLLM([LLMResponse(tool_calls=[ToolCall("c1", "list_notes", {})]),
+                           LLMResponse("Read them.")])  # fmt: skip
+        result = await run(agent, llm=llm, message="my notes?", settings=settings)
+        assert result.status == "complete", result.error
+        return tool_messages(llm)[0].content
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert "buy milk" in asyncio.run(one_turn())  # a new event loop each time
+        gc.collect()  # what the old loop's client left open is reported when collected
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+    assert MODULE_LEVEL_NOTES._client is None  # it never made one of its own
+
+
 # -- a fake upstream: what no real server should answer ----------------------------------
 
 Answer = tuple[int, dict[str, str], bytes]
@@ -750,9 +778,9 @@ async def test_a_missing_setting_at_run_time_keeps_the_message_and_ends_resumabl
     async with sqlite_store(tmp_path / "agents.db") as store:
         failed = await run(agent, llm=llm, message="hi", session_id="s", store=store,
                            http=http, settings={"NOTES_URL": server.url("auth")})  # fmt: skip
-        assert (failed.status, failed.error_code) == ("error", "toolset-error")
+        assert (failed.status, failed.error_code) == ("error", "configuration")
         assert failed.error is not None
-        assert "NOTES_TOKEN" in failed.error
+        assert "Set NOTES_TOKEN where the agent's settings come from" in failed.error
         assert [m.content for m in await store.load_messages("s")] == ["hi"]
         settings = {"NOTES_URL": server.url("auth"), "NOTES_TOKEN": TOKEN}
         resumed = await run(agent, llm=llm, session_id="s", store=store, http=http,

@@ -17,6 +17,9 @@ call's answer becomes, and how a failure to list ends the turn: the guide,
 docs/mcp.md. What the kit decided is stored with each call (`ToolCall.policy`);
 each call carries its idempotency key in `_meta`, under `IDEMPOTENCY_KEY_META`.
 
+Offline, `mcp_stub(*tools)` (`durable_agents.mcp_stub`) is an MCP server of the
+kit's own tools, for an agent module's `DEV_STUBS`.
+
 Names. The model sees `prefix` + the server's name, each character outside
 `[A-Za-z0-9_-]` replaced by `_` (`notes.search` becomes `notes_search`); a
 name longer than 64 characters keeps its first 55 and a hash of the whole.
@@ -33,9 +36,11 @@ Sessions. The session (its id and protocol version) is kept on the
 lives as long as the isolate); the tools are listed again every turn. A 404
 to a request that carried the session's id means the server dropped the
 session: a new one is opened and the request sent again, once (a 404 means it
-was not processed). Requests go through `RunContext.http` (in a Worker, the
-client over `fetch`), or a client of its own (`llm.default_client`) when the
-run has none: close it with `aclose()`. A request from the server in the
+was not processed). Requests go through `RunContext.http`: `run(http=)`, or
+the client `run()` makes for the turn and closes after it (in a Worker, the
+client over `fetch`); given a `RunContext` without one (`list_tools` called
+directly), it opens a client of its own (`llm.default_client`): close it
+with `aclose()`. A request from the server in the
 middle of a call (`ping`, `elicitation/create`, `sampling/createMessage`...)
 is answered at once: `ping` with `{}`, anything else with error -32601, since
 a tool call of an agent has no one to ask. A 2025-11-25 server that closes
@@ -62,10 +67,11 @@ from . import _json
 from ._http.client import default_client
 from ._http.sse import SSEEvent, sse_events, sse_lines
 from .errors import ConfigurationError, ToolFailure, ToolsetError, describe_exception, redact
+from .mcp_stub import MCPStub, mcp_stub
 from .messages import ToolErrorKind
 from .tools import RunContext, Tool, ToolContext
 
-__all__ = ["IDEMPOTENCY_KEY_META", "PROTOCOL_VERSION", "MCPTools"]
+__all__ = ["IDEMPOTENCY_KEY_META", "PROTOCOL_VERSION", "MCPStub", "MCPTools", "mcp_stub"]
 
 PROTOCOL_VERSION = "2025-11-25"
 """The MCP revision `initialize` offers."""
@@ -115,8 +121,10 @@ class MCPTools:
     - `timeout`: seconds a request may take (also each tool's `timeout`).
 
     A setting that is missing or empty is a `ConfigurationError` when the tools
-    are listed; a server that cannot be listed is a `ToolsetError` (the turn
-    ends with status "error", resumable).
+    are listed (a turn of `run()` ends with status "error" and `error_code`
+    "configuration", saying where to set it); a server that cannot be listed is
+    a `ToolsetError` (`error_code` "toolset-error"). Both keep the turn's
+    message, resumable.
     """
 
     def __init__(

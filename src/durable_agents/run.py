@@ -49,6 +49,7 @@ from ._turn.output_retries import OutputRetries, output_schema
 from ._turn.run_result import RunResult, RunStatus
 from ._turn.session_log import SessionLog
 from ._turn.setup import (
+    RunClient,
     Setup,
     add_toolset_tools,
     bind_tools,
@@ -174,7 +175,8 @@ async def run(
     `settings` (default `os.environ`) and `http` reach the turn's `RunContext`:
     what `agent.instructions` (a function) and `agent.toolsets` read. In a
     Worker the kit passes the agent module's settings from `env` and its
-    client over `fetch`.
+    client over `fetch`. Without `http`, a run of an agent with toolsets makes
+    a client for them and closes it when it returns.
 
     `tools` supplies or overrides handlers by tool name. `deps` reaches every
     handler as `ctx.deps`. `new_id` makes session and tool call ids (default:
@@ -195,15 +197,19 @@ async def run(
     """
     events = EventReporter(on_event)
     message = checked_message(agent, session_id, message, request_key, origin)
+    client = RunClient(http)
     options = _TurnOptions(
         agent, bind_tools(agent, tools or {}), deps, new_id or random_id, events, cancel,
         session_name, origin, clock or time.time,
-        Setup(os.environ if settings is None else settings, http),
+        Setup(os.environ if settings is None else settings, client),
     )  # fmt: skip
-    result = await _run(
-        options, llm, message, session_id, store, request_key, lease_seconds, wait_seconds,
-        _lease_run_id,
-    )  # fmt: skip
+    try:
+        result = await _run(
+            options, llm, message, session_id, store, request_key, lease_seconds,
+            wait_seconds, _lease_run_id,
+        )  # fmt: skip
+    finally:
+        await client.aclose()  # the one it made for the toolsets, if any
     await events.emit(RunFinished(result))
     return result
 
@@ -221,7 +227,7 @@ class _TurnOptions:
     name: str | None = None  # stored by the append that creates the session
     origin: MessageOrigin | None = None  # stamped on every message it stores
     clock: Callable[[], float] = time.time
-    setup: Setup = field(default_factory=lambda: Setup(os.environ, None))
+    setup: Setup = field(default_factory=lambda: Setup(os.environ, RunClient(None)))
 
 
 async def _run(
@@ -448,9 +454,10 @@ class _Turn:
             return
         options = self.options
         now = datetime.datetime.fromtimestamp(options.clock(), datetime.UTC)
+        client = options.setup.client
         ctx: RunContext[Any] = RunContext(
-            self.log.session_id, options.name, now, options.deps,
-            options.setup.settings, options.setup.http,
+            self.log.session_id, options.name, now, options.deps, options.setup.settings,
+            client.for_toolsets() if agent.toolsets else client.given,
         )  # fmt: skip
         if not isinstance(agent.instructions, str):
             text, self.instructions = await instructions_for_turn(
@@ -514,9 +521,9 @@ class _Turn:
         except ToolsetError as exc:
             if message is not None:  # keep the turn's message, as for a failed LLM call
                 await self.log.append([self.user_message(message, request_key)], release=True)
-            return self.result(
-                "error", "", 0, Usage(), describe_exception(exc), error_code="toolset-error"
-            )
+            # "configuration" (a setting to set) or "toolset-error" (its server, its code)
+            error = str(exc) if exc.code == "configuration" else describe_exception(exc)
+            return self.result("error", "", 0, Usage(), error, error_code=exc.code)
         orphans = pending_tool_calls(self.log.history)
         if orphans:
             waiting = await self.settler.settle(orphans, message)

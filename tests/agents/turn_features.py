@@ -11,6 +11,9 @@ word of the turn's message.
   empty, the dev stub `notes_stub`, which keeps every post with its Idempotency-Key
   (`GET /notes` lists them).
 - `remind` schedules its text as a turn a day later (`ctx.schedule`).
+- `shelf_of` comes from the catalogue's MCP server (`MCPTools(url_setting=
+  "TF_CATALOG_MCP_URL")`): left empty, its dev stub `mcp_stub(shelf_of)`, answering
+  inside the Worker itself.
 
 The model's moves, by the message's first word:
 
@@ -21,6 +24,7 @@ The model's moves, by the message's first word:
     stubborn      check_code("abc") until its result is tool-failed, then answers
     note          asks for the note "draft", then answers with what its result said
     remind        remind("ping"), then answers with what its result said
+    shelf         shelf_of("Dune") (an MCP tool), then answers with its result
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from durable_agents import (
 )
 from durable_agents.llm import FunctionLLM
 from durable_agents.llm.settings import setting
+from durable_agents.mcp import MCPTools, mcp_stub
 
 SETTINGS = ("TF_DESK", "NOTES_API_URL")
 
@@ -112,10 +117,21 @@ async def send_note(args: Note, ctx: ToolContext[Deps]) -> dict[str, Any]:
     return dict(response.json())
 
 
+class Title(BaseModel):
+    title: str = Field(min_length=1, max_length=100)
+
+
+@tool(safe_to_retry=True)
+def shelf_of(args: Title) -> dict[str, Any]:
+    """Say which shelf a book is on: the catalogue MCP server's tool (its dev stub's)."""
+    return {"title": args.title, "shelf": "B-3"}
+
+
 AGENT = Agent(
     "turn-features",
     instructions,
     [check_code, send_note, remind],
+    toolsets=[MCPTools(url_setting="TF_CATALOG_MCP_URL", name="catalog")],
     deps_type=Deps,
     output_type=Report,
     max_tool_retries=1,
@@ -158,6 +174,10 @@ def play(messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
         if not results:
             return call("remind", {"text": "ping"})
         return answer(json.dumps(last))
+    if move == "shelf":
+        if not results:
+            return call("shelf_of", {"title": "Dune"})
+        return answer(json.dumps(last))
     if move == "typed":
         return answer("typed", -1 if not results else 3)
     if move == "retry":
@@ -189,4 +209,4 @@ def notes_stub(method: str, path: str, body: bytes, headers: Mapping[str, str]) 
     return 404, {"error": f"the notes stub has no {method} {path}"}
 
 
-DEV_STUBS = {"NOTES_API_URL": notes_stub}
+DEV_STUBS = {"NOTES_API_URL": notes_stub, "TF_CATALOG_MCP_URL": mcp_stub(shelf_of, name="catalog")}

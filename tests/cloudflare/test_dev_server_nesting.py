@@ -138,6 +138,14 @@ def test_an_upstream_answer_nested_20000_deep_is_tool_failed_and_resume_works(
     error = json.loads(failed["content"])["error"]
     assert "DecodingError" in error
     assert "nested deeper than 128 levels" in error
+    # The traceback is in the dev server's output (workerd's log: also `wrangler tail`'s),
+    # with the session and the call, not only "POST ... 200 OK" (issue 32, item 5).
+    logged = server.wait_for_line(r"tool 'get_issue' failed in session \w+ \(call ", 20)
+    assert logged.endswith("the model was told tool-failed. Its traceback:"), logged
+    at = server.lines.index(logged)
+    server.wait_for_line(r"\] httpx\.DecodingError: the response from 127\.0\.0\.1 is JSON", 20)
+    assert server.lines[at + 1].endswith("] Traceback (most recent call last):"), server.lines
+    assert any(line.endswith(", in get_issue") for line in server.lines[at:]), server.lines
 
     status, _, resumed = server.request("POST", "/sessions/deep-issue/resume")
     assert status == 200, resumed

@@ -118,6 +118,23 @@ def test_instructions_are_made_once_per_turn_and_a_resumed_turn_is_sent_them_aga
 
 
 @pytest.mark.slow
+def test_an_mcp_toolset_runs_on_its_dev_stub_inside_the_worker(worker: DevWorker) -> None:
+    # Issue 32: TF_CATALOG_MCP_URL left empty, the dev server points it at the agent's
+    # mcp_stub; MCPTools lists and calls it over fetch, the Worker answering itself.
+    reply = send(worker, "shelf", "shelf of Dune")
+    assert (reply.status, reply.body["status"]) == (200, "complete"), reply.text
+    assert json.loads(reply.body["output"]["summary"]) == {"title": "Dune", "shelf": "B-3"}
+    (call,) = [c for m in history(worker, "shelf") for c in m.get("tool_calls", [])
+               if c["name"] == "shelf_of"]  # fmt: skip
+    assert {k: v for k, v in call["policy"].items() if k != "input_schema"} == {
+        "source": "mcp:catalog",
+        "safe_to_retry": True,  # readOnlyHint, from the tool's safe_to_retry
+        "requires_approval": False,
+        "annotations": {"readOnlyHint": True},
+    }
+
+
+@pytest.mark.slow
 def test_a_typed_answer_is_checked_and_answered_as_output(worker: DevWorker) -> None:
     reply = send(worker, "typed", "typed answer")
     assert (reply.status, reply.body["status"]) == (200, "complete"), reply.text

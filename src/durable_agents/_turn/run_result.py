@@ -47,7 +47,9 @@ class RunResult(Generic[OutputT]):
     With `"error"`, `error_code` says which: `"llm-error"` (the call failed),
     `"llm-response-too-large"` (the reply is over the store's limit for one
     message, `MAX_ROW_BYTES`, so it was not kept), `"toolset-error"` (a toolset,
-    e.g. an MCP server, could not list its tools) or `"invalid-output"` (the
+    e.g. an MCP server, could not list its tools), `"configuration"` (a toolset
+    could not list its tools for want of a setting: `error` names it and where it
+    is set) or `"invalid-output"` (the
     model's answer broke `agent.output_type` more than `max_output_retries`
     times). In every
     case but the first the stored history is consistent and

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from .. import _json
+from .._http.client import default_client
 from ..agent import Agent
 from ..errors import (
     ConfigurationError,
@@ -27,7 +28,9 @@ from ..messages import ORIGINS, OUTPUT_TOOL, Message, MessageOrigin
 from ..tools import Handler, RunContext, Tool, Toolset
 
 __all__ = [
+    "RunClient",
     "Setup",
+    "ToolsetSettingsError",
     "add_toolset_tools",
     "bind_tools",
     "checked_message",
@@ -36,12 +39,42 @@ __all__ = [
 ]
 
 
+RUN_CLIENT_TIMEOUT = 30.0
+"""The default timeout (seconds) of the client a run makes for its toolsets; `MCPTools`
+sets its own on each request."""
+
+
+class RunClient:
+    """The turn's `RunContext.http`: `run(http=)`'s client, else, for an agent with
+    toolsets, one the run makes (`default_client`) on first use and closes when it ends
+    (`aclose`). So a toolset kept at module level (an `MCPTools` in the agent module)
+    never holds a client from one event loop into the next."""
+
+    def __init__(self, given: httpx.AsyncClient | None) -> None:
+        self.given = given
+        self._own: httpx.AsyncClient | None = None
+
+    def for_toolsets(self) -> httpx.AsyncClient:
+        """The client toolsets list and call through: the given one, else the run's own."""
+        if self.given is not None:
+            return self.given
+        if self._own is None:
+            self._own = default_client(RUN_CLIENT_TIMEOUT)
+        return self._own
+
+    async def aclose(self) -> None:
+        """Close the client the run made, if it made one (a given client is left open)."""
+        own, self._own = self._own, None
+        if own is not None:
+            await own.aclose()
+
+
 @dataclass(frozen=True, slots=True)
 class Setup:
     """What `run()` was given for the turn's `RunContext` besides the session."""
 
     settings: Mapping[str, str]
-    http: httpx.AsyncClient | None
+    client: RunClient
 
 
 def checked_message(
@@ -118,6 +151,14 @@ async def add_toolset_tools(
             tools[listed.name] = listed
 
 
+class ToolsetSettingsError(ToolsetError):
+    """A toolset could not list its tools for want of a setting (missing, empty or
+    wrong): `run()` ends the turn as for a `ToolsetError`, with `error_code`
+    "configuration", since trying again changes nothing until the setting is set."""
+
+    code = "configuration"
+
+
 async def _listed(toolset: Toolset, ctx: RunContext[Any]) -> Sequence[Tool]:
     """The toolset's tools this turn. Any failure to list them (its server down, a
     setting missing, a bug in its code) is a `ToolsetError`: the turn ends resumable
@@ -126,12 +167,40 @@ async def _listed(toolset: Toolset, ctx: RunContext[Any]) -> Sequence[Tool]:
         return await toolset.list_tools(ctx)
     except ToolsetError:
         raise
+    except ConfigurationError as exc:  # a setting to set: say which, and where
+        raise ToolsetSettingsError(_label(toolset), _settings_problem(toolset, ctx, exc)) from exc
     except Exception as exc:
         name = type(toolset).__name__
         problem = describe_exception(exc)
-        if isinstance(exc, DurableAgentsError):  # the kit's own words (a setting missing)
+        if isinstance(exc, DurableAgentsError):  # the kit's own words
             problem = str(exc).removeprefix(f"{name}: ")
         raise ToolsetError(name, f"its tools could not be listed: {problem}") from exc
+
+
+def _label(toolset: Toolset) -> str:
+    """A toolset in a message: its repr (`MCPTools(url_setting='MCP_URL', name=None)`), or
+    its class's name when it has no repr of its own."""
+    if type(toolset).__repr__ is object.__repr__:
+        return type(toolset).__name__
+    return repr(toolset)
+
+
+def _settings_problem(toolset: Toolset, ctx: RunContext[Any], exc: ConfigurationError) -> str:
+    """Why the toolset could not list its tools, the settings to fix, and where they are set."""
+    problem = str(exc).removeprefix(f"{type(toolset).__name__}: ").rstrip(".")
+    names = [n for n in getattr(toolset, "settings", ()) if isinstance(n, str)]
+    unset = [n for n in names if not str(ctx.settings.get(n) or "").strip()]
+    fix = unset or names
+    if not fix:
+        return f"its tools could not be listed: {problem}"
+    which = f"{'Set' if unset else 'Fix'} {' and '.join(fix)}"
+    return (
+        f"its tools could not be listed: {problem}. {which} where the agent's settings "
+        f"come from: on Cloudflare, [vars] in wrangler.toml or a secret (`scripts/wrangler "
+        f"secret put {fix[0]}`); with scripts/dev, .dev.vars or the environment (or a dev "
+        "stub in the agent module's DEV_STUBS); with run(), its settings= (default "
+        "os.environ)"
+    )
 
 
 def turn_instructions(history: Sequence[Message]) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -47,6 +48,8 @@ from .output_retries import OutputRetries, turn_results
 from .session_log import SessionLog
 
 __all__ = ["ToolExecutor"]
+
+_logger = logging.getLogger("durable_agents")
 
 
 class ToolExecutor:
@@ -247,7 +250,9 @@ class ToolExecutor:
             return tool_error_content(exc.kind, f"Tool {call.name!r} failed: {exc.message}")
         except Exception as exc:
             timed_out = isinstance(exc, TimeoutError) and timer.expired()
-            return _failure(call, tool, exc, safe=safe, timed_out=timed_out)
+            content = _failure(call, tool, exc, safe=safe, timed_out=timed_out)
+            _log_failure(self.log.session_id, call, exc, content)
+            return content
         return self.encoded(call, tool, value)
 
     def encoded(self, call: ToolCall, tool: Tool, value: Any) -> str:
@@ -318,6 +323,19 @@ def _failure(call: ToolCall, tool: Tool, exc: Exception, *, safe: bool, timed_ou
     return tool_error_content(
         ToolErrorKind.TOOL_FAILED, f"Tool {call.name!r} failed: {describe_exception(exc)}"
     )
+
+
+def _log_failure(session_id: str, call: ToolCall, exc: Exception, content: str) -> None:
+    """A handler's unexpected error, with its traceback, where the developer looks: the
+    `durable_agents` logger (unconfigured, Python prints it to stderr: in the Worker,
+    workerd's log, so `scripts/dev`'s output and `wrangler tail`). The call's arguments
+    may be personal: they are not logged."""
+    error = tool_error(content)
+    kind = error.get("kind") if error is not None else None
+    _logger.error(
+        "tool %r failed in session %s (call %s); the model was told %s. Its traceback:",
+        call.name, session_id, call.id, kind, exc_info=exc,
+    )  # fmt: skip
 
 
 def _ran_edited(content: str, edited: dict[str, Any]) -> str:

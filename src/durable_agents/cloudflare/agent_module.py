@@ -25,9 +25,14 @@ or async: `path` is what follows `/__dev/<name>`, with the query string if
 the request had one ("/orders/42", "/slots?date=2026-12-03", or "/" for the
 URL itself), `body` the raw request body, `headers` the request's
 headers with lower-case names (an `Idempotency-Key` arrives as
-`headers["idempotency-key"]`). The Worker serves `/__dev/...` only while
-its setting `DEV_STUBS` is `"on"`, which only the dev server sets; on
-Cloudflare those paths are 404s like any unknown path.
+`headers["idempotency-key"]`); `json_body` None sends no body (a 202).
+The Worker serves `/__dev/...` only while its setting `DEV_STUBS` is
+`"on"`, which only the dev server sets; on Cloudflare those paths are 404s
+like any unknown path.
+
+For the server of `MCPTools(url_setting="MCP_URL")`, `DEV_STUBS = {"MCP_URL":
+durable_agents.mcp.mcp_stub(*tools)}`: an MCP server of the kit's own tools,
+so an agent with MCP tools runs offline (docs/mcp.md).
 
 `AgentModule.load(module)` checks a module against this protocol and says
 what is missing, in terms of the module's own file.

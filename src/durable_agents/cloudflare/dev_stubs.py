@@ -49,4 +49,6 @@ async def serve_dev_stub(
         json.dumps(payload)  # a value that cannot be sent is the stub's bug, said here
     except Exception as exc:
         return internal_error(exc, f"the dev stub for {name}")
+    if payload is None:  # no body (an MCP server's 202 to a notification)
+        return Reply(status, None, text="")
     return Reply(status, payload)

@@ -17,7 +17,12 @@ from typing import Any
 from .._timeouts import timeout
 from ..approvals import approve, pending_approvals
 from ..budget import invocation
-from ..errors import DurableAgentsError, SessionNotFoundError, ToolArgumentsError
+from ..errors import (
+    ConfigurationError,
+    DurableAgentsError,
+    SessionNotFoundError,
+    ToolArgumentsError,
+)
 from ..events import CancelToken, OnEvent
 from ..llm.settings import setting
 from ..run import RunResult, run, stop_turn
@@ -235,7 +240,8 @@ async def _run_turn(
 
 
 def _result_reply(session_id: str, result: RunResult) -> Reply:
-    """A turn's result as the API answers it: 200, 202 for "deferred", 502 for "error"."""
+    """A turn's result as the API answers it: 200, 202 for "deferred", 502 for "error"
+    (500, as for any `ConfigurationError`, when a setting must be set first)."""
     body: dict[str, Any] = {
         "session_id": session_id,
         "status": result.status,
@@ -249,6 +255,8 @@ def _result_reply(session_id: str, result: RunResult) -> Reply:
         body["pending"] = [p.to_dict() for p in result.pending]
     if result.status == "error":
         body["error"] = _turn_error(result)
+        if result.error_code == ConfigurationError.code:  # not the upstream's doing
+            return Reply(ERROR_STATUS[ConfigurationError], body)
         return Reply(502, body)
     if result.status == "budget_exceeded":
         body["error"] = {"code": "budget-exceeded", "message": result.error}
@@ -261,6 +269,12 @@ def _turn_error(result: RunResult) -> dict[str, Any]:
     """The `error` of a turn that ended in status "error"."""
     if result.error_code == "turn-stopped":
         return {"code": "turn-stopped", "message": result.error}
+    if result.error_code == ConfigurationError.code:  # says which setting, and where
+        message = (
+            f"{result.error}. The session keeps your message: once the setting is set, "
+            "POST .../resume finishes the turn, or send a new message"
+        )
+        return {"code": ConfigurationError.code, "message": message}
     code = result.error_code or "llm-error"
     what = f"the LLM call failed ({result.error})" if code == "llm-error" else result.error
     message = (

@@ -83,7 +83,9 @@ def check_setup(
         for n in agent.settings
         if (v := settings.get(n) if n in stubs else given.get(n)) is not None
     }
-    servers = _toolset_servers(agent, settings, placeholders)
+    # A toolset's setting left empty that a dev stub answers (`mcp_stub`): the stub is
+    # its server, checked as one.
+    servers = _toolset_servers(agent, settings, placeholders - set(stubs))
     return CheckSetup(
         agent, make_deps, CheckEnv(settings), answering, run_settings, servers, options
     )
@@ -199,9 +201,10 @@ def _check_options(options: object, where: str) -> Mapping[str, Any]:
 def _toolset_servers(
     agent: Agent, settings: Mapping[str, Any], placeholders: set[str]
 ) -> dict[str, Toolset]:
-    """The servers of the agent's toolsets, whose requests are forwarded: a URL a toolset
-    was given (`MCPTools(url=...)`), or that a setting it reads holds (not an empty one
-    the check filled with a placeholder)."""
+    """The servers of the agent's toolsets, whose requests are forwarded (or answered by
+    the dev stub at a placeholder): a URL a toolset was given (`MCPTools(url=...)`), or
+    that a setting it reads holds (not an empty one the check filled with a placeholder
+    no stub answers)."""
     servers: dict[str, Toolset] = {}
     for toolset in agent.toolsets:
         urls = [getattr(toolset, "url", None)]

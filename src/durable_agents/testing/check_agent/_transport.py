@@ -1,6 +1,7 @@
 """The `http` client a run's handlers and toolsets get during the check: every request
 recorded with the handler run that sent it, then answered (`respond`, a dev stub, or
-`200 {}`) or, for a toolset's server, forwarded for real. docs/testing.md
+`200 {}`) or, for a toolset's server, forwarded for real (or answered by the dev stub
+that stands in for it, `mcp_stub`). docs/testing.md
 ("`check_agent`: any agent at every crash point") says what goes where."""
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class CheckTransport:
         url = str(request.url)
         server = next((base for base in self.servers if is_under(url, base)), None)
         scenario.requests.append(_recorded(scenario, invocation, request, server is not None))
+        if server is not None and server in self.stubs:  # a dev stub as the server
+            return await self._served_by_stub(request, server, invocation)
         if server is not None:
             return await self._forward(request, server, invocation)
         if self.respond is not None:
@@ -111,8 +114,23 @@ class CheckTransport:
                 with contextlib.redirect_stdout(io.StringIO()):  # a dev server's log lines
                     reply = stub(request.method, path, request.content, headers)
                     status, body = await reply if inspect.isawaitable(reply) else reply
+                if body is None:  # a stub's answer with no body (see agent_module)
+                    return httpx.Response(status)
                 return httpx.Response(status, json=body)
         return httpx.Response(200, json={})
+
+    async def _served_by_stub(
+        self, request: httpx.Request, server: str, invocation: Invocation | None
+    ) -> httpx.Response:
+        """A toolset's request answered by the dev stub standing in for its server
+        (`mcp_stub`), counted and read as `_forward` does a real server's."""
+        message = json_rpc(request.content)
+        method = message.get("method") if message is not None else None
+        response = await self._stubbed(request, str(request.url))
+        _count_call(self.stage.now(), server, method, message, invocation)
+        if method == "tools/list" and response.status_code == 200:
+            await self._read_listing(server, response.content)
+        return response
 
     async def _forward(
         self, request: httpx.Request, server: str, invocation: Invocation | None
