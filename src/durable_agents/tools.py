@@ -113,8 +113,9 @@ class RunContext(Generic[DepsT]):
     as an aware UTC datetime. `settings` are the deployment's settings (in a
     Worker: those the agent module's `SETTINGS` and its toolsets name, from env; on
     CPython `run(settings=)`, default `os.environ`). `http` is the client handlers use
-    (`run(http=)`; in a Worker, the one over `fetch`), None when the run was given
-    none: a toolset then makes its own.
+    (`run(http=)`; in a Worker, the one over `fetch`); without one, `run()` makes one
+    for an agent's toolsets and closes it when the turn ends (None for an agent without
+    toolsets).
     """
 
     session_id: str
