@@ -2,9 +2,11 @@
 system, an MCP server.
 
 An agent module (the protocol is in `durable_agents.cloudflare.agent_module`).
-Try it against the example's server (`examples/clinic/mcp_server.py`, written
-with the official MCP SDK):
+Try it offline (MCP_URL empty: its dev stub, below, is the booking system), or
+against the example's server (`examples/clinic/mcp_server.py`, written with the
+official MCP SDK):
 
+    scripts/dev --agent examples/clinic/agent.py
     .venv/bin/python examples/clinic/mcp_server.py --port 8931 &
     MCP_URL=http://127.0.0.1:8931/mcp scripts/dev --agent examples/clinic/agent.py
 
@@ -54,7 +56,7 @@ from durable_agents import (
 )
 from durable_agents.llm import FunctionLLM, llm_from_env
 from durable_agents.llm.settings import setting
-from durable_agents.mcp import MCPTools
+from durable_agents.mcp import MCPTools, mcp_stub
 
 CLINIC = "Bright Smile Dental"
 
@@ -131,6 +133,86 @@ AGENT = Agent(
     output_type=FrontDeskReply,
     max_steps=10,
 )
+
+
+# --- offline: the booking system as a dev stub -------------------------------------
+# What answers while MCP_URL is empty (scripts/dev, check_agent, scripts/check): an MCP
+# server of these tools (`mcp_stub`), bookings in memory. The real one, with the official
+# MCP SDK, is examples/clinic/mcp_server.py; these answer its tools alike, more simply.
+
+_HOURS = {"09:00": "Dr. Okafor", "10:30": "Dr. Lee", "14:00": "Dr. Okafor", "15:30": "Dr. Lee"}
+_booked: dict[str, dict[str, str]] = {}  # booking id -> booking
+
+
+@tool(safe_to_retry=True)
+def find_slots(date: str) -> dict[str, Any]:
+    """The free appointment slots on a day (YYYY-MM-DD)."""
+    taken = {b["slot_id"] for b in _booked.values() if b["status"] == "booked"}
+    slots = {f"{date}T{time}": dentist for time, dentist in _HOURS.items()}
+    free = [{"slot_id": s, "dentist": d} for s, d in slots.items() if s not in taken]
+    return {"date": date, "free": free}
+
+
+@tool(safe_to_retry=True)
+def list_bookings(patient: str) -> dict[str, Any]:
+    """A patient's current bookings."""
+    mine = [b for b in _booked.values() if b["patient"] == patient and b["status"] == "booked"]
+    return {"patient": patient, "bookings": mine}
+
+
+@tool
+def book_slot(slot_id: str, patient: str, treatment: str) -> dict[str, str]:
+    """Book a free slot for a patient; a booking the patient has already is moved to it."""
+    dentist = _HOURS.get(slot_id.partition("T")[2])
+    if dentist is None:
+        raise ValueError(f"there is no slot {slot_id!r}; find_slots lists the free ones")
+    for booking in list(_booked.values()):
+        if booking["status"] == "booked" and booking["slot_id"] == slot_id:
+            if booking["patient"] != patient:
+                raise ValueError(f"the slot {slot_id} is taken; find_slots lists the free ones")
+            return booking  # the patient's own: booked already
+        if booking["status"] == "booked" and booking["patient"] == patient:
+            booking["status"] = "cancelled"  # moved
+    booking_id = f"bk_{len(_booked) + 1}"
+    booking = {"booking_id": booking_id, "slot_id": slot_id, "dentist": dentist}
+    _booked[booking_id] = {**booking, "patient": patient, "treatment": treatment,
+                           "status": "booked"}  # fmt: skip
+    return _booked[booking_id]
+
+
+@tool
+def cancel_booking(booking_id: str) -> dict[str, str]:
+    """Cancel a booking; its slot becomes free."""
+    if booking_id not in _booked:
+        raise ValueError(f"there is no booking {booking_id!r}")
+    _booked[booking_id]["status"] = "cancelled"
+    return _booked[booking_id]
+
+
+@tool
+def leave_message(patient: str, text: str) -> str:
+    """Leave a message for the front desk to call the patient back."""
+    return f"message left for the front desk about {patient}"
+
+
+DESTRUCTIVE = {"readOnlyHint": False, "destructiveHint": True}
+DEV_STUBS = {
+    "MCP_URL": mcp_stub(
+        find_slots, list_bookings, book_slot, cancel_booking, leave_message, name="clinic",
+        annotations={"book_slot": DESTRUCTIVE, "cancel_booking": DESTRUCTIVE,
+                     "leave_message": {"readOnlyHint": False, "destructiveHint": False}},
+    )
+}  # fmt: skip
+# check_agent's arguments where TestLLM's would only be refused (a day far ahead, a slot
+# of it, a booking the check makes): tests/test_agent.py runs the template's check.
+CHECK_AGENT = {
+    "arguments": {
+        "check_date": {"date": "2099-06-16"},
+        "find_slots": {"date": "2099-06-16"},
+        "book_slot": {"slot_id": "2099-06-16T09:00", "patient": "Ada", "treatment": "check-up"},
+        "cancel_booking": {"booking_id": "bk_1"},
+    }
+}
 
 
 def make_deps(env: Any, http: httpx.AsyncClient) -> None:
