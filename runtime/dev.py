@@ -41,14 +41,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import dev_limits  # runtime/, beside this file
-from agent_checks import load_agent
+from agent_checks import (
+    load_agent,
+    modules_the_worker_lacks,
+    packages_providing,
+    stand_in_agent,
+)
 from dev_settings import (
     KIT_SETTINGS,
     Setting,
@@ -64,6 +69,13 @@ from dev_settings import (
 from wrangler_config import ConfigError, load_config, project_config
 
 PROJECT = Path(__file__).resolve().parent.parent
+# The Worker's packages (scripts/vendor.py), and its record of what it unpacked: a change
+# reloads the Worker (wrangler reads python_modules/ again on a reload, never watches it).
+PYTHON_MODULES = PROJECT / "python_modules"
+VENDOR_STAMP = PYTHON_MODULES / ".vendor-stamp"
+# The module staged beside the kit's entry for this server only (durable_agents.cloudflare.
+# agent_module.DEV_SERVER_NOTE, read by serve_agent): the agent file's path and packages.
+DEV_SERVER_NOTE = "_durable_agents_dev"
 # The project's wrangler on its Node, with runtime/workerd as its workerd.
 WRANGLER = PROJECT / "scripts" / "wrangler"
 BUNDLE_HOST = "pyodide-capnp-bin.edgeworker.net"
@@ -126,14 +138,28 @@ def find_config() -> Path:
 
 def describe_agent(agent_file: Path) -> Any:
     """The agent module, imported on CPython (the kit is the same there) and checked as the
-    Worker checks it (`AgentModule`); a module that does not load stops the server."""
+    Worker checks it (`AgentModule`). One that does not load is said, and the server starts
+    all the same with a stand-in (no settings, no stubs): the Worker answers every request
+    with the error until an edit of the file fixes it and reloads the Worker."""
     try:
         return load_agent(agent_file, PROJECT / "src")
     except Exception as exc:
-        import traceback
+        say(f"the agent module does not load on CPython: {exc}")
+        return stand_in_agent()
 
-        traceback.print_exc()
-        fail(f"the agent module {agent_file} does not load: {exc}")
+
+def dev_server_note(agent_file: Path, packages: Mapping[str, str]) -> str:
+    """The DEV_SERVER_NOTE module: the agent file as the Worker's errors name it, the
+    packages providing the modules python_modules/ lacks, and python_modules/'s stamp
+    (when it changes, the module does, and wrangler reloads the Worker with them)."""
+    stamp = VENDOR_STAMP.read_text().strip() if VENDOR_STAMP.is_file() else ""
+    return (
+        '"""Staged by scripts/dev (runtime/dev.py) beside the Worker\'s entry, never deployed: '
+        'read by\ndurable_agents.cloudflare.agent_module.serve_agent.\n"""\n\n'
+        f"AGENT_FILE = {str(agent_file)!r}\n"
+        f"PACKAGES = {dict(sorted(packages.items()))!r}\n"
+        f"VENDORED = {stamp!r}\n"
+    )
 
 
 # -- processes -----------------------------------------------------------------------------
@@ -320,10 +346,18 @@ def serve_kit(
     build_worker.imported_names = lambda name, path: parsed(name, path, _stamp(path))
     copy = stage.dir / "wrangler.json"
     names = (agent.settings, tuple(agent.dev_stubs))
+    check_packages = packages_check()
+    started = False
 
     def rebuild() -> None:
-        build_worker.stage(stage.source)
-        edited = load_agent(agent_file, PROJECT / "src")
+        packages = check_packages(build_worker.stage(stage.source))
+        (stage.source / f"{DEV_SERVER_NOTE}.py").write_text(dev_server_note(agent_file, packages))
+        try:
+            edited = load_agent(agent_file, PROJECT / "src", packages)
+        except Exception:
+            if started:
+                raise  # the running Worker stays (Stage.follow says why)
+            edited = agent  # describe_agent said why: the Worker will say it to each request
         if (edited.settings, tuple(edited.dev_stubs)) != names:
             say("the agent's SETTINGS or DEV_STUBS changed: they are passed from the next start")
         copied = dev_config(read_config(config_file), config_file, stage.main, secrets)
@@ -337,9 +371,39 @@ def serve_kit(
         rebuild()
     except (Exception, SystemExit) as exc:
         fail(f"cannot stage the Worker: {exc}")
+    started = True
     stage.sync()
-    stage.follow([PROJECT / "src", agent_file, config_file], rebuild, say)
+    stage.follow([PROJECT / "src", agent_file, config_file, VENDOR_STAMP], rebuild, say)
     return copy
+
+
+def packages_check() -> Callable[[Mapping[str, Path]], dict[str, str]]:
+    """A check of the staged modules against python_modules/ (`modules_the_worker_lacks`):
+    each call says a new finding once (a warning: the server runs on, and the Worker answers
+    each request with the import's error) and returns the packages providing the modules
+    found missing, for the Worker's errors. .venv's packages are read when one is missing
+    (~0.6 s), again only for a module not found in them before."""
+    known: dict[str, str] = {}
+    said = [""]
+
+    def packages(names: Iterable[str]) -> Mapping[str, str]:
+        if not set(names) <= known.keys():
+            known.update(packages_providing())
+        return known
+
+    def check(modules: Mapping[str, Path]) -> dict[str, str]:
+        missing = modules_the_worker_lacks(modules, PYTHON_MODULES, packages)
+        text = "; ".join(m.describe() for m in missing)
+        if text and text != said[0]:
+            say(
+                f"warning: {text}. Until then the Worker answers every request with the import's "
+                "error; this server keeps running and reloads the Worker when python_modules/ "
+                "changes"
+            )
+        said[0] = text
+        return {m.module: m.package for m in missing if m.package}
+
+    return check
 
 
 def _stamp(path: Path) -> tuple[int, int]:
