@@ -225,11 +225,34 @@ def _catches_import_error(kind: ast.expr | None) -> bool:
     return bool({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"} & set(names))
 
 
-def packages_providing() -> dict[str, str]:
-    """Import name -> the package (normalized name) providing it, from this Python's
-    installed packages (.venv's metadata): `{"yaml": "pyyaml", ...}`."""
-    found = {}
-    for module, packages in importlib.metadata.packages_distributions().items():
-        if packages:
-            found[module] = re.sub(r"[-_.]+", "-", packages[0]).lower()
+def packages_providing(site_folders: Iterable[str] | None = None) -> dict[str, str]:
+    """Import name -> the package (normalized name) providing it, for the packages installed
+    in this Python (.venv): `{"yaml": "pyyaml", ...}`. Read from each `*.dist-info` folder's
+    top_level.txt, else its RECORD (~0.15 s; importlib.metadata's packages_distributions
+    takes 0.6-0.9 s, parsing every package's metadata)."""
+    found: dict[str, str] = {}
+    folders = [f for f in (sys.path if site_folders is None else site_folders) if f]
+    for folder in folders:
+        if not folder.endswith("site-packages") or not Path(folder).is_dir():
+            continue
+        for info in sorted(Path(folder).glob("*.dist-info")):
+            package = re.sub(r"[-_.]+", "-", info.name.split("-")[0]).lower()
+            for name in _top_level_names(info):
+                found.setdefault(name, package)
     return found
+
+
+def _top_level_names(info: Path) -> set[str]:
+    top_level = info / "top_level.txt"
+    try:
+        if top_level.is_file():
+            lines = top_level.read_text().split()
+        else:
+            lines = [
+                row.split(",")[0].split("/")[0]
+                for row in (info / "RECORD").read_text().splitlines()
+            ]
+    except OSError:
+        return set()
+    names = {line.split(".")[0] for line in lines}
+    return {n for n in names if n.isidentifier() and not n.startswith("__")}

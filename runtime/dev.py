@@ -53,6 +53,7 @@ from agent_checks import (
     modules_the_worker_lacks,
     packages_providing,
     stand_in_agent,
+    vendored_names,
 )
 from dev_settings import (
     KIT_SETTINGS,
@@ -315,7 +316,12 @@ def apply_migrations(
 
 
 def serve_kit(
-    stage: dev_limits.Stage, config_file: Path, agent_file: Path, agent: Any, secrets: list[str]
+    stage: dev_limits.Stage,
+    config_file: Path,
+    agent_file: Path,
+    agent: Any,
+    secrets: list[str],
+    venv_packages: Callable[[], Mapping[str, str]] = packages_providing,
 ) -> Path:
     """Stage this kit's Worker (scripts/build_worker.py, in this process, with `agent_file`
     as its agent) and keep it staged: an edit under src/ or of the agent file (wherever it
@@ -326,7 +332,10 @@ def serve_kit(
 
     An edit that breaks the build (a syntax error) or the agent module (checked on CPython
     as at start) leaves the running Worker as it is, and says why. `secrets`: the names the
-    env file gives (see dev_config)."""
+    env file gives (see dev_config). Staged beside the Worker, DEV_SERVER_NOTE: the agent
+    file's path and .venv's packages (`venv_packages()`) for the Worker's errors, and
+    python_modules/'s stamp: a change of it (scripts/add-package) reloads the Worker. An
+    import python_modules/ lacks is warned of (`packages_check`)."""
     spec = importlib.util.spec_from_file_location(
         "build_worker", PROJECT / "scripts" / "build_worker.py"
     )
@@ -346,7 +355,7 @@ def serve_kit(
     build_worker.imported_names = lambda name, path: parsed(name, path, _stamp(path))
     copy = stage.dir / "wrangler.json"
     names = (agent.settings, tuple(agent.dev_stubs))
-    check_packages = packages_check()
+    check_packages = packages_check(venv_packages)
     started = False
 
     def rebuild() -> None:
@@ -377,16 +386,22 @@ def serve_kit(
     return copy
 
 
-def packages_check() -> Callable[[Mapping[str, Path]], dict[str, str]]:
+def packages_check(
+    venv_packages: Callable[[], Mapping[str, str]],
+) -> Callable[[Mapping[str, Path]], dict[str, str]]:
     """A check of the staged modules against python_modules/ (`modules_the_worker_lacks`):
     each call says a new finding once (a warning: the server runs on, and the Worker answers
-    each request with the import's error) and returns the packages providing the modules
-    found missing, for the Worker's errors. .venv's packages are read when one is missing
-    (~0.6 s), again only for a module not found in them before."""
+    each request with the import's error), and returns what the Worker's errors name a
+    module's package with: .venv's packages (`venv_packages()`, read again when a missing
+    module is not among them) by import name, those python_modules/ has left out. So the
+    Worker's note changes with python_modules/, not with an edit of the agent: wrangler
+    reloads the Worker once per file changed."""
     known: dict[str, str] = {}
     said = [""]
 
-    def packages(names: Iterable[str]) -> Mapping[str, str]:
+    def packages(names: Iterable[str] = ()) -> Mapping[str, str]:
+        if not known:
+            known.update(venv_packages())
         if not set(names) <= known.keys():
             known.update(packages_providing())
         return known
@@ -401,9 +416,24 @@ def packages_check() -> Callable[[Mapping[str, Path]], dict[str, str]]:
                 "changes"
             )
         said[0] = text
-        return {m.module: m.package for m in missing if m.package}
+        vendored = vendored_names(PYTHON_MODULES) if PYTHON_MODULES.is_dir() else set()
+        return {name: package for name, package in packages().items() if name not in vendored}
 
     return check
+
+
+def read_in_background(read: Callable[[], dict[str, str]]) -> Callable[[], dict[str, str]]:
+    """`read()` started now in a thread of its own; the function returned waits for it."""
+    result: Future[dict[str, str]] = Future()
+
+    def run() -> None:
+        try:
+            result.set_result(read())
+        except BaseException as exc:  # handed to the caller
+            result.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return result.result
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -622,7 +652,10 @@ def start_migrations(
 
 
 def stage_worker(
-    worker: Worker, limits: Limits, persist: Path
+    worker: Worker,
+    limits: Limits,
+    persist: Path,
+    venv_packages: Callable[[], Mapping[str, str]] = packages_providing,
 ) -> tuple[dev_limits.Stage | None, Path]:
     """The Worker's main under the plan's limits: a generated module in a staging folder of
     this server (dev_limits.Stage), which `wrangler dev` runs as its script; and the config
@@ -635,7 +668,9 @@ def stage_worker(
     if worker.agent_file is None:
         return stage, worker.config_file
     given = env_file_settings(with_defaults(worker.settings, worker.agent, "http://127.0.0.1"))
-    copy = serve_kit(stage, worker.config_file, worker.agent_file, worker.agent, list(given))
+    copy = serve_kit(
+        stage, worker.config_file, worker.agent_file, worker.agent, list(given), venv_packages
+    )
     return stage, copy
 
 
@@ -691,6 +726,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     sys.dont_write_bytecode = True  # no __pycache__ in src/: wrangler reloads on any change there
     options = parse_options(argv)
+    # ~0.15 s of reading .venv's packages (for the Worker's errors) while the start goes on.
+    venv_packages = read_in_background(packages_providing)
     config_file = (options.config or find_config()).resolve()
     config = read_config(config_file)
     persist = (options.persist_to or config_file.parent / ".wrangler" / "state").resolve()
@@ -704,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     limits = workers_plan(worker)
     persist.mkdir(parents=True, exist_ok=True)
     migrated = start_migrations(config_file, config, persist)
-    stage, wrangler_config = stage_worker(worker, limits, persist)
+    stage, wrangler_config = stage_worker(worker, limits, persist, venv_packages)
     launch = Launch(
         worker=worker, options=options, host=host, persist=persist,
         script=[str(stage.main)] if stage else [], wrangler_config=wrangler_config, flags=flags,
