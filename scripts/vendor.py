@@ -277,10 +277,17 @@ def resolution_failure(output: str, index_url: str | None) -> str:
             f"{who}: no version with a wheel the Worker can load matches {requirement} "
             f"(those with one: {versions})"
         )
+    built = pyodide_builds(name)
+    pyodide = (
+        f" (Pyodide's own distribution builds {name} {built}, but not on the package index, "
+        "where this script takes wheels from)"
+        if built
+        else ""
+    )
     return (
-        f"{who} has no wheel the Worker can load: {why_no_wheel(name, index_url)}. The Worker "
-        f"runs CPython {PYTHON} on Pyodide (WebAssembly): it loads pure-Python wheels "
-        f"(py3-none-any) and wheels built for Pyodide ({PLATFORM}), never a source "
+        f"{who} has no wheel the Worker can load: {why_no_wheel(name, index_url)}{pyodide}. "
+        f"The Worker runs CPython {PYTHON} on Pyodide (WebAssembly): it loads pure-Python "
+        f"wheels (py3-none-any) and wheels built for Pyodide ({PLATFORM}), never a source "
         "distribution or a native wheel for another platform"
     )
 
@@ -302,9 +309,22 @@ def why_no_wheel(name: str, index_url: str | None) -> str:
     pyodide = [p for p in platforms if "emscripten" in p]
     if pyodide:
         return f"its wheels for Pyodide are for other versions of it ({', '.join(pyodide)})"
-    shown = ", ".join(platforms[:4]) + (", ..." if len(platforms) > 4 else "")
+    families = sorted({re.sub(r"[_\d].*", "", p) or p for p in platforms})
+    shown = ", ".join(platforms) if len(platforms) <= 3 else f"{', '.join(families)}: ..."
     besides = " and source distributions" if sdists else ""
     return f"it has only native wheels, for other platforms ({shown}){besides}"
+
+
+def pyodide_builds(name: str) -> str | None:
+    """The version of `name` that Pyodide's own distribution builds (node_modules/pyodide's
+    pyodide-lock.json lists them: wheels on Pyodide's CDN, not on the package index)."""
+    lock = PROJECT / "node_modules" / "pyodide" / "pyodide-lock.json"
+    try:
+        packages = json.loads(lock.read_text())["packages"]
+    except (OSError, ValueError, KeyError):
+        return None
+    found = packages.get(normalize(name)) if isinstance(packages, dict) else None
+    return str(found.get("version")) if isinstance(found, dict) else None
 
 
 def index_files(name: str, index_url: str) -> list[str] | None:
