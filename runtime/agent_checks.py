@@ -54,7 +54,12 @@ def load_agent(
             raise
         return module
 
-    return import_agent(load, str(agent_file), packages=packages)
+    return import_agent(load, str(agent_file), shown_as=shown_path(agent_file), packages=packages)
+
+
+def shown_path(path: Path) -> str:
+    """`path` as messages name it: relative to the project when in it (src/agent.py)."""
+    return str(path.relative_to(PROJECT)) if path.is_relative_to(PROJECT) else str(path)
 
 
 class _Binding:
@@ -141,7 +146,7 @@ class MissingModule:
 
     def describe(self) -> str:
         """The warning the dev server prints, with the fix."""
-        where = f"{self.file}, line {self.line}, imports `{self.module}`"
+        where = f"{shown_path(self.file)}, line {self.line}, imports `{self.module}`"
         lacks = "which the Worker's packages (python_modules/) lack"
         if self.package is None:
             return (

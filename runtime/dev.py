@@ -52,6 +52,7 @@ from agent_checks import (
     load_agent,
     modules_the_worker_lacks,
     packages_providing,
+    shown_path,
     stand_in_agent,
     vendored_names,
 )
@@ -157,7 +158,7 @@ def dev_server_note(agent_file: Path, packages: Mapping[str, str]) -> str:
     return (
         '"""Staged by scripts/dev (runtime/dev.py) beside the Worker\'s entry, never deployed: '
         'read by\ndurable_agents.cloudflare.agent_module.serve_agent.\n"""\n\n'
-        f"AGENT_FILE = {str(agent_file)!r}\n"
+        f"AGENT_FILE = {shown_path(agent_file)!r}\n"
         f"PACKAGES = {dict(sorted(packages.items()))!r}\n"
         f"VENDORED = {stamp!r}\n"
     )
