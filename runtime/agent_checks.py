@@ -1,15 +1,20 @@
 """The agent module as the Worker reads it, loaded on CPython, and what it needs before a
-turn can run: a model its settings can make (`model_problem`) and the settings its
-toolsets read (`toolset_settings`). Shared by the dev server (runtime/dev.py, which stops
-at start when a turn would fail) and the deploy check (runtime/deploy_check.py, which
-names what Cloudflare lacks); docs/dev-server.md and docs/deploy.md say what each tells.
+turn can run: a model its settings can make (`model_problem`), the settings its
+toolsets read (`toolset_settings`), and the modules it imports that the Worker's
+packages (python_modules/) lack (`modules_the_worker_lacks`). Shared by the dev server
+(runtime/dev.py, which stops at start when a turn would fail) and the deploy check
+(runtime/deploy_check.py, which names what Cloudflare lacks); docs/dev-server.md and
+docs/deploy.md say what each tells.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import importlib.util
+import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,20 +29,37 @@ SECRET_SETTINGS = ("API_TOKEN", "LLM_API_KEY", "SESSION_TOKEN_SECRET")
 MODEL_KEYS = ("LLM_API_KEY",)
 
 
-def load_agent(agent_file: Path, src: Path = PROJECT / "src") -> Any:
-    """The agent module at `agent_file` as the Worker reads it (`AgentModule.load`), imported
-    on CPython as `agent` with `src` (the kit) importable. Raises what the import raises."""
+def load_agent(
+    agent_file: Path, src: Path = PROJECT / "src", packages: Mapping[str, str] | None = None
+) -> Any:
+    """The agent module at `agent_file` as the Worker reads it, imported on CPython as
+    `agent` with `src` (the kit) importable. Raises the kit's ConfigurationError naming the
+    file, the line, what failed and the fix (`import_agent`), chained to what the import
+    raised; `packages` maps an import name to the package that provides it."""
     if str(src) not in sys.path:
         sys.path.insert(0, str(src))
-    spec = importlib.util.spec_from_file_location("agent", agent_file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {agent_file} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["agent"] = module
-    spec.loader.exec_module(module)
-    from durable_agents.cloudflare.agent_module import AgentModule
+    from durable_agents.cloudflare.agent_module import import_agent
 
-    return AgentModule.load(module)
+    def load() -> Any:
+        spec = importlib.util.spec_from_file_location("agent", agent_file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {agent_file} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["agent"] = module
+        importlib.invalidate_caches()  # a package installed into .venv since the last load
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop("agent", None)
+            raise
+        return module
+
+    return import_agent(load, str(agent_file), shown_as=shown_path(agent_file), packages=packages)
+
+
+def shown_path(path: Path) -> str:
+    """`path` as messages name it: relative to the project when in it (src/agent.py)."""
+    return str(path.relative_to(PROJECT)) if path.is_relative_to(PROJECT) else str(path)
 
 
 class _Binding:
@@ -93,3 +115,149 @@ def toolset_settings(agent: Any) -> dict[str, str]:
         for name in getattr(toolset, "settings", ()):
             found.setdefault(name, repr(toolset))
     return found
+
+
+def stand_in_agent() -> Any:
+    """What the dev server serves while the agent module does not load on CPython: an agent
+    with no tools, settings or stubs (the Worker answers every request with the error)."""
+    from durable_agents import Agent
+    from durable_agents.cloudflare.agent_module import AgentModule
+
+    return AgentModule(Agent("agent-not-loaded"), lambda env, http: None)
+
+
+# Modules the Worker has without python_modules/: Pyodide's own, and the standard library
+# of its CPython 3.14 (this process's list, plus what 3.12-3.14 added).
+PYODIDE_MODULES = frozenset(
+    {"js", "pyodide", "pyodide_js", "_pyodide", "annotationlib", "compression"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MissingModule:
+    """A module the agent's files import (`module`, its top-level name, at `file`:`line`)
+    that neither src/, the standard library, Pyodide nor python_modules/ has; `package`,
+    the package that provides it in this Python (.venv), if it does."""
+
+    module: str
+    file: Path
+    line: int
+    package: str | None
+
+    def describe(self) -> str:
+        """The warning the dev server prints, with the fix."""
+        where = f"{shown_path(self.file)}, line {self.line}, imports `{self.module}`"
+        lacks = "which the Worker's packages (python_modules/) lack"
+        if self.package is None:
+            return (
+                f"{where}, {lacks} (and .venv has no package providing it): if it comes from "
+                "a package, add that package with `scripts/add-package <its name on PyPI>`; "
+                "a module of your own goes in src/"
+            )
+        return f"{where}, {lacks}: add it with `scripts/add-package {self.package}`"
+
+
+def modules_the_worker_lacks(
+    modules: Mapping[str, Path],
+    python_modules: Path,
+    packages: Callable[[Iterable[str]], Mapping[str, str]],
+) -> list[MissingModule]:
+    """The imports of the Worker's `modules` (by dotted name; the kit's own, `durable_agents`
+    and `entry`, are not looked at) that nothing the Worker has provides: `modules`
+    themselves, the standard library, Pyodide, python_modules/. Imports under `if
+    TYPE_CHECKING:` or in a `try` that catches ImportError are left out. `packages(names)`
+    maps the missing import names to their packages (`packages_providing`), asked only if
+    one is missing. None when python_modules/ is not there (set-up has not run)."""
+    if not python_modules.is_dir():
+        return []
+    have = {name.split(".")[0] for name in modules} | vendored_names(python_modules)
+    have |= set(sys.stdlib_module_names) | PYODIDE_MODULES
+    found: dict[str, tuple[Path, int]] = {}
+    for name, path in modules.items():
+        if name == "entry" or name.split(".")[0] == "durable_agents":
+            continue
+        for module, line in unguarded_imports(path):
+            if module not in have:
+                found.setdefault(module, (path, line))
+    if not found:
+        return []
+    provides = packages(found)
+    return [MissingModule(m, f, n, provides.get(m)) for m, (f, n) in found.items()]
+
+
+def vendored_names(python_modules: Path) -> set[str]:
+    """The top-level modules and packages of python_modules/."""
+    names = set()
+    for path in python_modules.iterdir():
+        if path.is_dir() and "." not in path.name and path.name != "__pycache__":
+            names.add(path.name)
+        elif path.suffix in (".py", ".so"):
+            names.add(path.name.split(".")[0])
+    return names
+
+
+def unguarded_imports(path: Path) -> Iterator[tuple[str, int]]:
+    """The top-level names of the absolute imports of the module at `path`, with their
+    lines: not under `if TYPE_CHECKING:`, not in a `try` catching ImportError."""
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return
+    yield from _imports_of(tree.body)
+
+
+def _imports_of(nodes: Iterable[ast.AST]) -> Iterator[tuple[str, int]]:
+    for node in nodes:
+        if isinstance(node, ast.If) and re.search(r"\bTYPE_CHECKING\b", ast.unparse(node.test)):
+            yield from _imports_of(node.orelse)
+        elif isinstance(node, ast.Try | ast.TryStar):
+            guarded = any(_catches_import_error(h.type) for h in node.handlers)
+            for part in ([] if guarded else [node.body]) + [node.orelse, node.finalbody]:
+                yield from _imports_of(part)
+            for handler in node.handlers:
+                yield from _imports_of(handler.body)
+        elif isinstance(node, ast.Import):
+            yield from ((alias.name.split(".")[0], node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0 and node.module:
+                yield node.module.split(".")[0], node.lineno
+        else:
+            yield from _imports_of(ast.iter_child_nodes(node))
+
+
+def _catches_import_error(kind: ast.expr | None) -> bool:
+    names = re.findall(r"\w+", ast.unparse(kind)) if kind is not None else ["BaseException"]
+    return bool({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"} & set(names))
+
+
+def packages_providing(site_folders: Iterable[str] | None = None) -> dict[str, str]:
+    """Import name -> the package (normalized name) providing it, for the packages installed
+    in this Python (.venv): `{"yaml": "pyyaml", ...}`. Read from each `*.dist-info` folder's
+    top_level.txt, else its RECORD (~0.15 s; importlib.metadata's packages_distributions
+    takes 0.6-0.9 s, parsing every package's metadata)."""
+    found: dict[str, str] = {}
+    folders = [f for f in (sys.path if site_folders is None else site_folders) if f]
+    for folder in folders:
+        if not folder.endswith("site-packages") or not Path(folder).is_dir():
+            continue
+        for info in sorted(Path(folder).glob("*.dist-info")):
+            package = re.sub(r"[-_.]+", "-", info.name.split("-")[0]).lower()
+            for name in _top_level_names(info):
+                found.setdefault(name, package)
+    return found
+
+
+def _top_level_names(info: Path) -> set[str]:
+    top_level = info / "top_level.txt"
+    try:
+        if top_level.is_file():
+            lines = top_level.read_text().split()
+        else:
+            lines = [
+                row.split(",")[0].split("/")[0]
+                for row in (info / "RECORD").read_text().splitlines()
+            ]
+    except OSError:
+        return set()
+    names = {line.split(".")[0] for line in lines}
+    return {n for n in names if n.isidentifier() and not n.startswith("__")}

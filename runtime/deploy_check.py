@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         agent = load_agent(agent_file)
     except Exception as exc:
-        say(f"the agent module {agent_file} does not load: {exc}")
+        say(str(exc))  # the file, the line, what failed and the fix (agent_checks.load_agent)
         return 2
     try:
         secrets, source = known_secrets(options, config_file)

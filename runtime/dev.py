@@ -42,14 +42,21 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import dev_limits  # runtime/, beside this file
-from agent_checks import load_agent
+from agent_checks import (
+    load_agent,
+    modules_the_worker_lacks,
+    packages_providing,
+    shown_path,
+    stand_in_agent,
+    vendored_names,
+)
 from dev_settings import (
     KIT_SETTINGS,
     Setting,
@@ -65,6 +72,13 @@ from dev_settings import (
 from wrangler_config import ConfigError, load_config, project_config
 
 PROJECT = Path(__file__).resolve().parent.parent
+# The Worker's packages (scripts/vendor.py), and its record of what it unpacked: a change
+# reloads the Worker (wrangler reads python_modules/ again on a reload, never watches it).
+PYTHON_MODULES = PROJECT / "python_modules"
+VENDOR_STAMP = PYTHON_MODULES / ".vendor-stamp"
+# The module staged beside the kit's entry for this server only (durable_agents.cloudflare.
+# agent_module.DEV_SERVER_NOTE, read by serve_agent): the agent file's path and packages.
+DEV_SERVER_NOTE = "_durable_agents_dev"
 # The project's wrangler on its Node, with runtime/workerd as its workerd.
 WRANGLER = PROJECT / "scripts" / "wrangler"
 BUNDLE_HOST = "pyodide-capnp-bin.edgeworker.net"
@@ -153,14 +167,28 @@ def find_config() -> Path:
 
 def describe_agent(agent_file: Path) -> Any:
     """The agent module, imported on CPython (the kit is the same there) and checked as the
-    Worker checks it (`AgentModule`); a module that does not load stops the server."""
+    Worker checks it (`AgentModule`). One that does not load is said, and the server starts
+    all the same with a stand-in (no settings, no stubs): the Worker answers every request
+    with the error until an edit of the file fixes it and reloads the Worker."""
     try:
         return load_agent(agent_file, PROJECT / "src")
     except Exception as exc:
-        import traceback
+        say(f"the agent module does not load on CPython: {exc}")
+        return stand_in_agent()
 
-        traceback.print_exc()
-        fail(f"the agent module {agent_file} does not load: {exc}")
+
+def dev_server_note(agent_file: Path, packages: Mapping[str, str]) -> str:
+    """The DEV_SERVER_NOTE module: the agent file as the Worker's errors name it, the
+    packages providing the modules python_modules/ lacks, and python_modules/'s stamp
+    (when it changes, the module does, and wrangler reloads the Worker with them)."""
+    stamp = VENDOR_STAMP.read_text().strip() if VENDOR_STAMP.is_file() else ""
+    return (
+        '"""Staged by scripts/dev (runtime/dev.py) beside the Worker\'s entry, never deployed: '
+        'read by\ndurable_agents.cloudflare.agent_module.serve_agent.\n"""\n\n'
+        f"AGENT_FILE = {shown_path(agent_file)!r}\n"
+        f"PACKAGES = {dict(sorted(packages.items()))!r}\n"
+        f"VENDORED = {stamp!r}\n"
+    )
 
 
 # -- processes -----------------------------------------------------------------------------
@@ -316,7 +344,12 @@ def apply_migrations(
 
 
 def serve_kit(
-    stage: dev_limits.Stage, config_file: Path, agent_file: Path, agent: Any, secrets: list[str]
+    stage: dev_limits.Stage,
+    config_file: Path,
+    agent_file: Path,
+    agent: Any,
+    secrets: list[str],
+    venv_packages: Callable[[], Mapping[str, str]] = packages_providing,
 ) -> Path:
     """Stage this kit's Worker (scripts/build_worker.py, in this process, with `agent_file`
     as its agent) and keep it staged: an edit under src/ or of the agent file (wherever it
@@ -327,7 +360,10 @@ def serve_kit(
 
     An edit that breaks the build (a syntax error) or the agent module (checked on CPython
     as at start) leaves the running Worker as it is, and says why. `secrets`: the names the
-    env file gives (see dev_config)."""
+    env file gives (see dev_config). Staged beside the Worker, DEV_SERVER_NOTE: the agent
+    file's path and .venv's packages (`venv_packages()`) for the Worker's errors, and
+    python_modules/'s stamp: a change of it (scripts/add-package) reloads the Worker. An
+    import python_modules/ lacks is warned of (`packages_check`)."""
     spec = importlib.util.spec_from_file_location(
         "build_worker", PROJECT / "scripts" / "build_worker.py"
     )
@@ -347,10 +383,18 @@ def serve_kit(
     build_worker.imported_names = lambda name, path: parsed(name, path, _stamp(path))
     copy = stage.dir / "wrangler.json"
     names = (agent.settings, tuple(agent.dev_stubs))
+    check_packages = packages_check(venv_packages)
+    started = False
 
     def rebuild() -> None:
-        build_worker.stage(stage.source)
-        edited = load_agent(agent_file, PROJECT / "src")
+        packages = check_packages(build_worker.stage(stage.source))
+        (stage.source / f"{DEV_SERVER_NOTE}.py").write_text(dev_server_note(agent_file, packages))
+        try:
+            edited = load_agent(agent_file, PROJECT / "src", packages)
+        except Exception:
+            if started:
+                raise  # the running Worker stays (Stage.follow says why)
+            edited = agent  # describe_agent said why: the Worker will say it to each request
         if (edited.settings, tuple(edited.dev_stubs)) != names:
             say("the agent's SETTINGS or DEV_STUBS changed: they are passed from the next start")
         copied = dev_config(read_config(config_file), config_file, stage.main, secrets)
@@ -364,9 +408,60 @@ def serve_kit(
         rebuild()
     except (Exception, SystemExit) as exc:
         fail(f"cannot stage the Worker: {exc}")
+    started = True
     stage.sync()
-    stage.follow([PROJECT / "src", agent_file, config_file], rebuild, say)
+    stage.follow([PROJECT / "src", agent_file, config_file, VENDOR_STAMP], rebuild, say)
     return copy
+
+
+def packages_check(
+    venv_packages: Callable[[], Mapping[str, str]],
+) -> Callable[[Mapping[str, Path]], dict[str, str]]:
+    """A check of the staged modules against python_modules/ (`modules_the_worker_lacks`):
+    each call says a new finding once (a warning: the server runs on, and the Worker answers
+    each request with the import's error), and returns what the Worker's errors name a
+    module's package with: .venv's packages (`venv_packages()`, read again when a missing
+    module is not among them) by import name, those python_modules/ has left out. So the
+    Worker's note changes with python_modules/, not with an edit of the agent: wrangler
+    reloads the Worker once per file changed."""
+    known: dict[str, str] = {}
+    said = [""]
+
+    def packages(names: Iterable[str] = ()) -> Mapping[str, str]:
+        if not known:
+            known.update(venv_packages())
+        if not set(names) <= known.keys():
+            known.update(packages_providing())
+        return known
+
+    def check(modules: Mapping[str, Path]) -> dict[str, str]:
+        missing = modules_the_worker_lacks(modules, PYTHON_MODULES, packages)
+        text = "; ".join(m.describe() for m in missing)
+        if text and text != said[0]:
+            say(
+                f"warning: {text}. Until then the Worker answers every request with the import's "
+                "error; this server keeps running and reloads the Worker when python_modules/ "
+                "changes"
+            )
+        said[0] = text
+        vendored = vendored_names(PYTHON_MODULES) if PYTHON_MODULES.is_dir() else set()
+        return {name: package for name, package in packages().items() if name not in vendored}
+
+    return check
+
+
+def read_in_background(read: Callable[[], dict[str, str]]) -> Callable[[], dict[str, str]]:
+    """`read()` started now in a thread of its own; the function returned waits for it."""
+    result: Future[dict[str, str]] = Future()
+
+    def run() -> None:
+        try:
+            result.set_result(read())
+        except BaseException as exc:  # handed to the caller
+            result.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return result.result
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -585,7 +680,10 @@ def start_migrations(
 
 
 def stage_worker(
-    worker: Worker, limits: Limits, persist: Path
+    worker: Worker,
+    limits: Limits,
+    persist: Path,
+    venv_packages: Callable[[], Mapping[str, str]] = packages_providing,
 ) -> tuple[dev_limits.Stage | None, Path]:
     """The Worker's main under the plan's limits: a generated module in a staging folder of
     this server (dev_limits.Stage), which `wrangler dev` runs as its script; and the config
@@ -598,7 +696,9 @@ def stage_worker(
     if worker.agent_file is None:
         return stage, worker.config_file
     given = env_file_settings(with_defaults(worker.settings, worker.agent, "http://127.0.0.1"))
-    copy = serve_kit(stage, worker.config_file, worker.agent_file, worker.agent, list(given))
+    copy = serve_kit(
+        stage, worker.config_file, worker.agent_file, worker.agent, list(given), venv_packages
+    )
     return stage, copy
 
 
@@ -661,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     sys.dont_write_bytecode = True  # no __pycache__ in src/: wrangler reloads on any change there
     options = parse_options(argv)
+    # ~0.15 s of reading .venv's packages (for the Worker's errors) while the start goes on.
+    venv_packages = read_in_background(packages_providing)
     config_file = (options.config or find_config()).resolve()
     config = read_config(config_file)
     persist = (options.persist_to or config_file.parent / ".wrangler" / "state").resolve()
@@ -674,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
     limits = workers_plan(worker)
     persist.mkdir(parents=True, exist_ok=True)
     migrated = start_migrations(config_file, config, persist)
-    stage, wrangler_config = stage_worker(worker, limits, persist)
+    stage, wrangler_config = stage_worker(worker, limits, persist, venv_packages)
     launch = Launch(
         worker=worker, options=options, host=host, persist=persist,
         script=[str(stage.main)] if stage else [], wrangler_config=wrangler_config, flags=flags,

@@ -15,9 +15,11 @@ What is staged: `src/entry.py` and every module of `src/` it imports,
 directly or through others (`import agent` brings `src/agent.py` and what
 it imports), following every `import` statement, also inside functions (a
 Worker runs those too), except under `if TYPE_CHECKING:`; each package's
-`__init__.py` comes along. Left out even when a module names them: the
-CPython-only modules in `CPYTHON_ONLY`, which the Worker never imports
-(`durable_agents.stores` names `sqlite_store` lazily, for CPython users).
+`__init__.py` comes along. A module that does not parse is staged as it is, its
+imports not followed: the Worker's import of it fails, naming the line. Left out
+even when a module names them: the CPython-only modules in `CPYTHON_ONLY`,
+which the Worker never imports (`durable_agents.stores` names `sqlite_store`
+lazily, for CPython users).
 If the Worker did import one, it would fail at once on deploy; the kit's
 tests/test_bundle.py imports the staged bundle inside the local runtime
 and serves a turn from it.
@@ -152,7 +154,10 @@ def worker_modules(src: Path = SRC, roots: tuple[str, ...] = ROOTS) -> dict[str,
         if path is None:
             continue
         wanted[name] = path
-        queue.extend(imported_names(name, path))
+        try:
+            queue.extend(imported_names(name, path))
+        except SyntaxError:  # staged as it is: the Worker's import of it names the line
+            continue
     missing = [root for root in roots if root not in wanted]
     if missing:
         raise SystemExit(f"build_worker: no module {missing} in {src}")

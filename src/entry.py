@@ -12,7 +12,9 @@ can resume it.
 
 The agent is not here: it is `src/agent.py` (AGENT, make_deps(env, http),
 optionally make_llm(env), SETTINGS, DEV_STUBS; see
-`durable_agents.cloudflare.agent_module`). Edit that file, not this one.
+`durable_agents.cloudflare.agent_module`). Edit that file, not this one. One that
+does not load stops a deployed Worker at start (Cloudflare refuses the upload); under
+the dev server the Worker answers every request with its error instead (`serve_agent`).
 
 This module is the only one (with the D1 store) that touches the Workers
 runtime; it imports `workers`, so it runs inside a Python Worker (or the
@@ -26,9 +28,8 @@ from urllib.parse import urlsplit
 
 from workers import DurableObject, Response, WorkerEntrypoint
 
-import agent
 from durable_agents.cloudflare import d1_store
-from durable_agents.cloudflare.agent_module import AgentModule
+from durable_agents.cloudflare.agent_module import serve_agent
 from durable_agents.cloudflare.alarms import ObjectAlarm, self_resume_seconds
 from durable_agents.cloudflare.app import (
     SSE_HEADERS,
@@ -48,8 +49,18 @@ from durable_agents.cloudflare.app import (
 )
 from durable_agents.cloudflare.js_streams import keep_running, readable_stream
 
-SERVED = AgentModule.load(agent)  # src/agent.py, checked: a mistake fails here, named
 _BODYLESS = frozenset({"GET", "HEAD"})
+
+
+def _import_agent() -> Any:
+    import agent  # src/agent.py; scripts/build_worker.py stages what it imports
+
+    return agent
+
+
+# src/agent.py, checked; one that does not load (dev server only): the error for each request
+SERVED, _NOT_LOADED = serve_agent(_import_agent, __file__)
+NOT_LOADED = error_reply(500, "agent-not-loaded", _NOT_LOADED) if _NOT_LOADED else None
 
 
 def _response(reply: Reply) -> Any:
@@ -65,6 +76,8 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
     """The Worker: checks every request, then forwards it to the session's Durable Object."""
 
     async def fetch(self, request: Any) -> Any:
+        if NOT_LOADED is not None:
+            return _response(NOT_LOADED)
         # From the JS request itself: the SDK's wrapper strips every header value
         # (a token with a trailing U+00A0 would pass) and knows only the
         # standard methods (any other would be a KeyError, a 500).
@@ -147,6 +160,9 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
 
     async def alarm(self, *info: Any) -> None:
         """The object's alarm: resume a turn left unfinished, fire due schedules."""
+        if NOT_LOADED is not None:  # again in 30 s: a fixed agent module may have loaded
+            await self.ctx.storage.setAlarm(self.alarm_state.now_ms() + 30_000)
+            return
         store, _ = session_stores(self.env, self.ctx.storage)
         session_id = str(self.ctx.id.toString())
         spent = plan_budget(self.env)  # one budget for all the alarm's turns

@@ -5,7 +5,8 @@
   once, keyed; only the served agent's settings are printed, and never a value
   from .dev.vars. Its SIGKILL-while-the-refund-is-held story, with the URL from
   the environment, is test_worker_harness.py's.
-- An agent module that breaks the protocol stops the start.
+- An agent module that breaks the protocol does not stop the server: it says why once,
+  and the Worker answers every request with that reason (500, `agent-not-loaded`).
 - An agent module outside the project, its settings from .dev.vars and the
   environment (never printed), and reloading it: test_dev_server_settings.py.
 
@@ -67,14 +68,25 @@ def test_the_refund_examples_dev_stub_answers_while_its_setting_is_empty(
         stubbed.kill_all()
 
 
-def test_an_agent_module_that_breaks_the_protocol_stops_the_start_with_its_reason(
+def test_an_agent_module_that_breaks_the_protocol_is_named_and_the_server_stays_up(
     tmp_path: Path,
 ) -> None:
     broken = tmp_path / "broken_agent.py"
     broken.write_text("from durable_agents import Agent\nAGENT = Agent('broken')\n")
-    server = DevServer(tmp_path / "state", {}, agent=broken)
-    with pytest.raises(RuntimeError, match=r"exited \(1\) before it was ready") as raised:
+    server = DevServer(tmp_path / "state", {"API_TOKEN": "test-token"}, agent=broken)
+    why = f"{broken} must define make_deps(env, http)"
+    try:
         server.start()
-    assert "must define make_deps(env, http)" in str(raised.value)
-    assert server.process is not None
-    assert server.process.wait(10) == 1
+        for path in ("/sessions/s/messages", "/sessions/s"):
+            status, _, body = server.request("POST" if "messages" in path else "GET", path,
+                                             message("hi"))  # fmt: skip
+            assert (status, body["error"]["code"]) == (500, "agent-not-loaded"), body
+            assert body["error"]["message"].startswith(why)
+        assert server.process is not None
+        assert server.process.poll() is None
+        out = "\n".join(server.lines)
+        assert f"dev: the agent module does not load on CPython: {why}" in out
+        # Said by the server (CPython) and the Worker (at its import): not per request.
+        assert out.count(f"{why}: what the tools get as ctx.deps") == 2, out
+    finally:
+        server.kill_all()

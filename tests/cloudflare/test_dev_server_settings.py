@@ -9,7 +9,10 @@ tests write to a temporary folder, with wrangler.toml as it is. One server for t
   values only from [vars], defaults, and the kit's settings that are not secrets.
 - Reload: an edit of the agent file, which is outside src/, reloads the Worker within
   seconds (the time is printed), and the sessions stored before it are still there; a
-  broken edit leaves the running Worker alone.
+  broken edit leaves the running Worker alone. An edit importing a module python_modules/
+  lacks (yaml: .venv has it) is warned of with the command that adds it; the Worker
+  answers every request with the import's error (printed once) and the server stays up;
+  the file fixed, the Worker serves turns again.
 - Fail fast: LLM_PROVIDER=anthropic without LLM_API_KEY stops scripts/dev before
   wrangler starts, naming the setting and where to set it; so does a setting an agent's
   toolset reads (tests/agents/mcp_only.py: MCPTools(url_setting="MCP_URL")) left empty.
@@ -20,7 +23,9 @@ Needs `scripts/setup-runtime` (node_modules/ and python_modules/).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,6 +187,56 @@ def test_an_edit_of_the_agent_file_reloads_the_worker_and_keeps_the_sessions(
     assert ask(server, "before-reload", "PROBE_UNSET")["version"] == "second"
     status, _, history = server.request("GET", "/sessions/before-reload")
     assert [m["role"] for m in history["messages"]] == ["user", "assistant"] * 2
+
+
+def test_an_agent_importing_a_module_the_worker_lacks_is_named_and_the_server_stays_up(
+    server: DevServer, agent_file: Path
+) -> None:
+    if importlib.util.find_spec("yaml") is None or (PROJECT / "python_modules" / "yaml").exists():
+        pytest.skip("needs yaml in .venv (mkdocs brings it) and not in python_modules/")
+    process = server.process
+    # CPython (.venv) imports it; workerd (python_modules/) cannot.
+    agent_file.write_text(PROBE_AGENT + "import yaml\n")
+    line = PROBE_AGENT.count("\n") + 1
+    server.wait_for_line(
+        rf"^dev: warning: .*probe_agent\.py, line {line}, imports `yaml`, which the Worker's "
+        r"packages \(python_modules/\) lack: add it with `scripts/add-package pyyaml`",
+        timeout=30,
+    )
+    said = (
+        f"probe_agent.py does not load: line {line} (`import yaml`): ModuleNotFoundError: No "
+        "module named 'yaml': add the package that provides it: `scripts/add-package pyyaml`"
+    )
+    edited, answer = time.monotonic(), None
+    while time.monotonic() - edited < 60:
+        with contextlib.suppress(OSError):  # the old Worker went mid-request
+            status, _, answer = server.request(
+                "POST", "/sessions/not-loaded/messages", b'{"message": "PROBE_UNSET"}'
+            )
+            if status == 500:
+                break
+        time.sleep(0.2)
+    assert answer is not None
+    assert answer["error"]["code"] == "agent-not-loaded", answer
+    assert said in answer["error"]["message"]
+    assert server.request("GET", "/sessions/not-loaded")[2]["error"]["code"] == "agent-not-loaded"
+    # The server runs on; the Worker printed the error once, not per request.
+    assert process is not None
+    assert process.poll() is None
+    assert server.process is process
+    server.wait_for_line(re.escape(said))
+    assert sum(said in line and "Until it loads" in line for line in server.lines) == 1
+
+    # Fixed (the import gone): the Worker reloads and serves turns again.
+    agent_file.write_text(PROBE_AGENT.replace('VERSION = "first"', 'VERSION = "fixed"'))
+    version, polls = None, 0
+    while version != "fixed" and time.monotonic() - edited < 120:
+        polls += 1
+        with contextlib.suppress(OSError, AssertionError):
+            version = ask(server, f"fixed-{polls}", "PROBE_UNSET", timeout=30)["version"]
+        time.sleep(0.2)
+    assert version == "fixed"
+    assert process.poll() is None
 
 
 def test_a_model_that_needs_a_key_without_one_stops_the_start(tmp_path: Path) -> None:

@@ -41,13 +41,18 @@ def _top_level_imports(path: Path) -> set[str]:
 
 def test_entry_is_a_thin_shell_over_the_agent_module() -> None:
     entry = SRC / "entry.py"
-    assert len(entry.read_text().splitlines()) <= 175
+    assert len(entry.read_text().splitlines()) <= 195
     imports = _top_level_imports(entry)
     assert imports & RUNTIME_MODULES == {"workers"}
     assert imports <= {"__future__", "asyncio", "typing", "urllib", "workers", "agent",
                        "durable_agents"}, imports  # fmt: skip
-    assert "agent" in imports
     tree = ast.parse(entry.read_text())
+    # `import agent`, in the function serve_agent calls (an agent that fails to import is
+    # an error the Worker names, under the dev server)
+    assert any(
+        isinstance(node, ast.Import) and [a.name for a in node.names] == ["agent"]
+        for node in ast.walk(tree)
+    )
     assigned = {
         target.id
         for node in tree.body

@@ -35,26 +35,46 @@ durable_agents.mcp.mcp_stub(*tools)}`: an MCP server of the kit's own tools,
 so an agent with MCP tools runs offline (docs/mcp.md).
 
 `AgentModule.load(module)` checks a module against this protocol and says
-what is missing, in terms of the module's own file.
+what is missing, in terms of the module's own file; `import_agent` imports it
+first and turns whatever the import raises into the same kind of error, naming
+the file, the line and the fix (`explain_load_error`: a package the Worker
+lacks and the command that adds it, a name an annotation uses that the module
+does not define). The Worker answers every request with that error under the
+dev server, which keeps running (docs/dev-server.md); a deploy refuses it.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import inspect
+import os
 import re
-from collections.abc import Awaitable, Callable, Mapping
+import traceback
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
+from types import MappingProxyType, TracebackType
 from typing import Any
 
 import httpx
+from pydantic import BaseModel
 
 from ..agent import Agent
 from ..errors import ConfigurationError
 from ..llm.base import LLM
 from ..llm.settings import llm_from_env
 
-__all__ = ["DEV_STUB_PREFIX", "AgentModule", "DevStub", "MakeDeps", "MakeLLM"]
+__all__ = [
+    "DEV_SERVER_NOTE",
+    "DEV_STUB_PREFIX",
+    "AgentModule",
+    "DevStub",
+    "MakeDeps",
+    "MakeLLM",
+    "explain_load_error",
+    "import_agent",
+    "serve_agent",
+]
 
 MakeDeps = Callable[[Any, httpx.AsyncClient], Any]
 MakeLLM = Callable[[Any], LLM]
@@ -62,6 +82,10 @@ DevStub = Callable[
     [str, str, bytes, Mapping[str, str]], tuple[int, Any] | Awaitable[tuple[int, Any]]
 ]
 DEV_STUB_PREFIX = "/__dev/"
+# The module the dev server stages beside the Worker's entry (runtime/dev.py): AGENT_FILE,
+# the agent file's own path, and PACKAGES, the packages providing modules .venv has and
+# python_modules/ lacks. A deployed Worker has none.
+DEV_SERVER_NOTE = "_durable_agents_dev"
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -80,13 +104,15 @@ class AgentModule:
     dev_stubs: Mapping[str, DevStub] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, module: Any) -> AgentModule:
+    def load(cls, module: Any, where: str | None = None) -> AgentModule:
         """Read `AGENT`, `make_deps`, `make_llm`, `SETTINGS` and `DEV_STUBS` from `module`.
 
-        Raises `ConfigurationError` naming the module's file and what is
-        missing or of the wrong kind.
+        Raises `ConfigurationError` naming the module's file (`where`, default its
+        `__file__`) and what is missing or of the wrong kind, or the line of a model
+        of the module whose annotations name something it does not define.
         """
-        where = str(getattr(module, "__file__", None) or getattr(module, "__name__", module))
+        if where is None:
+            where = str(getattr(module, "__file__", None) or getattr(module, "__name__", module))
         agent = getattr(module, "AGENT", None)
         if not isinstance(agent, Agent):
             got = "nothing" if agent is None else type(agent).__name__
@@ -101,6 +127,7 @@ class AgentModule:
                 "(return None if they need nothing)"
             )
         make_llm = _function(module, "make_llm", "(env)", 1, where) or llm_from_env
+        _complete_models(module, where)
         return cls(
             agent,
             make_deps,
@@ -174,3 +201,233 @@ def _setting_name(name: Any, where_in: str, where: str) -> str:
             "(letters, digits and '_')"
         )
     return name
+
+
+def import_agent(
+    importer: Callable[[], Any],
+    file: str,
+    *,
+    shown_as: str | None = None,
+    packages: Mapping[str, str] | None = None,
+) -> AgentModule:
+    """The agent module that `importer()` imports from `file`, loaded (`AgentModule.load`).
+
+    Use it rather than `AgentModule.load` where the import itself may fail: anything
+    the import raises, and a breach of the protocol, becomes a `ConfigurationError`
+    (chained to the original) that names the file as `shown_as` (default `file`), the
+    line, what failed and the fix (`explain_load_error`; `packages` maps an import
+    name to the package that provides it). The Worker shell (`src/entry.py`) imports
+    `src/agent.py` with it, and the dev server does on CPython.
+    """
+    shown = shown_as or file
+    try:
+        module = importer()
+    except Exception as exc:
+        raise ConfigurationError(explain_load_error(exc, file, shown, packages)) from exc
+    return AgentModule.load(module, shown)
+
+
+def serve_agent(importer: Callable[[], Any], entry_file: str) -> tuple[AgentModule, str | None]:
+    """The Worker shell's agent: `importer()` imports `agent.py` beside `entry_file`, and
+    `import_agent` checks it. Deployed, its ConfigurationError propagates: a Worker that
+    fails at start is refused by Cloudflare, and the running version stays. Under the
+    dev server (which stages DEV_SERVER_NOTE beside the entry) the Worker starts anyway:
+    a stand-in agent and the error's message, printed once here, for every request to
+    be answered with, until a fixed module reloads the Worker."""
+    try:
+        note: Any = importlib.import_module(DEV_SERVER_NOTE)
+    except ModuleNotFoundError as exc:
+        if exc.name != DEV_SERVER_NOTE:
+            raise
+        note = None
+    try:
+        served = import_agent(
+            importer,
+            os.path.join(os.path.dirname(entry_file), "agent.py"),
+            shown_as=getattr(note, "AGENT_FILE", "src/agent.py"),
+            packages=getattr(note, "PACKAGES", None),
+        )
+    except ConfigurationError as exc:
+        if note is None:
+            raise
+        print(f"{exc}. Until it loads, the Worker answers every request with this error")
+        return AgentModule(Agent("agent-not-loaded"), _no_deps), str(exc)
+    return served, None
+
+
+def _no_deps(env: Any, http: httpx.AsyncClient) -> None:
+    return None
+
+
+def explain_load_error(
+    exc: BaseException,
+    file: str,
+    shown_as: str | None = None,
+    packages: Mapping[str, str] | None = None,
+) -> str:
+    """What to tell a developer whose agent module at `file` raised `exc` on import.
+
+    `<shown_as> does not load: line N (`the line`): <exception>`, the line being the
+    last one of `file` in the traceback, then the fix: for a missing module
+    (`ModuleNotFoundError`, also as the cause of another error) the package that
+    provides it (`packages`: import name -> package, e.g. `{"yaml": "pyyaml"}`) and
+    `scripts/add-package`; for a name that an annotation uses and the module does not
+    define (a missing import, a typo, often raised by pydantic far from the module),
+    the line of that annotation and its class or function.
+    """
+    shown = shown_as or file
+    at = _line_of(exc, file)
+    chain = list(_chain(exc))
+    missing = next((e for e in chain if isinstance(e, ModuleNotFoundError) and e.name), None)
+    if missing is not None and missing.name is not None:
+        fix = _missing_module(missing.name, packages or {}, chain)
+        return f"{shown} does not load: {at}{fix}"
+    name = _undefined_name(chain)
+    if name is None:
+        return f"{shown} does not load: {at}{type(exc).__name__}: {_first_line(exc)}"
+    annotated = [] if _raised_in(exc, file) else _annotations_naming(file, name)
+    if annotated:
+        line, what = annotated[0]
+        at = f"line {line} ({what}): "
+    return (
+        f"{shown} does not load: {at}`{name}` is not defined in the module: import it, or "
+        f"correct its spelling ({type(exc).__name__}: {_first_line(exc)})"
+    )
+
+
+# A library's advice on what to install (pydantic's: "run `pip install 'pydantic[email]'`").
+_PIP_INSTALL = re.compile(r"pip install ['\"`]?([A-Za-z0-9][A-Za-z0-9._\[\],-]*)")
+# pydantic's and Python's words for an undefined name.
+_UNDEFINED_NAME = re.compile(r"name '([A-Za-z_]\w*)' is not defined|should define `([A-Za-z_]\w*)`")
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _first_line(exc: BaseException) -> str:
+    return next(iter(str(exc).strip().splitlines()), "")
+
+
+def _same_file(a: str | None, b: str) -> bool:
+    return a is not None and os.path.normpath(a) == os.path.normpath(b)
+
+
+def _frames(tb: TracebackType | None) -> traceback.StackSummary:
+    return traceback.extract_tb(tb)
+
+
+def _line_of(exc: BaseException, file: str) -> str:
+    """`line N (`code`): ` for the last line of `file` the failure went through, or ''."""
+    if isinstance(exc, SyntaxError) and _same_file(exc.filename, file) and exc.lineno:
+        return f"line {exc.lineno}: "
+    frames = [f for f in _frames(exc.__traceback__) if _same_file(f.filename, file)]
+    if not frames:
+        return ""
+    code = (frames[-1].line or "").strip()
+    return f"line {frames[-1].lineno} (`{code}`): " if code else f"line {frames[-1].lineno}: "
+
+
+def _raised_in(exc: BaseException, file: str) -> bool:
+    frames = _frames(exc.__traceback__)
+    return bool(frames) and _same_file(frames[-1].filename, file)
+
+
+def _missing_module(module: str, packages: Mapping[str, str], chain: list[BaseException]) -> str:
+    """The missing module and the command that adds its package: the package `packages`
+    names for it, else the one a library's own error says to install (pydantic's EmailStr:
+    "run `pip install 'pydantic[email]'`")."""
+    top = module.split(".")[0]
+    said = next(filter(None, (_PIP_INSTALL.search(str(e)) for e in chain)), None)
+    package = packages.get(top) or (said.group(1) if said else None)
+    if package:
+        quoted = f"'{package}'" if "[" in package else package
+        fix = f"add the package that provides it: `scripts/add-package {quoted}`"
+    else:
+        fix = (
+            f"if `{top}` comes from a package, add that package: `scripts/add-package "
+            "<its name on PyPI>`; a module of your own goes in src/"
+        )
+    return (
+        f"ModuleNotFoundError: No module named {module!r}: {fix} (into the Worker's "
+        "python_modules/ and .venv; a running scripts/dev reloads the Worker)"
+    )
+
+
+def _undefined_name(chain: list[BaseException]) -> str | None:
+    for exc in chain:
+        name = getattr(exc, "name", None) if isinstance(exc, NameError) else None
+        if isinstance(name, str):
+            return name
+        match = _UNDEFINED_NAME.search(str(exc))
+        if match:
+            return match.group(1) or match.group(2)
+    return None
+
+
+def _annotations_naming(file: str, name: str) -> list[tuple[int, str]]:
+    """Where the module at `file` uses `name` in an annotation, by line: a class's field,
+    a function's parameter or return."""
+    try:
+        with open(file, encoding="utf-8") as source:
+            tree = ast.parse(source.read(), file)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            found += [
+                (item.lineno, f"class {node.name}, `{ast.unparse(item).split(' = ')[0]}`")
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and _names(item.annotation, name)
+            ]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args
+            found += [
+                (arg.lineno, f"def {node.name}, `{arg.arg}: {ast.unparse(arg.annotation)}`")
+                for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+                if arg.annotation is not None and _names(arg.annotation, name)
+            ]
+            if node.returns is not None and _names(node.returns, name):
+                found.append((node.lineno, f"def {node.name}, `-> {ast.unparse(node.returns)}`"))
+    return sorted(found)
+
+
+def _names(annotation: ast.expr, name: str) -> bool:
+    """Whether `annotation` uses `name` (also inside a string: a forward reference)."""
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Name) and node.id == name:
+            return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            try:
+                inner = ast.parse(node.value, mode="eval").body
+            except SyntaxError:
+                continue
+            if _names(inner, name):
+                return True
+    return False
+
+
+def _complete_models(module: Any, where: str) -> None:
+    """Build each pydantic model the module defines that is not complete yet: an annotation
+    naming what the module does not define leaves a model so, to fail at its first use,
+    in a turn; here it fails at once, with the annotation's line."""
+    namespace = dict(vars(module))
+    for value in namespace.values():
+        if not (
+            isinstance(value, type)
+            and issubclass(value, BaseModel)
+            and value.__module__ == getattr(module, "__name__", None)
+            and not value.__pydantic_complete__
+        ):
+            continue
+        try:
+            value.model_rebuild(_types_namespace=namespace)
+        except Exception as exc:
+            file = str(getattr(module, "__file__", None) or where)
+            raise ConfigurationError(explain_load_error(exc, file, where)) from exc
