@@ -41,6 +41,8 @@ KIT_TESTS = frozenset(
     f"tests/{name}.py"
     for name in (
         "conftest",
+        "test_add_package",
+        "test_agent_load_errors",
         "test_approval_edits",
         "test_approvals",
         "test_bound_integers",
