@@ -63,7 +63,10 @@ def test_crash_after_the_post_then_resume_posts_once(
     state = tmp_path / "state"
     # Settings: wrangler.toml [vars] (demo), then .dev.vars, then the environment.
     dev_vars = f'# test settings\nAPI_TOKEN="{TOKEN}"\nexport LLM_PROVIDER=anthropic\n'
-    first = DevServer(state, services.worker_env(), dev_vars).start()
+    # The resume here is the client's: no self-resume (the object's alarm, 30 s after the
+    # turn began) during a restart slowed by a loaded machine (test_dev_server_alarms.py's).
+    env = {**services.worker_env(), "SELF_RESUME_SECONDS": "3600"}
+    first = DevServer(state, env, dev_vars).start()
     second = DevServer(state, first.env, dev_vars)
     try:
         # 1. A whole turn: get_issue, then post_slack, then the reply.
