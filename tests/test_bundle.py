@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -79,31 +77,21 @@ def test_the_bundle_holds_the_workers_modules_and_nothing_else(bundle: Any) -> N
     assert bundle.gzip_kib < FREE_PLAN_GZIP_KIB
 
 
-def test_scripts_check_serves_a_turn_of_the_users_agent_from_its_bundle_alone() -> None:
-    # src/agent.py is the user's: whatever agent it holds, scripts/check (the everyday
-    # command) lints and types the user's files, runs their tests, and serves one turn from
-    # the bundle (runtime/agent_turn.py: offline, its upstreams answered by its dev stubs,
-    # an MCP server with no tools for a toolset without one, 200 {} for any other URL) to
-    # an answer, or to a call that waits for a person's approval.
-    env = {k: v for k, v in os.environ.items() if k != "DURABLE_AGENTS_VARS"}
-    checked = subprocess.run(
-        [str(PROJECT / "scripts" / "check")], cwd=PROJECT, env=env, capture_output=True,
-        text=True, timeout=600, check=False,
-    )  # fmt: skip
-    said = checked.stdout + checked.stderr
-    assert checked.returncode == 0, said[-6000:]
-    summary = said[said.index("== checked in ") :]
-    assert "- your files (src/agent.py tests/test_agent.py" in summary, summary
-    assert "- your tests: tests/test_agent.py" in summary, summary
-    assert "- check_agent on your agent (by your tests)" in summary, summary
-    turn = re.search(
-        r"- the Worker built from src/agent\.py \(its deploy bundle, \d+ KiB gzipped\) on "
-        r"workerd: started in [\d.]+ s; one turn: HTTP 200 (\w+), (\d+) steps",
-        summary,
+def test_the_worker_starts_and_serves_a_turn_of_the_users_agent_from_its_bundle_alone(
+    bundle: Any,
+) -> None:
+    # src/agent.py is the user's: whatever agent it holds, its turn runs from the bundle
+    # (offline, its upstreams answered by its dev stubs, an MCP server with no tools for a
+    # toolset without one, 200 {} for any other URL) to an answer, or to a call that waits
+    # for a person's approval: runtime/agent_turn.py, scripts/check's last step.
+    ran = agent_turn.agent_turn(PROJECT / "src" / "agent.py", CONFIG, bundle=bundle)
+    assert ran["status"] == 200, f"{ran['body']}\n{ran['output'][-3000:]}"
+    assert ran["body"].get("status") in agent_turn.ANSWERS, (
+        f"{ran['body']}\n{ran['output'][-3000:]}"
     )
-    assert turn is not None, summary
-    assert turn.group(1) in agent_turn.ANSWERS
-    assert int(turn.group(2)) >= 1
+    assert ran["body"]["steps"] >= 1, ran["body"]
+    assert "D1 migrations: 0001_init.sql" in ran["output"]  # applied to the bundle's D1
+    assert ran["start_s"] > 0
 
 
 def test_build_worker_follows_every_import_but_type_checking_and_cpython_only(

@@ -13,6 +13,7 @@ strict mypy, so the split is what lets it through.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("project")
     for name in ("pyproject.toml", "wrangler.toml"):
         shutil.copy(PROJECT / name, root)
-    for name in ("scripts/lint", "runtime/kit_files.py", "runtime/mypy-yours.ini"):
+    for name in ("scripts/lint", "scripts/check", "runtime/kit_files.py", "runtime/mypy-yours.ini"):
         (root / name).parent.mkdir(exist_ok=True)
         shutil.copy2(PROJECT / name, root / name)
     (root / ".venv").symlink_to(BIN.parent, target_is_directory=True)
@@ -94,10 +95,26 @@ def test_scripts_lint_holds_your_files_to_the_default_rules_and_the_kit_to_stric
     assert "[no-untyped-def]" in typed.stdout
 
 
-def test_the_template_test_passes_with_the_unannotated_agent(project: Path) -> None:
-    tested = run(
-        project, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-        "-p", "no:xdist", "--rootdir", str(project), "tests/test_agent.py",
+def test_scripts_check_passes_with_the_unannotated_agent_and_names_what_it_checked(
+    project: Path,
+) -> None:
+    # The everyday command's first two steps (its third, the Worker's turn, is
+    # test_bundle.py's): your files' lint and types, and your tests, the template's
+    # check_agent among them.
+    env = {**os.environ, "DURABLE_AGENTS_SETUP_DONE": "1"}
+    env.pop("DURABLE_AGENTS_VARS", None)
+    checked = subprocess.run(
+        ["scripts/check", "--no-worker"], cwd=project, env=env, capture_output=True,
+        text=True, timeout=300, check=False,
     )  # fmt: skip
-    assert tested.returncode == 0, tested.stdout + tested.stderr
-    assert "1 passed" in tested.stdout
+    said = checked.stdout + checked.stderr
+    assert checked.returncode == 0, said
+    assert "1 passed" in said
+    summary = said[said.index("== checked in ") :]
+    assert (
+        "- your files (src/agent.py tests/catalog_server.py tests/test_agent.py): "
+        "ruff's bug rules, mypy's defaults" in summary
+    ), summary
+    assert "- your tests: tests/test_agent.py" in summary, summary
+    assert "- check_agent on your agent (by your tests)" in summary, summary
+    assert "- not the Worker (--no-worker)" in summary, summary
