@@ -97,8 +97,9 @@ def httpx_requirements() -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A PEP 503 simple index on 127.0.0.1: its URL."""
-    if not any(WHEELS.glob("pydantic-*.whl")):
-        pytest.skip("no wheels in .cache/wheels: run scripts/setup-runtime")
+    assert any(WHEELS.glob("pydantic-*.whl")), (
+        "no wheels in .cache/wheels: scripts/setup-runtime (scripts/test runs it) puts them there"
+    )
     root = tmp_path_factory.mktemp("index")
     files = root / "files"
     files.mkdir()

@@ -15,6 +15,7 @@ The same Worker on workerd: tests/cloudflare/test_dev_server_settings.py.
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
 import sys
 import types
@@ -126,11 +127,23 @@ def test_an_agent_module_that_does_not_load_names_the_file_the_line_and_the_fix(
     assert says in message, message
 
 
+class _Absent(importlib.abc.MetaPathFinder):
+    """Imports of `name` fail as they do where its package is not installed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == self.name or fullname.startswith(f"{self.name}."):
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+
+
 def test_emailstr_without_email_validator_names_the_extra_pydantic_asks_for(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if importlib.util.find_spec("email_validator") is not None:
-        pytest.skip("email-validator is installed here")
+    # As on a project that has not added it yet, whether or not this .venv has it.
+    monkeypatch.setattr(sys, "meta_path", [_Absent("email_validator"), *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "email_validator", raising=False)
     file = tmp_path / "agent.py"
     file.write_text(
         "from pydantic import BaseModel, EmailStr\nfrom durable_agents import Agent\n\n"

@@ -192,8 +192,10 @@ def test_an_edit_of_the_agent_file_reloads_the_worker_and_keeps_the_sessions(
 def test_an_agent_importing_a_module_the_worker_lacks_is_named_and_the_server_stays_up(
     server: DevServer, agent_file: Path
 ) -> None:
-    if importlib.util.find_spec("yaml") is None or (PROJECT / "python_modules" / "yaml").exists():
-        pytest.skip("needs yaml in .venv (mkdocs brings it) and not in python_modules/")
+    # yaml: in .venv (mkdocs, a docs extra, brings it), never in python_modules/ (it has no
+    # wheel the Worker can load: scripts/add-package refuses it).
+    assert importlib.util.find_spec("yaml") is not None
+    assert not (PROJECT / "python_modules" / "yaml").exists()
     process = server.process
     # CPython (.venv) imports it; workerd (python_modules/) cannot.
     agent_file.write_text(PROBE_AGENT + "import yaml\n")
