@@ -141,15 +141,7 @@ def template_vars(request: pytest.FixtureRequest) -> Iterator[None]:
     DURABLE_AGENTS_VARS), not what a user has put in wrangler.toml's: the kit's tests hold
     whatever agent and settings the project has. Your own tests' servers serve yours."""
     relative = Path(str(request.path)).resolve().relative_to(Path(__file__).parent.parent)
-    if not is_kit(relative.as_posix()):
+    with pytest.MonkeyPatch.context() as env:
+        if is_kit(relative.as_posix()):
+            env.setenv("DURABLE_AGENTS_VARS", str(TEMPLATE_VARS))
         yield
-        return
-    before = os.environ.get("DURABLE_AGENTS_VARS")
-    os.environ["DURABLE_AGENTS_VARS"] = str(TEMPLATE_VARS)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("DURABLE_AGENTS_VARS", None)
-        else:
-            os.environ["DURABLE_AGENTS_VARS"] = before
