@@ -9,7 +9,9 @@ Worker of its own by `scripts/dev --config` on real workerd, offline, and sent o
 this process, over real HTTP: a setting of `DEV_STUBS` by its stub (an `mcp_stub` too), a
 setting a toolset reads without a stub by an MCP server with no tools, any other `*_URL`
 setting of the agent by `200 {}`. The turn must end `complete` or `awaiting_approval`.
-`scripts/check` runs it; tests/test_bundle.py too, whatever agent src/agent.py holds.
+`scripts/check` runs it. `serve_agent` keeps such a Worker served for more requests:
+tests/test_bundle.py sends one built with tests/agents/bundle_paths.py down every path
+the bundle keeps.
 """
 
 from __future__ import annotations
@@ -146,23 +148,39 @@ def _built_with(agent_file: Path) -> Iterator[None]:
             os.environ["DURABLE_AGENTS_AGENT"] = before
 
 
-def agent_turn(
+@contextmanager
+def serve_agent(
     agent_file: Path = PROJECT / "src" / "agent.py",
     config: Path = PROJECT / "wrangler.toml",
-    message: str = "triage issue 42",
     bundle: bundle_size.Bundle | None = None,
-) -> dict[str, Any]:
-    """Serve the deploy bundle built with `agent_file` as the agent (`bundle`, else built
-    now) alone and send it one turn: bundle_size.run_from_bundle's answer, with `bundle`."""
+    settings: Mapping[str, str] | None = None,
+) -> Iterator[tuple[bundle_size.BundleServer, bundle_size.Bundle]]:
+    """The deploy bundle built with `agent_file` as the agent (`bundle`, else built now)
+    served alone, its upstreams answered from this process, while inside: the server and
+    the bundle. `settings` are given the Worker last (LLM_PROVIDER=openai, say)."""
     upstreams = Upstreams.of(load_agent(agent_file))
     with tempfile.TemporaryDirectory(prefix="agent-turn-") as scratch:
         if bundle is None:
             with _built_with(agent_file):
                 bundle = bundle_size.dry_run(Path(scratch) / "dist", config)
         with serving(upstreams) as base:
-            variables = bundle_size.check_vars(config, upstreams.settings(base))
-            ran = bundle_size.run_from_bundle(bundle, config, variables, message)
-    return {**ran, "bundle": bundle}
+            extra = {**upstreams.settings(base), **(settings or {})}
+            variables = bundle_size.check_vars(config, extra)
+            with bundle_size.serve_bundle(bundle, config, variables) as served:
+                yield served, bundle
+
+
+def agent_turn(
+    agent_file: Path = PROJECT / "src" / "agent.py",
+    config: Path = PROJECT / "wrangler.toml",
+    message: str = "triage issue 42",
+    bundle: bundle_size.Bundle | None = None,
+) -> dict[str, Any]:
+    """Serve the deploy bundle built with `agent_file` as the agent (`serve_agent`) and
+    send it one turn: bundle_size.run_from_bundle's answer, with `bundle`."""
+    with serve_agent(agent_file, config, bundle) as (served, built):
+        turn = served.request("POST", bundle_size.TURN_PATH, {"message": message})
+    return {**bundle_size.turn_result(served, turn), "bundle": built}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,14 @@ Text module to Python as a read-only file beside the modules (under /session/met
 so `importlib.resources` reads them in the Worker as on CPython
 (`durable_agents._resources.read_text`).
 
+The kit's own modules (`src/entry.py`, `durable_agents`: KIT) go into the deploy
+bundle bare (`bare_source`): without their docstrings and full-line comments, text the
+Worker never reads and a third of the kit's size gzipped. Each is blanked, so every line
+keeps its number and a traceback from the deployed Worker names the source's lines. Your
+modules keep theirs: a tool's docstring is its description for the model. A dev
+server's staging (`stage()`, or DURABLE_AGENTS_DEV_STAGE below) keeps the kit as it is:
+the same code, and one edit restages in less time.
+
 Under `scripts/dev` (DURABLE_AGENTS_DEV_STAGE names that server's staging
 folder; see runtime/dev_limits.py) the modules go to `<folder>/worker/`
 instead, with the files of `<folder>/extra/` (the WORKERS_PLAN limits and
@@ -73,6 +81,8 @@ CPYTHON_ONLY = (
 )
 # Package data the Worker reads (the schema's migrations, pages, styles).
 DATA_SUFFIXES = (".sql", ".html", ".css")
+# The kit's modules, staged bare for a deploy (`bare_source`); not yours.
+KIT = ("entry", "durable_agents")
 
 
 def source_modules(src: Path) -> dict[str, Path]:
@@ -125,8 +135,50 @@ def imported_names(name: str, path: Path) -> set[str]:
     return found
 
 
+def _within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in packages)
+
+
 def _excluded(name: str) -> bool:
-    return any(name == m or name.startswith(m + ".") for m in CPYTHON_ONLY)
+    return _within(name, CPYTHON_ONLY)
+
+
+def docstrings(tree: ast.AST) -> list[ast.Constant]:
+    """The docstrings of a module's syntax tree: its own, its classes' and its functions'."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                found.append(first.value)
+    return found
+
+
+def bare_source(source: str) -> str:
+    """`source` line for line, each docstring emptied (`""`) and each full-line comment
+    blanked: the same code (the same syntax tree but for the docstrings' text; tests/
+    test_bundle.py checks the kit's every module), and the same line numbers. A comment
+    line inside a string that spans lines is the string's text, and stays."""
+    tree = ast.parse(source)
+    lines = source.encode().splitlines(keepends=True)  # ast's columns count UTF-8 bytes
+    in_strings: set[int] = set()  # 0-based lines of strings that span lines
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant | ast.JoinedStr) and node.end_lineno != node.lineno:
+            in_strings.update(range(node.lineno - 1, (node.end_lineno or node.lineno)))
+    for doc in docstrings(tree):
+        first, last = doc.lineno - 1, (doc.end_lineno or doc.lineno) - 1
+        if lines[last][doc.end_col_offset or 0 :].strip():  # code after it on its line
+            continue
+        lines[first] = lines[first][: doc.col_offset] + b'""\n'
+        lines[first + 1 : last + 1] = [b"\n"] * (last - first)
+    for number, line in enumerate(lines):
+        if number not in in_strings and line.lstrip().startswith(b"#"):
+            lines[number] = b"\n"
+    return b"".join(lines).decode()
 
 
 def agent_override() -> dict[str, Path]:
@@ -184,14 +236,17 @@ def data_files(modules: dict[str, Path]) -> dict[Path, Path]:
     return found
 
 
-def stage(out: Path = OUT, src: Path = SRC, extra: Path | None = None) -> dict[str, Path]:
+def stage(
+    out: Path = OUT, src: Path = SRC, extra: Path | None = None, *, bare: bool = False
+) -> dict[str, Path]:
     """Replace `out` with the Worker's modules and their package data (`data_files`), and
-    the files of the folder `extra`. A failed build leaves `out` as it was; two builds at
-    once (two dry runs, two `wrangler dev`) take turns."""
+    the files of the folder `extra`; with `bare`, the kit's modules bare (`bare_source`).
+    A failed build leaves `out` as it was; two builds at once (two dry runs, two
+    `wrangler dev`) take turns."""
     modules = worker_modules(src)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _locked(out.parent / f".{out.name}.lock"):
-        _replace(out, src, modules, extra)
+        _replace(out, modules, extra, bare)
     return modules
 
 
@@ -203,13 +258,13 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def _replace(out: Path, src: Path, modules: dict[str, Path], extra: Path | None = None) -> None:
+def _replace(out: Path, modules: dict[str, Path], extra: Path | None, bare: bool) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         for name, path in modules.items():
             target = staging / _module_file(name, path)
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
+            _copy(path, target, bare and _within(name, KIT))
         for target_name, path in data_files(modules).items():
             (staging / target_name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, staging / target_name)
@@ -221,6 +276,16 @@ def _replace(out: Path, src: Path, modules: dict[str, Path], extra: Path | None 
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _copy(path: Path, target: Path, bare: bool) -> None:
+    if bare:
+        source = path.read_text(encoding="utf-8")
+        with contextlib.suppress(SyntaxError):  # staged as it is: its import names the line
+            source = bare_source(source)
+        target.write_text(source, encoding="utf-8")
+    else:
+        shutil.copy2(path, target)
 
 
 def _module_file(name: str, path: Path) -> Path:
@@ -248,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out, extra = Path(dev_stage) / "worker", Path(dev_stage) / "extra"
     else:
         extra = None
-    modules = stage(args.out, extra=extra)
+    modules = stage(args.out, extra=extra, bare=extra is None)  # a dev server's: as it is
     data = data_files(modules)
     size = sum(path.stat().st_size for path in [*modules.values(), *data.values()])
     unused = sorted(set(source_modules(SRC)) - set(modules))
