@@ -284,7 +284,7 @@ def window(
     for position in summaries:
         sent += history[start:position]
         start = position + 1
-    sent += history[start:]
+    sent += history[start:] if start else history
     sent += unstored
     return sent
 
