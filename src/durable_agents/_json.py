@@ -114,8 +114,9 @@ def repair_text(text: str) -> str:
 
 def _may_decode_to_surrogates(text: str) -> bool:
     """Whether JSON `text` may hold a lone surrogate once parsed: as a `\\u` escape, or as
-    it is (not in ASCII text). Cheap checks first: most text has neither."""
-    if "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None:
+    it is (not in ASCII text). Cheap checks first (a one-character search is a memchr):
+    most text has neither."""
+    if "\\" in text and _SURROGATE_ESCAPE.search(text) is not None:
         return True
     return not text.isascii() and _SURROGATE.search(text) is not None
 
