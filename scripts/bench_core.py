@@ -717,7 +717,8 @@ def section_langgraph(config: Config, workdir: Path, ours: tuple[float, int, Ses
 
 # -- 6. flat steps ----------------------------------------------------------
 
-FLAT_STEPS = 200  # the turn whose quarters are compared, and whose steps are timed durable
+FLAT_STEPS = 200  # the turn whose quarters are compared
+STEP_CHUNK = 50  # durable steps timed in a row, before the baselines' turn
 TURNS, TURN_STEPS = 6, 60  # the session whose 6th turn is compared with its 1st
 LOADED = 10_000  # the messages loaded
 # What the store selects for a load (`load_messages`), written out: the bare baseline.
@@ -831,71 +832,74 @@ async def turn_ratios(repeats: int, workdir: Path) -> list[Ratio]:
     return ratios
 
 
-def bare_step_commits(path: Path, steps: int) -> list[float]:
-    """Seconds of each of `steps` pairs of bare SQLite commits, each inserting one row of
-    what a step stores (the call as JSON, then the result), with the store's settings."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        for pragma in STORE_PRAGMAS:
-            conn.execute(pragma)
-        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
-        times = []
-        for step in range(1, steps + 1):
-            call = ToolCall(call_id(step), TOOL_NAME, tool_arguments(step))
-            rows = (json.dumps([call.to_dict()]), tool_result(call.id))
-            start = time.perf_counter()
-            for row in rows:
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute("INSERT INTO t (body) VALUES (?)", (row,))
-                conn.execute("COMMIT")
-            times.append(time.perf_counter() - start)
-    finally:
-        conn.close()
+def bare_step_commits(conn: sqlite3.Connection, first: int, steps: int) -> list[float]:
+    """Seconds of each of `steps` pairs of bare SQLite commits into table `t`, each
+    inserting one row of what a step stores (the call as JSON, then the result)."""
+    times = []
+    for step in range(first, first + steps):
+        call = ToolCall(call_id(step), TOOL_NAME, tool_arguments(step))
+        rows = (json.dumps([call.to_dict()]), tool_result(call.id))
+        start = time.perf_counter()
+        for row in rows:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO t (body) VALUES (?)", (row,))
+            conn.execute("COMMIT")
+        times.append(time.perf_counter() - start)
     return times
 
 
-async def step_appends(path: Path, steps: int) -> list[float]:
-    """Seconds of each of `steps` pairs of sqlite_store appends of what a step stores (the
-    call, then its result, each renewing the run's lease as a run's do), no run loop."""
-    store = sqlite_store(path)
+def bare_database(path: Path) -> sqlite3.Connection:
+    """A connection with the store's file settings to a file with one table, `t`."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    for pragma in STORE_PRAGMAS:
+        conn.execute(pragma)
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+    return conn
+
+
+async def step_appends(store: Store, session_id: str, steps: int) -> list[float]:
+    """Seconds of each of `steps` pairs of appends of what a step stores to a new session
+    (the call, then its result, each renewing the run's lease as a run's do), no run loop."""
     lease = Lease("bench", 30_000)
-    try:
-        await store.acquire_lease("appends", lease.owner, lease.ttl_ms)
-        await store.append_messages_atomic("appends", 0, [Message.user(USER_MESSAGE)], lease=lease)
-        times = []
-        for step in range(1, steps + 1):
-            call = ToolCall(call_id(step), TOOL_NAME, tool_arguments(step))
-            pair = (
-                Message.assistant(tool_calls=[call]),
-                Message.tool_result(call, tool_result(call.id)),
-            )
-            start = time.perf_counter()
-            for offset, message in enumerate(pair):
-                position = 2 * step - 1 + offset
-                await store.append_messages_atomic("appends", position, [message], lease=lease)
-            times.append(time.perf_counter() - start)
-    finally:
-        await store.close()
+    await store.acquire_lease(session_id, lease.owner, lease.ttl_ms)
+    await store.append_messages_atomic(session_id, 0, [Message.user(USER_MESSAGE)], lease=lease)
+    times = []
+    for step in range(1, steps + 1):
+        call = ToolCall(call_id(step), TOOL_NAME, tool_arguments(step))
+        pair = (
+            Message.assistant(tool_calls=[call]),
+            Message.tool_result(call, tool_result(call.id)),
+        )
+        start = time.perf_counter()
+        for offset, message in enumerate(pair):
+            position = 2 * step - 1 + offset
+            await store.append_messages_atomic(session_id, position, [message], lease=lease)
+        times.append(time.perf_counter() - start)
     return times
 
 
 async def durable_step_ratios(repeats: int, workdir: Path) -> list[Ratio]:
-    """A durable step (median over every step of the repetitions) against two bare
-    commits (likewise), alternately; and, to tell the run loop's part from the store's,
-    two sqlite_store appends of the same rows without a run loop. Each store is opened
-    (and its schema made) first."""
+    """A durable step against two bare commits, and, to tell the run loop's part from the
+    store's, against two sqlite_store appends of the same rows without a run loop: runs of
+    STEP_CHUNK steps of each in turn (a disk's latency drifts: each side sees the same
+    stretch of it), medians over every step. Each file is opened (its schema made) first."""
     ours: list[float] = []
     appends: list[float] = []
     bare: list[float] = []
-    for repeat in range(repeats):
-        store = sqlite_store(workdir / f"step-{repeat}.db")
-        try:
+    agent = make_agent(STEP_CHUNK)
+    turns, loose = sqlite_store(workdir / "steps.db"), sqlite_store(workdir / "appends.db")
+    conn = bare_database(workdir / "bare-steps.db")
+    try:
+        for store in (turns, loose):
             await store.get_session("bench")  # connected, schema made: no step's cost
-            ours += (await timed_turn(store, make_agent(FLAT_STEPS), FLAT_STEPS, "bench"))[1]
-        finally:
-            await store.close()
-        appends += await step_appends(workdir / f"appends-{repeat}.db", FLAT_STEPS)
-        bare += bare_step_commits(workdir / f"bare-step-{repeat}.db", FLAT_STEPS)
+        for chunk in range(repeats * 4):
+            ours += (await timed_turn(turns, agent, STEP_CHUNK, f"turn-{chunk}"))[1]
+            appends += await step_appends(loose, f"appends-{chunk}", STEP_CHUNK)
+            bare += bare_step_commits(conn, chunk * STEP_CHUNK + 1, STEP_CHUNK)
+    finally:
+        conn.close()
+        await turns.close()
+        await loose.close()
     step, commits = statistics.median(ours), statistics.median(bare)
     return [
         Ratio("durable sqlite step / 2 bare commits", step, commits, 1.5),
@@ -980,7 +984,8 @@ async def section_flat(config: Config, workdir: Path) -> None:
     print("  each on one session, no compaction due; 'memory as durable' keeps the messages as")
     print("  objects (each turn measures the loaded history once), the sqlite file loads them")
     print("  each turn. durable step: from one LLM call to the next (write #1, the handler,")
-    print("  write #2), median; bare: the same two rows, a commit each, journal_mode=WAL and")
+    print(f"  write #2), median, in runs of {STEP_CHUNK} steps taking turns with the baselines'")
+    print("  runs; bare: the same two rows, a commit each, journal_mode=WAL and")
     print("  synchronous=FULL; sqlite_store runs each commit in its thread (the round trip")
     print("  above, twice a step). load: load_messages() on an open store against its SELECT")
     print("  and json.loads of the tool calls, on an open connection.")
