@@ -239,11 +239,12 @@ async def step_work(stored: int) -> StepWork:
 
     agent = Agent("noter", "Post notes.", [tool(post, input=Note)], max_steps=7)
     work = StepWork(6)
+    profiler = sys.getprofile()  # (one a tool may have set: put back after)
     gc.disable()  # a collection's finalizers would be counted as the step's calls
     try:
         result = await run(agent, llm=work, message="post", session_id=SESSION, store=store)
     finally:
-        sys.setprofile(None)
+        sys.setprofile(profiler)
         gc.enable()
     assert (result.status, len(work.marks)) == ("complete", 7)
     return work
