@@ -37,6 +37,19 @@ It measures, in one run:
    per step, and the ratios ours/LangGraph (below 1 means ours is faster or
    smaller). Skipped if the `bench` extra is not installed
    (`pip install -e '.[bench]'`).
+6. Flat steps (issue 33): four ratios, each printed beside its target, each
+   side measured alternately with its baseline in this run (medians): an
+   in-memory step in the last quarter of a 200-step turn against one in its
+   first quarter (and the absolute time per step); a session's 6th 60-step
+   turn against its 1st (in memory, the memory store taken as durable so one
+   session has turns: the CPU; and on a SQLite file); a durable SQLite step
+   (write #1, the handler, write #2) against two bare SQLite commits of the
+   same rows with the store's own file settings (WAL, synchronous=FULL), with
+   the store's part of it (its two appends alone, no run loop); and loading
+   10,000 stored messages against a bare SELECT of those rows with
+   `json.loads` of their tool calls. A ratio over its target says so. What
+   runs on the CPU alone is timed in CPU time (`time.thread_time`), the rest
+   by the wall clock.
 
 Timings are wall-clock on whatever machine runs this: compare numbers from
 the same run only. Nothing here asserts on timing; the few checks make sure
@@ -48,6 +61,7 @@ import asyncio
 import gc
 import importlib
 import itertools
+import json
 import os
 import shutil
 import sqlite3
@@ -56,13 +70,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 from durable_agents import Agent, LLMResponse, Message, Store, ToolCall, ToolSpec, run, tool
-from durable_agents.stores import memory_store, sqlite_store
+from durable_agents.stores import Lease, MemoryStore, memory_store, sqlite_store
 from durable_agents.testing import count_writes
 
 ARGUMENT_CHARS = 200
@@ -80,10 +95,11 @@ class Config:
     resume_sizes: tuple[int, ...]  # section 3, in messages
     resume_repeats: int
     fsync_samples: int
+    flat_repeats: int  # section 6
 
 
-FULL = Config(200, 3, (50, 100, 200, 400), (100, 1_000, 10_000), 7, 200)
-QUICK = Config(50, 1, (25, 50, 100), (100, 1_000, 10_000), 3, 50)
+FULL = Config(200, 3, (50, 100, 200, 400), (100, 1_000, 10_000), 7, 200, 7)
+QUICK = Config(50, 1, (25, 50, 100), (100, 1_000, 10_000), 3, 50, 3)
 
 
 # -- the workload -----------------------------------------------------------
@@ -119,9 +135,13 @@ RECORD = tool(
 )
 
 
-def make_agent(steps: int) -> Agent:
+def make_agent(steps: int, **settings: Any) -> Agent:
     return Agent(
-        "bench", instructions="You record backlog items.", tools=[RECORD], max_steps=steps + 1
+        "bench",
+        instructions="You record backlog items.",
+        tools=[RECORD],
+        max_steps=steps + 1,
+        **settings,
     )
 
 
@@ -129,20 +149,29 @@ class InstantLLM:
     """Asks for `steps` tool calls, one per chat(), then replies with text.
 
     `stamps` holds the time of every chat() call, so step i took
-    stamps[i + 1] - stamps[i] (both writes and the handler included)."""
+    stamps[i + 1] - stamps[i] (both writes and the handler included).
+    `turn` prefixes the call ids: a session's turns each need ids of their own
+    (a repeated one would be given a new id by the run loop, a cost of its own).
+    `clock` reads the stamps (`time.thread_time`: CPU time, what other processes
+    on the machine do not change)."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(
+        self, steps: int, turn: str = "", clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.steps = steps
+        self.turn = turn
+        self.clock = clock
         self.calls = 0
         self.stamps: list[float] = []
 
     async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
-        self.stamps.append(time.perf_counter())
+        self.stamps.append(self.clock())
         self.calls += 1
         if self.calls > self.steps:
             return LLMResponse(text=FINAL_REPLY)
         step = self.calls
-        return LLMResponse(tool_calls=[ToolCall(call_id(step), TOOL_NAME, tool_arguments(step))])
+        call = ToolCall(self.turn + call_id(step), TOOL_NAME, tool_arguments(step))
+        return LLMResponse(tool_calls=[call])
 
 
 # -- small helpers ----------------------------------------------------------
@@ -686,6 +715,282 @@ def section_langgraph(config: Config, workdir: Path, ours: tuple[float, int, Ses
     print("  (its first repetition's DB and step times).")
 
 
+# -- 6. flat steps ----------------------------------------------------------
+
+FLAT_STEPS = 200  # the turn whose quarters are compared
+STEP_CHUNK = 50  # durable steps timed in a row, before the baselines' turn
+TURNS, TURN_STEPS = 6, 60  # the session whose 6th turn is compared with its 1st
+LOADED = 10_000  # the messages loaded
+# What the store selects for a load (`load_messages`), written out: the bare baseline.
+BARE_SELECT = (
+    "SELECT role, content, tool_call_id, tool_name, tool_calls, input_tokens, output_tokens, "
+    "request_key, summary_of, origin, instructions FROM agent_messages WHERE session_id = ? "
+    "ORDER BY seq"
+)
+# sqlite_store's own file settings (SQLiteStore._connect), for the bare commits.
+STORE_PRAGMAS = (
+    "PRAGMA busy_timeout = 10000",
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = FULL",
+)
+
+
+class KeptMemoryStore(MemoryStore):
+    """The memory store taken as durable, so one session can have turns: what a turn
+    costs the CPU, without a disk (a real session's store loads its messages anew)."""
+
+    durable = True
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """One line of section 6: ours against its baseline, at most `target` times it."""
+
+    label: str
+    ours: float  # seconds
+    baseline: float
+    target: float | None = None  # None: a part of the line above, to tell where time goes
+
+    def cells(self) -> list[str]:
+        value = self.ours / self.baseline
+        cells = [ms(self.ours), ms(self.baseline), f"{value:.2f}x"]
+        if self.target is None:
+            return cells
+        return [*cells, f"<= {self.target}x", "met" if value <= self.target else "MISSED"]
+
+
+async def timed_turn(
+    store: Store,
+    agent: Agent,
+    steps: int,
+    session_id: str | None = None,
+    turn: str = "",
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, list[float]]:
+    """Seconds of one turn of `steps` tool steps (no wrapper around the store), and each
+    step's duration, by `clock` (the wall clock, or the CPU's `time.thread_time`)."""
+    llm = InstantLLM(steps, turn, clock)
+    gc.collect()
+    start = clock()
+    result = await run(agent, llm=llm, message=USER_MESSAGE, session_id=session_id, store=store)
+    seconds = clock() - start
+    if result.status != "complete" or llm.calls != steps + 1:
+        raise RuntimeError(f"unexpected turn: {result.status} {result.error}, {llm.calls} calls")
+    return seconds, step_durations(llm.stamps)[:steps]
+
+
+async def quarter_steps(repeats: int) -> tuple[Ratio, float]:
+    """The in-memory 200-step turn: its last quarter's median step against its first's
+    (medians over the repetitions), and its median time per step. CPU time: nothing
+    waits in it, and the machine's other load does not count."""
+    firsts, lasts, per_step = [], [], []
+    agent = make_agent(FLAT_STEPS)
+    for _ in range(repeats):
+        seconds, durations = await timed_turn(
+            memory_store(), agent, FLAT_STEPS, clock=time.thread_time
+        )
+        first, last = quarter_medians(durations)
+        firsts.append(first)
+        lasts.append(last)
+        per_step.append(seconds / FLAT_STEPS)
+    label = f"memory step (CPU), last / first quarter of {FLAT_STEPS}"
+    ratio = Ratio(label, statistics.median(lasts), statistics.median(firsts), 1.3)
+    return ratio, statistics.median(per_step)
+
+
+async def session_turns(
+    store: Store, agent: Agent, clock: Callable[[], float] = time.perf_counter
+) -> list[float]:
+    """Seconds of each of TURNS turns on one new session of `store`, after a turn on a
+    session of its own: what a first turn pays once (a file's connection and schema, its
+    WAL grown to size, the agent's first run) is no turn's cost of history."""
+    await timed_turn(store, agent, TURN_STEPS, "warm-up")
+    return [
+        (await timed_turn(store, agent, TURN_STEPS, "turns", f"t{turn}-", clock))[0]
+        for turn in range(TURNS)
+    ]
+
+
+async def turn_ratios(repeats: int, workdir: Path) -> list[Ratio]:
+    """The 6th turn against the 1st, in memory and on a SQLite file, alternately. No
+    compaction is due (max_context_tokens far above what they hold): every turn sends
+    its whole history."""
+    agent = make_agent(TURN_STEPS, max_context_tokens=1_000_000)
+    memory, disk = [], []
+    for repeat in range(repeats):
+        memory.append(await session_turns(KeptMemoryStore(), agent, time.thread_time))
+        store = sqlite_store(workdir / f"turns-{repeat}.db")
+        try:
+            disk.append(await session_turns(store, agent))
+        finally:
+            await store.close()
+    ratios = []
+    for where, runs in (("memory as durable, CPU", memory), ("sqlite file", disk)):
+        last, first = (statistics.median(r[i] for r in runs) for i in (TURNS - 1, 0))
+        label = f"{TURNS}th / 1st {TURN_STEPS}-step turn, {where}"
+        ratios.append(Ratio(label, last, first, 1.3))
+    return ratios
+
+
+def bare_step_commits(conn: sqlite3.Connection, first: int, steps: int) -> list[float]:
+    """Seconds of each of `steps` pairs of bare SQLite commits into table `t`, each
+    inserting one row of what a step stores (the call as JSON, then the result)."""
+    times = []
+    for step in range(first, first + steps):
+        call = ToolCall(call_id(step), TOOL_NAME, tool_arguments(step))
+        rows = (json.dumps([call.to_dict()]), tool_result(call.id))
+        start = time.perf_counter()
+        for row in rows:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO t (body) VALUES (?)", (row,))
+            conn.execute("COMMIT")
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def bare_database(path: Path) -> sqlite3.Connection:
+    """A connection with the store's file settings to a file with one table, `t`."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    for pragma in STORE_PRAGMAS:
+        conn.execute(pragma)
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+    return conn
+
+
+async def step_appends(store: Store, session_id: str, steps: int) -> list[float]:
+    """Seconds of each of `steps` pairs of appends of what a step stores to a new session
+    (the call, then its result, each renewing the run's lease as a run's do), no run loop."""
+    lease = Lease("bench", 30_000)
+    await store.acquire_lease(session_id, lease.owner, lease.ttl_ms)
+    await store.append_messages_atomic(session_id, 0, [Message.user(USER_MESSAGE)], lease=lease)
+    times = []
+    for step in range(1, steps + 1):
+        call = ToolCall(call_id(step), TOOL_NAME, tool_arguments(step))
+        pair = (
+            Message.assistant(tool_calls=[call]),
+            Message.tool_result(call, tool_result(call.id)),
+        )
+        start = time.perf_counter()
+        for offset, message in enumerate(pair):
+            position = 2 * step - 1 + offset
+            await store.append_messages_atomic(session_id, position, [message], lease=lease)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+async def durable_step_ratios(repeats: int, workdir: Path) -> list[Ratio]:
+    """A durable step against two bare commits, and, to tell the run loop's part from the
+    store's, against two sqlite_store appends of the same rows without a run loop: runs of
+    STEP_CHUNK steps of each in turn (a disk's latency drifts: each side sees the same
+    stretch of it), medians over every step. Each file is opened (its schema made) first."""
+    ours: list[float] = []
+    appends: list[float] = []
+    bare: list[float] = []
+    agent = make_agent(STEP_CHUNK)
+    turns, loose = sqlite_store(workdir / "steps.db"), sqlite_store(workdir / "appends.db")
+    conn = bare_database(workdir / "bare-steps.db")
+    try:
+        for store in (turns, loose):
+            await store.get_session("bench")  # connected, schema made: no step's cost
+        for chunk in range(repeats * 4):
+            ours += (await timed_turn(turns, agent, STEP_CHUNK, f"turn-{chunk}"))[1]
+            appends += await step_appends(loose, f"appends-{chunk}", STEP_CHUNK)
+            bare += bare_step_commits(conn, chunk * STEP_CHUNK + 1, STEP_CHUNK)
+    finally:
+        conn.close()
+        await turns.close()
+        await loose.close()
+    step, commits = statistics.median(ours), statistics.median(bare)
+    return [
+        Ratio("durable sqlite step / 2 bare commits", step, commits, 1.5),
+        Ratio("  its 2 store appends / 2 bare commits", statistics.median(appends), commits),
+    ]
+
+
+def bare_load(conn: sqlite3.Connection, session_id: str) -> tuple[list[Any], list[Any]]:
+    """The rows of a session, and its tool calls parsed: the least a load does."""
+    rows = conn.execute(BARE_SELECT, (session_id,)).fetchall()
+    return rows, [json.loads(row[4]) for row in rows if row[4]]
+
+
+async def load_ratio(repeats: int, workdir: Path) -> Ratio:
+    """`load_messages` of LOADED messages against the bare SELECT with json.loads of the
+    tool calls, alternately, both on an open connection to the same file."""
+    path = workdir / "load.db"
+    await build_sessions(path, {"load": stored_history(LOADED, "final")})
+    store = sqlite_store(path)
+    conn = sqlite3.connect(path)
+    ours, bare = [], []
+    try:
+        await store.load_messages("load")  # connected
+        for _ in range(repeats):
+            gc.collect()
+            start = time.perf_counter()
+            loaded = await store.load_messages("load")
+            ours.append(time.perf_counter() - start)
+            gc.collect()
+            start = time.perf_counter()
+            rows, _ = bare_load(conn, "load")
+            bare.append(time.perf_counter() - start)
+            if len(loaded) != LOADED or len(rows) != LOADED:
+                raise RuntimeError(f"loaded {len(loaded)} messages and {len(rows)} rows")
+            del loaded, rows  # not alive (for the collector to look at) in the next load
+    finally:
+        conn.close()
+        await store.close()
+    label = f"load {LOADED:,} messages / bare SELECT + json.loads"
+    return Ratio(label, statistics.median(ours), statistics.median(bare), 2.0)
+
+
+async def executor_round_trip(samples: int) -> float:
+    """Median of one round trip to a thread and back (no work): what sqlite_store adds
+    to each of its calls, run in its own thread."""
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(1)
+    times = []
+    try:
+        for _ in range(samples):
+            start = time.perf_counter()
+            await loop.run_in_executor(executor, int)
+            times.append(time.perf_counter() - start)
+    finally:
+        executor.shutdown()
+    return statistics.median(times)
+
+
+async def section_flat(config: Config, workdir: Path) -> None:
+    repeats = config.flat_repeats
+    header(f"6. Flat steps: ratios against their targets (alternating, medians of {repeats})")
+    quarters, per_step = await quarter_steps(repeats)
+    ratios = [
+        quarters,
+        *await turn_ratios(repeats, workdir),
+        *await durable_step_ratios(repeats, workdir),
+        await load_ratio(repeats, workdir),
+    ]
+    heads = ("", "ours", "baseline", "ratio", "target", "")
+    table([heads, *((r.label, *r.cells()) for r in ratios)], first=46, width=11)
+    hop = await executor_round_trip(200)
+    table(
+        [
+            ("memory step, whole turn (CPU, absolute)", ms(per_step)),
+            ("thread round trip, no work (2 a durable step)", ms(hop)),
+        ],
+        first=46,
+        width=11,
+    )
+    print("  memory step: memory_store(), no session; the median step of a quarter of the")
+    print(f"  turn, in CPU time (time.thread_time), as the memory turns. turns: {TURN_STEPS} steps")
+    print("  each on one session, no compaction due; 'memory as durable' keeps the messages as")
+    print("  objects (each turn measures the loaded history once), the sqlite file loads them")
+    print("  each turn. durable step: from one LLM call to the next (write #1, the handler,")
+    print(f"  write #2), median, in runs of {STEP_CHUNK} steps taking turns with the baselines'")
+    print("  runs; bare: the same two rows, a commit each, journal_mode=WAL and")
+    print("  synchronous=FULL; sqlite_store runs each commit in its thread (the round trip")
+    print("  above, twice a step). load: load_messages() on an open store against its SELECT")
+    print("  and json.loads of the tool calls, on an open connection.")
+
+
 # -- main -------------------------------------------------------------------
 
 
@@ -730,6 +1035,7 @@ def main() -> None:
         ours = asyncio.run(core_sections(config, workdir))
         section_floor(config, workdir, ours[0])
         section_langgraph(config, workdir, ours)
+        asyncio.run(section_flat(config, workdir))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"\ndone in {time.perf_counter() - started:.1f} s; {workdir} removed")

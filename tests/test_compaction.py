@@ -7,9 +7,13 @@ message and repeats no side effect. On SQLite (a real file) and the memory store
 
 from __future__ import annotations
 
+import gc
+import itertools
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -32,7 +36,7 @@ from durable_agents.context import (
     message_size,
     summary_message,
 )
-from durable_agents.stores import Store, sqlite_store
+from durable_agents.stores import MemoryStore, Store, sqlite_store
 from durable_agents.testing import FunctionLLM, SimulatedCrash, count_writes, crash_on_write
 
 SESSION = "s"
@@ -171,6 +175,93 @@ async def test_a_step_measures_its_new_messages_not_the_whole_window() -> None:
     result = await run(agent, llm=llm, message="post 60 notes")
     assert (result.status, result.steps) == ("complete", 61)
     assert asked == Counter({"system": 1, "user": 2, "assistant": 60, "tool": 60})
+
+
+class KeptStore(MemoryStore):
+    """The memory store taken as durable: a session's turns without a file's I/O (and
+    without a thread: all of a step's work is on the one counted)."""
+
+    durable = True
+
+
+class StepWork:
+    """An LLM that asks for one call a step, `steps` times, then replies, and counts the
+    work of each step (from one of its calls to the next: the compaction check, the
+    window, both writes, the handler): the messages it is asked to measure (its own
+    `message_size`) and the function calls made (`sys.setprofile`: Python functions, and
+    C ones called from Python, `json.dumps` among them)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.asked = 0  # messages measured so far
+        self.calls = 0  # function calls counted so far
+        self.marks: list[tuple[int, int]] = []  # (asked, calls) at each chat()
+
+    def message_size(self, message: Message) -> int:
+        self.asked += 1
+        return len(message.content) + 64 * (1 + len(message.tool_calls))
+
+    def request_size(self, tools: Sequence[ToolSpec]) -> int:
+        return 512
+
+    def count(self, frame: FrameType, event: str, arg: object) -> None:
+        if event in ("call", "c_call"):
+            self.calls += 1
+
+    async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        sys.setprofile(None)  # its own work is not the step's
+        self.marks.append((self.asked, self.calls))
+        if len(self.marks) > self.steps:
+            return LLMResponse("done")
+        reply = LLMResponse("", [ToolCall(f"new-{len(self.marks)}", "post", {"text": "n" * 50})])
+        sys.setprofile(self.count)
+        return reply
+
+    def per_step(self) -> list[tuple[int, int]]:
+        """(messages measured, function calls) of each step."""
+        return [(b[0] - a[0], b[1] - a[1]) for a, b in itertools.pairwise(self.marks)]
+
+
+async def step_work(stored: int) -> StepWork:
+    """The work of a 6-step turn on a session of `stored` messages (whole turns)."""
+    store = KeptStore()
+    history = []
+    for n in range(stored // 4):
+        call = ToolCall(f"old-{n}", "post", {"text": "o" * 50})
+        history += [
+            Message.user(f"turn {n}"), Message.assistant("", [call]),
+            Message.tool_result(call, "posted"), Message.assistant("noted"),
+        ]  # fmt: skip
+    await store.append_messages_atomic(SESSION, 0, history)
+
+    async def post(args: Note, ctx: ToolContext) -> str:
+        return "posted"
+
+    agent = Agent("noter", "Post notes.", [tool(post, input=Note)], max_steps=7)
+    work = StepWork(6)
+    profiler = sys.getprofile()  # (one a tool may have set: put back after)
+    gc.disable()  # a collection's finalizers would be counted as the step's calls
+    try:
+        result = await run(agent, llm=work, message="post", session_id=SESSION, store=store)
+    finally:
+        sys.setprofile(profiler)
+        gc.enable()
+    assert (result.status, len(work.marks)) == ("complete", 7)
+    return work
+
+
+async def test_a_steps_work_does_not_grow_with_the_history() -> None:
+    """The guard of a step's cost, counted, not timed (issue 33): every message is
+    measured once, as it is loaded or stored, never the whole window again; and a step
+    makes the same function calls on a 12-message and a 2,000-message history (no scan
+    of the history, no re-serialised arguments: the window is copied, not looked through)."""
+    short, long = await step_work(12), await step_work(2_000)
+    assert short.marks[0][0] == 12 + 2  # the loaded history, the instructions, the message
+    assert long.marks[0][0] == 2_000 + 2
+    assert short.per_step() == long.per_step()
+    # each step measures its call and its result; the first also the turn's message again,
+    # stored by its first write (measured before as not stored yet)
+    assert [asked for asked, _ in long.per_step()] == [3, 2, 2, 2, 2, 2]
 
 
 async def test_a_summary_over_half_the_budget_is_cut_to_fit(tmp_path: Path) -> None:

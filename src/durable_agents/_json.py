@@ -107,9 +107,18 @@ def repair_text(text: str) -> str:
     A surrogate pair written as two code points (`"\\ud83d\\ude00"` built in
     Python) becomes the one character it encodes; any other surrogate is lone.
     """
-    if _SURROGATE.search(text) is None:
+    if text.isascii() or _SURROGATE.search(text) is None:  # (isascii: at C speed, no scan)
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _may_decode_to_surrogates(text: str) -> bool:
+    """Whether JSON `text` may hold a lone surrogate once parsed: as a `\\u` escape, or as
+    it is (not in ASCII text). Cheap checks first (a one-character search is a memchr):
+    most text has neither."""
+    if "\\" in text and _SURROGATE_ESCAPE.search(text) is not None:
+        return True
+    return not text.isascii() and _SURROGATE.search(text) is not None
 
 
 def _finite_float(literal: str) -> float:
@@ -121,6 +130,12 @@ def _finite_float(literal: str) -> float:
 
 def _no_constant(name: str) -> Any:
     raise NonFiniteNumberError(name)
+
+
+# Made once: `json.loads` given options makes a decoder for every call (a stored
+# session's load parses thousands of small texts).
+_STRICT_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
+_PYTHON_DECODER = json.JSONDecoder()
 
 
 class DepthScanner:
@@ -254,11 +269,10 @@ def loads(
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")
     check_text_depth(text, max_depth)
-    if non_finite:
-        value = json.loads(text)
-    else:
-        value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
-    if repair and (_SURROGATE_ESCAPE.search(text) is not None or _SURROGATE.search(text)):
+    if text.startswith("\ufeff"):  # as json.loads refuses it
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    value = (_PYTHON_DECODER if non_finite else _STRICT_DECODER).decode(text)
+    if repair and _may_decode_to_surrogates(text):
         value = _repaired(value)
     return value
 

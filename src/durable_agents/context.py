@@ -122,8 +122,13 @@ def request_size(tools: Sequence[ToolSpec]) -> int:
     )  # fmt: skip
 
 
+_escape_ascii = json.encoder.encode_basestring_ascii
+"""What `json.dumps(text)` does for a str (quotes and escapes), called without the
+encoder's dispatch: every stored message is measured with it."""
+
+
 def _escaped(text: str) -> int:
-    return len(json.dumps(text))
+    return len(_escape_ascii(text))
 
 
 class WindowMeter:
@@ -131,11 +136,15 @@ class WindowMeter:
 
     The LLM's own `message_size(message)` and `request_size(tools)` when it has them
     (the kit's adapters do: the JSON they send, see `durable_agents.llm.base.SizedLLM`),
-    else the generic ones of this module. `history_size` and `sizes` follow the loaded
-    history as the run loop changes it (appended at the end, cut at the front when it
-    compacts): by position, checked by identity, so a step measures its new messages
-    only. A summary is measured as it is sent (`summary_message`); a tool result with
-    the id its provider gave its call (`ToolCall.wire_id`), as the adapters send it.
+    else the generic ones of this module. `history_size`, `sizes` and
+    `summary_positions` follow the loaded history as the run loop changes it (appended
+    at the end, cut at the front when it compacts), with a running total: a step
+    measures its new messages only, and its cost does not grow with the history. The
+    list followed is checked by identity: the same list grown at the end (its last
+    measured message still in place) costs nothing to check; any other list, once, a
+    message at a time. A summary is measured as it is sent (`summary_message`); a tool
+    result with the id its provider gave its call (`ToolCall.wire_id`), as the adapters
+    send it.
     """
 
     def __init__(self, llm: object) -> None:
@@ -146,8 +155,10 @@ class WindowMeter:
         self._request_size: Callable[[Sequence[ToolSpec]], int] = (
             own if callable(own) else request_size
         )
+        self._followed: Sequence[Message] | None = None  # the history list last measured
         self._measured: list[Message] = []  # the history measured so far, in order
         self._sizes: list[int] = []  # their sizes
+        self._total = 0  # the sum of _sizes
         self._summaries: list[int] = []  # where the summaries among them are
         self._wire_ids: dict[str, str] = {}  # kit call id -> the provider's, where they differ
         self._tools: dict[int, tuple[Sequence[ToolSpec], int]] = {}  # by id, the list kept
@@ -180,17 +191,41 @@ class WindowMeter:
     def sizes(self, history: Sequence[Message]) -> list[int]:
         """The size of each message of `history`, as sent (its summaries as
         `summary_message`, though only the latest is sent). Not to be changed."""
+        self._follow(history)
+        return self._sizes
+
+    def summary_positions(self, history: Sequence[Message]) -> list[int]:
+        """Where the summaries of `history` are (for `window`). Not to be changed."""
+        self._follow(history)
+        return self._summaries
+
+    def _follow(self, history: Sequence[Message]) -> None:
+        """Measure what `history` holds past what was measured, after dropping what it
+        no longer holds."""
         measured = self._measured
-        if measured and (
-            len(measured) > len(history) or not all(map(operator.is_, measured, history))
-        ):
-            self._drop_front(history)
+        if not self._grown(history):
+            if measured and (
+                len(measured) > len(history) or not all(map(operator.is_, measured, history))
+            ):
+                self._drop_front(history)
+            self._followed = history
         for message in history[len(measured) :]:
             if message.is_summary:
                 self._summaries.append(len(measured))
             measured.append(message)
-            self._sizes.append(self.measure(message))
-        return self._sizes
+            size = self.measure(message)
+            self._sizes.append(size)
+            self._total += size
+
+    def _grown(self, history: Sequence[Message]) -> bool:
+        """Whether `history` is the list measured last, only appended to since: the run
+        loop's loaded history between two compactions (a compaction replaces the list)."""
+        count = len(self._measured)
+        return (
+            history is self._followed
+            and len(history) >= count
+            and (count == 0 or history[count - 1] is self._measured[-1])
+        )
 
     def _drop_front(self, history: Sequence[Message]) -> None:
         """`history` is what was measured without its first messages (a compaction), or
@@ -202,12 +237,13 @@ class WindowMeter:
         if len(kept) > len(history) or not all(map(operator.is_, kept, history)):
             cut = len(measured)
         del measured[:cut], self._sizes[:cut]
+        self._total = sum(self._sizes)
         self._summaries = [i - cut for i in self._summaries if i >= cut]
 
     def history_size(self, history: Sequence[Message]) -> int:
         """The bytes `history` adds to a request (`window`: its latest summary only)."""
-        sizes = self.sizes(history)
-        return sum(sizes) - sum(sizes[i] for i in self._summaries[:-1])
+        self._follow(history)
+        return self._total - sum(self._sizes[i] for i in self._summaries[:-1])
 
     def reserved_size(
         self, instructions: Message, unstored: Sequence[Message], tools: Sequence[ToolSpec]
@@ -230,16 +266,27 @@ def summary_message(summary: Message) -> Message:
 
 
 def window(
-    instructions: Message, history: Sequence[Message], unstored: Sequence[Message] = ()
+    instructions: Message,
+    history: Sequence[Message],
+    unstored: Sequence[Message] = (),
+    summaries: Sequence[int] | None = None,
 ) -> list[Message]:
     """What the model is sent: instructions, the summary (if the loaded history holds
-    one), the other messages in order."""
-    summaries = [m for m in history if m.is_summary]
+    one), the other messages in order. `summaries`: where the summaries of `history`
+    are, if known (`WindowMeter.summary_positions`: the run loop's window is then copied
+    in slices, not looked through a message at a time); else they are looked for."""
+    if summaries is None:
+        summaries = [i for i, m in enumerate(history) if m.is_summary]
     sent = [instructions]
     if summaries:
-        sent.append(summary_message(summaries[-1]))
-    sent += [m for m in history if not m.is_summary]
-    return sent + list(unstored)
+        sent.append(summary_message(history[summaries[-1]]))
+    start = 0
+    for position in summaries:
+        sent += history[start:position]
+        start = position + 1
+    sent += history[start:] if start else history
+    sent += unstored
+    return sent
 
 
 def cut_position(

@@ -89,9 +89,7 @@ class ToolCall:
                 raw_arguments=str(data.get("raw_arguments") or ""),
                 arguments_error=str(data["arguments_error"]),
             )
-        return cls(
-            id=call_id, name=name, arguments=arguments, provider_id=provider_id, policy=policy
-        )
+        return cls(call_id, name, arguments, provider_id, policy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,10 +203,13 @@ class Message:
             raise ValueError(f"unknown message origin {self.origin!r}; expected one of {ORIGINS}")
         if not isinstance(self.tool_calls, tuple):
             object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
-        if isinstance(self.content, str):  # stored and sent as UTF-8: no lone surrogates
-            object.__setattr__(self, "content", _json.repair_text(self.content))
-        if isinstance(self.instructions, str):
-            object.__setattr__(self, "instructions", _json.repair_text(self.instructions))
+        # Stored and sent as UTF-8: no lone surrogates. ASCII text has none (checked
+        # without a scan): what a long history loads is mostly that.
+        content, instructions = self.content, self.instructions
+        if isinstance(content, str) and not content.isascii():
+            object.__setattr__(self, "content", _json.repair_text(content))
+        if isinstance(instructions, str) and not instructions.isascii():
+            object.__setattr__(self, "instructions", _json.repair_text(instructions))
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs the tool_call_id it answers")
 
@@ -463,7 +464,8 @@ def decode_tool_calls(raw: str | None) -> tuple[ToolCall, ...]:
     """
     if not raw:
         return ()
-    return tuple(ToolCall.from_dict(c) for c in _json.loads(raw, max_depth=_json.STORED_MAX_DEPTH))
+    calls = _json.loads(raw, max_depth=_json.STORED_MAX_DEPTH)
+    return tuple([ToolCall.from_dict(c) for c in calls])
 
 
 def provider_call_ids(messages: Sequence[Message]) -> Mapping[str, str]:

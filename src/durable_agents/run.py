@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from . import budget, context
+from . import budget
 from ._turn.approval_settling import ApprovalSettler
 from ._turn.compaction import Compactor
 from ._turn.deferral import DEFERRED_REASON as DEFERRED_REASON  # re-exported: it lived here first
@@ -548,7 +548,7 @@ class _Turn:
             tally.usage += await self.compactor.compact(
                 llm, self.system, unstored, nudge, self.specs
             )
-            sent = [*context.window(self.system, self.log.history, unstored), *nudge]
+            sent = self.compactor.window(self.system, [*unstored, *nudge])
             messages = await processed(self.agent, sent)
             response = await ask_unless_cancelled(
                 llm, messages, self.specs, self.log.events, self.cancel

@@ -78,6 +78,13 @@ class Compactor:
         log.start_at(cut)
         return usage
 
+    def window(self, system: Message, unstored: Sequence[Message]) -> list[Message]:
+        """What the model is sent after `compact` (`context.window`), built once a step
+        from where the meter found the summaries: no look through the history."""
+        log = self.log
+        positions = None if self.meter is None else self.meter.summary_positions(log.history)
+        return context.window(system, log.history, unstored, positions)
+
     async def summarize(
         self, llm: LLM, previous: str | None, messages: Sequence[Message]
     ) -> tuple[str, Usage | None]:

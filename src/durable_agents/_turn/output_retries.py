@@ -39,7 +39,8 @@ def output_schema(output_type: Any) -> OutputSchema:
 
 def turn_results(history: Sequence[Message], kind: ToolErrorKind, name: str) -> int:
     """How many results of tool `name` of the turn in progress, as loaded, are of `kind`."""
-    start = max((i for i, m in enumerate(history) if m.role == "user"), default=0)
+    # the turn's first message, looked for from the end: the turn, not the whole history
+    start = next((i for i in range(len(history) - 1, -1, -1) if history[i].role == "user"), 0)
     return sum(
         1
         for m in history[start:]

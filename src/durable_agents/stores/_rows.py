@@ -163,17 +163,18 @@ def row_message(row: Sequence[Any]) -> Message:
     usage = None
     if input_tokens is not None or output_tokens is not None:
         usage = Usage(int(input_tokens or 0), int(output_tokens or 0))
+    # By position, in the order of Message's fields: cheaper, and a load makes one a row.
     return Message(
-        role=role,
-        content=content,
-        tool_calls=decode_tool_calls(tool_calls),
-        tool_call_id=tool_call_id,
-        tool_name=tool_name,
-        usage=usage,
-        request_key=key,
-        summary_of=None if summary_of is None else int(summary_of),
-        origin=origin,
-        instructions=None if instructions is None else str(instructions),
+        role,
+        content,
+        decode_tool_calls(tool_calls),
+        tool_call_id,
+        tool_name,
+        usage,
+        key,
+        None if summary_of is None else int(summary_of),
+        origin,
+        None if instructions is None else str(instructions),
     )
 
 
