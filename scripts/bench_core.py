@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench_core.py            # full run (under a minute)
     .venv/bin/python scripts/bench_core.py --quick    # smoke run for CI (< 60 s)
     .venv/bin/python scripts/bench_core.py --dir /mnt/disk   # DB files there
+    .venv/bin/python scripts/bench_core.py --section 6  # issue 33's ratios only
 
 The workload is one long scripted turn: every step the "LLM" (an object that
 answers instantly) asks for one tool call whose argument is a 200-character
@@ -1019,6 +1020,12 @@ def parse_args() -> argparse.Namespace:
         default=default_dir(),
         help="where the temporary directory for DB files is made (default: the repo's parent)",
     )
+    parser.add_argument(
+        "--section",
+        type=int,
+        choices=(6,),
+        help="run only this section (6: issue 33's ratios; 4 and 5 need section 1's run)",
+    )
     return parser.parse_args()
 
 
@@ -1032,9 +1039,10 @@ def main() -> None:
     )
     started = time.perf_counter()
     try:
-        ours = asyncio.run(core_sections(config, workdir))
-        section_floor(config, workdir, ours[0])
-        section_langgraph(config, workdir, ours)
+        if args.section is None:
+            ours = asyncio.run(core_sections(config, workdir))
+            section_floor(config, workdir, ours[0])
+            section_langgraph(config, workdir, ours)
         asyncio.run(section_flat(config, workdir))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
