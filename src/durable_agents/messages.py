@@ -508,7 +508,12 @@ def encode_tool_calls(calls: Sequence[ToolCall]) -> str | None:
     """The JSON stored in the `tool_calls` column; None when there are none."""
     if not calls:
         return None
-    return json.dumps([c.to_dict() for c in calls], separators=(",", ":"), ensure_ascii=False)
+    return _CALLS_ENCODER.encode([c.to_dict() for c in calls])
+
+
+# What `json.dumps(..., separators=(",", ":"), ensure_ascii=False)` builds on each call,
+# built once: every step's first write encodes its calls.
+_CALLS_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def decode_tool_calls(raw: str | None) -> tuple[ToolCall, ...]:
