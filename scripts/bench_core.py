@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench_core.py            # full run (under a minute)
     .venv/bin/python scripts/bench_core.py --quick    # smoke run for CI (< 60 s)
     .venv/bin/python scripts/bench_core.py --dir /mnt/disk   # DB files there
+    .venv/bin/python scripts/bench_core.py --section 6  # issue 33's ratios only
 
 The workload is one long scripted turn: every step the "LLM" (an object that
 answers instantly) asks for one tool call whose argument is a 200-character
@@ -78,6 +79,7 @@ from typing import Annotated, Any, TypedDict
 
 from durable_agents import Agent, LLMResponse, Message, Store, ToolCall, ToolSpec, run, tool
 from durable_agents.stores import Lease, MemoryStore, memory_store, sqlite_store
+from durable_agents.stores._call_thread import CallThread
 from durable_agents.testing import count_writes
 
 ARGUMENT_CHARS = 200
@@ -832,17 +834,40 @@ async def turn_ratios(repeats: int, workdir: Path) -> list[Ratio]:
     return ratios
 
 
+# The bare commits' table: agent_messages' columns without its keys, indexes and
+# triggers, so each bare commit writes the bytes of the row the store writes.
+BARE_TABLE = (
+    "CREATE TABLE t (session_id TEXT, seq INTEGER, role TEXT, content TEXT, "
+    "tool_call_id TEXT, tool_name TEXT, tool_calls TEXT, input_tokens INTEGER, "
+    "output_tokens INTEGER, request_key TEXT, summary_of INTEGER, origin TEXT, "
+    "instructions TEXT, created_at INTEGER)"
+)
+BARE_INSERT = "INSERT INTO t VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+def bare_step_rows(step: int) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The two message rows the store writes for tool step `step` (the call, then its
+    result), column by column, the calls as the store encodes them (compact JSON)."""
+    call = ToolCall(call_id(step), TOOL_NAME, tool_arguments(step))
+    calls = json.dumps([call.to_dict()], separators=(",", ":"), ensure_ascii=False)
+    now = int(time.time() * 1000)
+    empty = (None,) * 6  # the usage, request key, summary, origin and instructions
+    return (
+        ("bare", 2 * step - 1, "assistant", "", None, None, calls, *empty, now),
+        ("bare", 2 * step, "tool", tool_result(call.id), call.id, TOOL_NAME, None, *empty, now),
+    )
+
+
 def bare_step_commits(conn: sqlite3.Connection, first: int, steps: int) -> list[float]:
     """Seconds of each of `steps` pairs of bare SQLite commits into table `t`, each
-    inserting one row of what a step stores (the call as JSON, then the result)."""
+    inserting one row of what a step stores (the call's row, then the result's)."""
     times = []
     for step in range(first, first + steps):
-        call = ToolCall(call_id(step), TOOL_NAME, tool_arguments(step))
-        rows = (json.dumps([call.to_dict()]), tool_result(call.id))
+        rows = bare_step_rows(step)
         start = time.perf_counter()
         for row in rows:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT INTO t (body) VALUES (?)", (row,))
+            conn.execute(BARE_INSERT, row)
             conn.execute("COMMIT")
         times.append(time.perf_counter() - start)
     return times
@@ -853,7 +878,7 @@ def bare_database(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
     for pragma in STORE_PRAGMAS:
         conn.execute(pragma)
-    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+    conn.execute(BARE_TABLE)
     return conn
 
 
@@ -942,20 +967,26 @@ async def load_ratio(repeats: int, workdir: Path) -> Ratio:
     return Ratio(label, statistics.median(ours), statistics.median(bare), 2.0)
 
 
-async def executor_round_trip(samples: int) -> float:
-    """Median of one round trip to a thread and back (no work): what sqlite_store adds
-    to each of its calls, run in its own thread."""
+async def thread_round_trips(samples: int) -> tuple[float, float]:
+    """Medians of one round trip to a thread and back (no work), through sqlite_store's
+    own thread (CallThread: what it adds to each of its calls) and through
+    `run_in_executor` on a one-thread pool (what it used instead), taking turns."""
     loop = asyncio.get_running_loop()
     executor = ThreadPoolExecutor(1)
-    times = []
+    thread = CallThread("bench")
+    ours, pooled = [], []
     try:
         for _ in range(samples):
             start = time.perf_counter()
+            await thread.call(int, 0)
+            ours.append(time.perf_counter() - start)
+            start = time.perf_counter()
             await loop.run_in_executor(executor, int)
-            times.append(time.perf_counter() - start)
+            pooled.append(time.perf_counter() - start)
     finally:
+        thread.stop()
         executor.shutdown()
-    return statistics.median(times)
+    return statistics.median(ours), statistics.median(pooled)
 
 
 async def section_flat(config: Config, workdir: Path) -> None:
@@ -970,11 +1001,12 @@ async def section_flat(config: Config, workdir: Path) -> None:
     ]
     heads = ("", "ours", "baseline", "ratio", "target", "")
     table([heads, *((r.label, *r.cells()) for r in ratios)], first=46, width=11)
-    hop = await executor_round_trip(200)
+    hop, pooled = await thread_round_trips(200)
     table(
         [
             ("memory step, whole turn (CPU, absolute)", ms(per_step)),
             ("thread round trip, no work (2 a durable step)", ms(hop)),
+            ("  the same by run_in_executor, for comparison", ms(pooled)),
         ],
         first=46,
         width=11,
@@ -985,10 +1017,11 @@ async def section_flat(config: Config, workdir: Path) -> None:
     print("  objects (each turn measures the loaded history once), the sqlite file loads them")
     print("  each turn. durable step: from one LLM call to the next (write #1, the handler,")
     print(f"  write #2), median, in runs of {STEP_CHUNK} steps taking turns with the baselines'")
-    print("  runs; bare: the same two rows, a commit each, journal_mode=WAL and")
-    print("  synchronous=FULL; sqlite_store runs each commit in its thread (the round trip")
-    print("  above, twice a step). load: load_messages() on an open store against its SELECT")
-    print("  and json.loads of the tool calls, on an open connection.")
+    print("  runs; bare: the same two message rows (agent_messages' columns, no index), a")
+    print("  commit each, journal_mode=WAL and synchronous=FULL; sqlite_store runs each")
+    print("  commit in its thread (the round trip above, twice a step). load: load_messages()")
+    print("  on an open store against its SELECT and json.loads of the tool calls, on an")
+    print("  open connection.")
 
 
 # -- main -------------------------------------------------------------------
@@ -1019,6 +1052,12 @@ def parse_args() -> argparse.Namespace:
         default=default_dir(),
         help="where the temporary directory for DB files is made (default: the repo's parent)",
     )
+    parser.add_argument(
+        "--section",
+        type=int,
+        choices=(6,),
+        help="run only this section (6: issue 33's ratios; 4 and 5 need section 1's run)",
+    )
     return parser.parse_args()
 
 
@@ -1032,9 +1071,10 @@ def main() -> None:
     )
     started = time.perf_counter()
     try:
-        ours = asyncio.run(core_sections(config, workdir))
-        section_floor(config, workdir, ours[0])
-        section_langgraph(config, workdir, ours)
+        if args.section is None:
+            ours = asyncio.run(core_sections(config, workdir))
+            section_floor(config, workdir, ours[0])
+            section_langgraph(config, workdir, ours)
         asyncio.run(section_flat(config, workdir))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import sqlite3
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,10 +17,13 @@ from durable_agents import (
     Message,
     SessionConflictError,
     StoreError,
+    ToolCall,
     Usage,
     run,
 )
+from durable_agents.messages import MalformedToolCall, stored_message
 from durable_agents.stores import _schema, sqlite_store
+from durable_agents.stores._call_thread import CallThread
 from durable_agents.stores.sqlite import _transaction
 from durable_agents.testing import ScriptedLLM
 
@@ -195,3 +202,101 @@ async def test_a_row_changed_outside_the_kit_is_a_clear_store_error(tmp_path: Pa
         with pytest.raises(StoreError, match="message 0 of session 's'") as info:
             await store.load_messages("s")
     assert info.value.session_id == "s"
+
+
+def _stored_kinds() -> list[Message]:
+    call = ToolCall("c1", "record", {"item": "x"})
+    malformed = MalformedToolCall("c3", "t", raw_arguments="{", arguments_error="!")
+    return [
+        Message("user", "héllo \ud800", request_key="k", origin="self-resumed", instructions="é"),
+        Message.assistant("", [call], Usage(3, 4)),
+        Message.assistant("", [ToolCall("c2", "t", {}, "p/2", {"source": "mcp"})]),
+        Message.assistant("", [malformed]),
+        Message.tool_result(call, "done"),
+        Message.summary("so far", 2),
+        Message("assistant", "stop", origin="stopped"),
+    ]
+
+
+async def test_loaded_messages_are_the_stored_ones_frozen_as_ever(tmp_path: Path) -> None:
+    # Loading builds messages and calls by slot stores (messages.stored_message), not
+    # through the dataclasses' __init__: the same objects come back, as immutable.
+    stored = _stored_kinds()
+    async with sqlite_store(tmp_path / "a.db") as store:
+        await store.append_messages_atomic("s", 0, stored[:1])
+        for seq, message in enumerate(stored[1:], 1):  # a summary folds what came before
+            await store.append_messages_atomic("s", seq, [message])
+        loaded = await store.load_messages("s")
+    assert loaded == stored
+    assert [hash(m) for m in loaded[4:]] == [hash(m) for m in stored[4:]]
+    assert all(type(m) is Message for m in loaded)
+    assert [type(c) for m in loaded for c in m.tool_calls] == [
+        ToolCall,
+        ToolCall,
+        MalformedToolCall,
+    ]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loaded[0].content = "changed"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loaded[1].tool_calls[0].name = "changed"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        ("robot", "x", (), None),  # an unknown role
+        ("tool", "x", (), None),  # a result without its call's id
+        ("user", "x", [], None),  # tool calls as a list: made a tuple
+        ("user", "caf\u00e9 \udc00", (), "\ud800"),  # lone surrogates: repaired
+    ],
+)
+def test_stored_message_checks_and_repairs_as_message_does(
+    fields: tuple[Any, str, Any, str | None],
+) -> None:
+    role, content, calls, instructions = fields
+    args = (role, content, calls, None, None, None, None, None, None, instructions)
+    try:
+        expected: Message | str = Message(*args)
+    except ValueError as exc:
+        expected = str(exc)
+    try:
+        built: Message | str = stored_message(*args)
+    except ValueError as exc:
+        built = str(exc)
+    assert built == expected
+
+
+async def test_calls_run_in_order_in_one_thread_that_stops_with_the_store(
+    tmp_path: Path,
+) -> None:
+    thread = CallThread("test-calls")
+    ran: list[int] = []
+    first, second = thread.call(ran.append, 1), thread.call(ran.append, 2)
+    assert await first is None
+    assert await second is None
+    assert ran == [1, 2]
+    with pytest.raises(ZeroDivisionError):
+        await thread.call(lambda n: n / 0, 1)
+    gate = threading.Event()
+    blocking = thread.call(lambda _: gate.wait(5), None)
+    cancelled = thread.call(ran.append, 3)  # queued behind the blocking call
+    cancelled.cancel()
+    gate.set()
+    assert await blocking is True
+    assert await thread.call(ran.append, 4) is None
+    assert ran == [1, 2, 4]  # a call cancelled while queued never runs
+    thread.stop()
+
+    store = sqlite_store(tmp_path / "a.db")
+    await store.get_session("s")
+    assert _store_threads() == 1
+    await store.close()
+    for _ in range(200):
+        if not _store_threads():
+            break
+        await asyncio.sleep(0.01)
+    assert _store_threads() == 0
+
+
+def _store_threads() -> int:
+    return sum(t.name == "durable-agents-sqlite" and t.is_alive() for t in threading.enumerate())

@@ -13,7 +13,7 @@ from typing import Any
 from .. import _json
 from ..errors import ConfigurationError, MessageTooLargeError, StoreError
 from ..limits import MAX_ROW_BYTES
-from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls
+from ..messages import Message, Usage, decode_tool_calls, encode_tool_calls, stored_message
 from ._limits import bindable
 from .base import ApprovalChange, ApprovalEvent, Schedule, SessionInfo
 
@@ -163,8 +163,8 @@ def row_message(row: Sequence[Any]) -> Message:
     usage = None
     if input_tokens is not None or output_tokens is not None:
         usage = Usage(int(input_tokens or 0), int(output_tokens or 0))
-    # By position, in the order of Message's fields: cheaper, and a load makes one a row.
-    return Message(
+    # Built by `stored_message`, by position: a load makes one a row.
+    return stored_message(
         role,
         content,
         decode_tool_calls(tool_calls),

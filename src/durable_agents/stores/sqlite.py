@@ -1,6 +1,6 @@
 """A durable store in a SQLite file, for CPython.
 
-One connection per store, used from one dedicated thread: sqlite3 calls
+One connection per store, used from one dedicated thread (`_call_thread`): sqlite3 calls
 block (a durable commit waits for fsync), and running them off the event loop
 keeps other tasks moving. Several processes may share the file: WAL lets
 readers run beside a writer, and the busy timeout makes writers queue instead
@@ -9,11 +9,9 @@ of failing at once.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,6 +19,7 @@ from ..errors import SessionConflictError, StoreError
 from ..limits import MAX_ROW_BYTES
 from ..messages import Message
 from . import _appends, _paging, _rows, _schema, _statements
+from ._call_thread import CallThread
 from .base import (
     ApprovalChange,
     ApprovalEvent,
@@ -55,7 +54,7 @@ class SQLiteStore:
         self._clock = clock
         self._max_row_bytes = max_row_bytes
         self._conn: sqlite3.Connection | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._thread: CallThread | None = None
 
     @property
     def durable(self) -> bool:
@@ -245,11 +244,13 @@ class SQLiteStore:
 
     async def close(self) -> None:
         """Close the connection and its thread. The store reopens on next use."""
-        if self._executor is None:
+        if self._thread is None:
             return
-        executor, self._executor = self._executor, None
-        await asyncio.get_running_loop().run_in_executor(executor, self._close_connection)
-        executor.shutdown(wait=True)
+        thread, self._thread = self._thread, None
+        try:
+            await thread.call(self._close_connection, None)
+        finally:
+            thread.stop()
 
     async def __aenter__(self) -> SQLiteStore:
         return self
@@ -262,11 +263,10 @@ class SQLiteStore:
     async def _call(
         self, fn: Callable[[sqlite3.Connection], T], session_id: str | None = None
     ) -> T:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="durable-agents-sqlite")
-        loop = asyncio.get_running_loop()
+        if self._thread is None:
+            self._thread = CallThread("durable-agents-sqlite")
         try:
-            return await loop.run_in_executor(self._executor, self._with_connection, fn)
+            return await self._thread.call(self._with_connection, fn)
         except sqlite3.IntegrityError:
             raise
         except sqlite3.Error as exc:
@@ -293,7 +293,7 @@ class SQLiteStore:
             raise
         return conn
 
-    def _close_connection(self) -> None:
+    def _close_connection(self, _: None) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
