@@ -650,6 +650,8 @@ def start_migrations(
     if not pending:
         migrated.set_result([])
         return migrated
+    names = ", ".join(str(db.get("database_name") or db.get("binding")) for db in pending)
+    say(f"D1 migrations to apply ({names}): wrangler d1 migrations apply --local")
 
     def migrate() -> None:
         try:
