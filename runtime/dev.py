@@ -691,9 +691,15 @@ def wrangler_env(worker: Worker, bundle: str, stage: dev_limits.Stage | None) ->
     agent file (for scripts/build_worker.py), the baseline snapshot workerd loads and the
     staging folder."""
     extra = {"DURABLE_AGENTS_AGENT": str(worker.agent_file)} if worker.agent_file else {}
+    return node_env({**extra, **snapshot_env(bundle), **(stage.env() if stage else {})})
+
+
+def snapshot_env(bundle: str) -> dict[str, str]:
+    """What runtime/workerd is told of the baseline snapshot to start from (development
+    bundle only; scripts/bench_dev_start.py gives the bare Worker it compares with the same)."""
     if bundle == "development" and SNAPSHOT.is_file():
-        extra["DURABLE_AGENTS_PYODIDE_SNAPSHOT"] = SNAPSHOT.name
-    return node_env({**extra, **(stage.env() if stage else {})})
+        return {"DURABLE_AGENTS_PYODIDE_SNAPSHOT": SNAPSHOT.name}
+    return {}
 
 
 def stop_on_signals(running: list[subprocess.Popen[str]]) -> None:
