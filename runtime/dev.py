@@ -27,7 +27,6 @@ import argparse
 import atexit
 import contextlib
 import fcntl
-import functools
 import hashlib
 import hmac
 import importlib.util
@@ -372,15 +371,6 @@ def serve_kit(
     build_worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build_worker)
     os.environ["DURABLE_AGENTS_AGENT"] = str(agent_file)  # build_worker's agent_override
-    # build_worker parses every module it stages (~0.2 s); restaging on each edit, only
-    # the modules that changed need parsing again.
-    imported_names = build_worker.imported_names
-
-    @functools.cache
-    def parsed(name: str, path: Path, stamp: tuple[int, int]) -> frozenset[str]:
-        return frozenset(imported_names(name, path))
-
-    build_worker.imported_names = lambda name, path: parsed(name, path, _stamp(path))
     copy = stage.dir / "wrangler.json"
     names = (agent.settings, tuple(agent.dev_stubs))
     check_packages = packages_check(venv_packages)
@@ -389,12 +379,9 @@ def serve_kit(
     def rebuild() -> None:
         packages = check_packages(build_worker.stage(stage.source))
         (stage.source / f"{DEV_SERVER_NOTE}.py").write_text(dev_server_note(agent_file, packages))
-        try:
-            edited = load_agent(agent_file, PROJECT / "src", packages)
-        except Exception:
-            if started:
-                raise  # the running Worker stays (Stage.follow says why)
-            edited = agent  # describe_agent said why: the Worker will say it to each request
+        # At the start, `agent` is the module just loaded (or, where it did not load, the
+        # stand-in: describe_agent said why, and the Worker will say it to each request).
+        edited = load_agent(agent_file, PROJECT / "src", packages) if started else agent
         if (edited.settings, tuple(edited.dev_stubs)) != names:
             say("the agent's SETTINGS or DEV_STUBS changed: they are passed from the next start")
         copied = dev_config(read_config(config_file), config_file, stage.main, secrets)
@@ -462,11 +449,6 @@ def read_in_background(read: Callable[[], dict[str, str]]) -> Callable[[], dict[
 
     threading.Thread(target=run, daemon=True).start()
     return result.result
-
-
-def _stamp(path: Path) -> tuple[int, int]:
-    stat = path.stat()
-    return stat.st_mtime_ns, stat.st_size
 
 
 # Config fields that name a path, relative to the config's folder (wrangler's reading).
@@ -668,6 +650,8 @@ def start_migrations(
     if not pending:
         migrated.set_result([])
         return migrated
+    names = ", ".join(str(db.get("database_name") or db.get("binding")) for db in pending)
+    say(f"D1 migrations to apply ({names}): wrangler d1 migrations apply --local")
 
     def migrate() -> None:
         try:
@@ -707,9 +691,15 @@ def wrangler_env(worker: Worker, bundle: str, stage: dev_limits.Stage | None) ->
     agent file (for scripts/build_worker.py), the baseline snapshot workerd loads and the
     staging folder."""
     extra = {"DURABLE_AGENTS_AGENT": str(worker.agent_file)} if worker.agent_file else {}
+    return node_env({**extra, **snapshot_env(bundle), **(stage.env() if stage else {})})
+
+
+def snapshot_env(bundle: str) -> dict[str, str]:
+    """What runtime/workerd is told of the baseline snapshot to start from (development
+    bundle only; scripts/bench_dev_start.py gives the bare Worker it compares with the same)."""
     if bundle == "development" and SNAPSHOT.is_file():
-        extra["DURABLE_AGENTS_PYODIDE_SNAPSHOT"] = SNAPSHOT.name
-    return node_env({**extra, **(stage.env() if stage else {})})
+        return {"DURABLE_AGENTS_PYODIDE_SNAPSHOT": SNAPSHOT.name}
+    return {}
 
 
 def stop_on_signals(running: list[subprocess.Popen[str]]) -> None:
@@ -759,7 +749,11 @@ def write_env_file(persist: Path, served: Mapping[str, Setting], config_file: Pa
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
-    sys.dont_write_bytecode = True  # no __pycache__ in src/: wrangler reloads on any change there
+    # Bytecode outside src/ (wrangler reloads on any change there), kept for the next start:
+    # the agent's check imports the kit, pydantic and httpx here (~0.15 s more compiled
+    # anew). Where writing bytecode is turned off (PYTHONDONTWRITEBYTECODE), none is.
+    if not sys.dont_write_bytecode and sys.pycache_prefix is None:
+        sys.pycache_prefix = str(PROJECT / ".cache" / "pycache")
     options = parse_options(argv)
     # ~0.15 s of reading .venv's packages (for the Worker's errors) while the start goes on.
     venv_packages = read_in_background(packages_providing)

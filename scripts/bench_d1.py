@@ -26,14 +26,13 @@ import statistics
 import sys
 import tempfile
 import time
-import tomllib
 import urllib.request
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build_worker  # sibling scripts
-from dev_process import PROJECT, DevServer
+from dev_process import PROJECT, DevServer, scratch_worker
 
 WORKER = PROJECT / "scripts" / "bench_d1_worker.py"
 
@@ -49,15 +48,9 @@ def stage(project: Path) -> Path:
     )
     shutil.copy2(WORKER, src / "entry.py")
     build_worker.stage(project / "worker", src)  # what entry.py imports, and nothing else
-    (project / "python_modules").symlink_to(PROJECT / "python_modules", target_is_directory=True)
-    kit = tomllib.loads((PROJECT / "wrangler.toml").read_text())
-    config = {
-        "name": "bench-d1",
-        "main": "worker/entry.py",
-        "compatibility_date": kit["compatibility_date"],
-        "compatibility_flags": kit["compatibility_flags"],
-        "python_modules": kit.get("python_modules", {}),
-        "d1_databases": [
+    return scratch_worker(
+        project, "worker/entry.py", name="bench-d1",
+        d1_databases=[
             {
                 "binding": "DB",
                 "database_name": "bench-d1",
@@ -65,10 +58,7 @@ def stage(project: Path) -> Path:
                 "migrations_dir": str(PROJECT / "src/durable_agents/stores/migrations"),
             }
         ],
-    }
-    file = project / "wrangler.json"
-    file.write_text(json.dumps(config, indent=2))
-    return file
+    )  # fmt: skip
 
 
 def percentile_90(values: list[float]) -> float:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dev_process import PROJECT, DevServer, wrangler  # a sibling script
+from dev_process import PROJECT, RUNTIME_FIELDS, DevServer, scratch_worker, wrangler
 
 _TOTALS = re.compile(r"Total Upload: ([\d.]+) KiB / gzip: ([\d.]+) KiB")
 ECHO = "{{echo}}"  # a setting's value: the URL of a local server answering 200 {} to anything
@@ -165,21 +165,12 @@ def bundle_project(bundle: Bundle, config: Path, project: Path, variables: dict[
     for file in bundle.worker_files:
         (project / "worker" / file).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(bundle.outdir / file, project / "worker" / file)
-    (project / "python_modules").symlink_to(
-        bundle.outdir / "python_modules", target_is_directory=True
-    )
-    source = tomllib.loads(config.read_text())
-    kept = ("name", "compatibility_date", "compatibility_flags", "python_modules",
-            "durable_objects", "migrations", "d1_databases", "kv_namespaces", "rules")  # fmt: skip
-    worker: dict[str, Any] = {key: source[key] for key in kept if key in source}
-    worker["main"] = f"worker/{bundle.entry}"
-    worker["vars"] = variables
-    for database in worker.get("d1_databases", []):
-        migrations = config.parent / str(database.get("migrations_dir") or "migrations")
-        database["migrations_dir"] = str(migrations.resolve())
-    worker_config = project / "wrangler.json"
-    worker_config.write_text(json.dumps(worker, indent=2))
-    return worker_config
+    kept = (*RUNTIME_FIELDS, "name", "durable_objects", "migrations", "d1_databases",
+            "kv_namespaces", "rules")  # fmt: skip
+    return scratch_worker(
+        project, f"worker/{bundle.entry}", config=config, kept=kept,
+        python_modules=bundle.outdir / "python_modules", vars=variables,
+    )  # fmt: skip
 
 
 class _Echo(http.server.BaseHTTPRequestHandler):

@@ -121,6 +121,55 @@ def test_importing_the_library_reads_no_clock_and_no_randomness() -> None:
     assert done.stdout.strip() == "ok", done.stderr
 
 
+# What neither `import durable_agents` nor the Worker's own imports load (issue 33): the
+# model adapters, the offline models, the test-value generator, MCP, httpx's client, the
+# stores a Worker does not use. Each loads when first used.
+LOADED_ON_FIRST_USE = [
+    "durable_agents.llm.anthropic", "durable_agents.llm.openai", "durable_agents.llm.workers_ai",
+    "durable_agents.llm._retry", "durable_agents._schema.values",
+    "durable_agents._schema.regex_sample", "durable_agents._schema.formats", "durable_agents.mcp",
+    "durable_agents.stores.sqlite", "durable_agents.stores.durable_object",
+]  # fmt: skip
+# The Worker's imports (src/entry.py's, but `workers`, which runs only in a Worker).
+WORKER_IMPORTS = """
+from durable_agents.cloudflare import d1_store
+from durable_agents.cloudflare.agent_module import serve_agent
+from durable_agents.cloudflare.alarms import ObjectAlarm
+from durable_agents.cloudflare.app import handle_request
+from durable_agents.cloudflare.js_streams import readable_stream
+"""
+
+
+def loaded_after(code: str) -> set[str]:
+    """The modules a fresh Python has loaded after running `code`."""
+    listing = code + "\nimport sys; print(' '.join(sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", listing], capture_output=True, text=True, check=True
+    )
+    return set(done.stdout.split())
+
+
+def test_importing_the_library_loads_no_adapter_no_test_values_and_no_httpx() -> None:
+    loaded = loaded_after("import durable_agents")
+    assert loaded.isdisjoint([*LOADED_ON_FIRST_USE, "durable_agents.llm.offline", "httpx"])
+    assert "durable_agents.stores.memory" not in loaded
+
+
+def test_the_workers_imports_load_only_what_a_turn_needs() -> None:
+    assert loaded_after(WORKER_IMPORTS).isdisjoint(LOADED_ON_FIRST_USE)
+
+
+@pytest.mark.parametrize(
+    "module_name", ["durable_agents.llm", "durable_agents.stores", "durable_agents.cloudflare"]
+)
+def test_each_name_a_package_loads_on_first_use_is_there(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    for name in module.__all__:
+        assert getattr(module, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        module.nothing  # noqa: B018
+
+
 def test_the_llm_protocol_is_one_object_beside_the_adapters() -> None:
     import durable_agents.llm
     import durable_agents.llm.base

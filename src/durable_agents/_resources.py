@@ -10,19 +10,21 @@ Guide: docs/architecture.md.
 
 from __future__ import annotations
 
-import importlib.resources
-
 __all__ = ["file_names", "read_text"]
 
 
 def read_text(package: str, name: str) -> str:
     """The text (UTF-8) of the data file `name` of `package` (a dotted package name; `name`
     may be a path below it, "migrations/0001_init.sql"). OSError if it is missing."""
+    import importlib.resources  # as the files: when first needed (~20 ms of a Worker's start)
+
     return importlib.resources.files(package).joinpath(*name.split("/")).read_text("utf-8")
 
 
 def file_names(package: str, folder: str, suffix: str) -> list[str]:
     """The names of the files ending in `suffix` in the data folder `folder` of `package`,
     sorted. OSError if the folder is missing."""
+    import importlib.resources
+
     found = importlib.resources.files(package).joinpath(*folder.split("/"))
     return sorted(entry.name for entry in found.iterdir() if entry.name.endswith(suffix))

@@ -32,9 +32,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from . import budget
 from ._turn.approval_settling import ApprovalSettler
@@ -86,8 +84,10 @@ from .messages import (
     pending_tool_calls as pending_tool_calls,  # re-exported: it lived here first
 )
 from .stores.base import ApprovalChange, Store
-from .stores.memory import memory_store
 from .tools import DepsT, Handler, RunContext, Tool
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "DEFERRED_REASON",
@@ -244,6 +244,8 @@ async def _run(
     """The turn `run()` asked for, its arguments checked: on a new session, the last turn
     read back if it has ended, or the turn run under the session's lease."""
     if store is None:
+        from .stores.memory import memory_store  # a Worker's store is never in memory
+
         store = memory_store()
     if session_id is None:
         if message is None:

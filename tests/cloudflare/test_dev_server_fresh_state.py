@@ -2,8 +2,9 @@
 the D1 database is migrated, so a request sent the moment the port accepts a connection
 is served, not refused for a table that is not there yet. Twice: on a fresh `--persist-to`
 folder (every migration applied before wrangler starts) and again on the same folder (up
-to date: wrangler's command is not run at all). The triage example, offline (its model and
-dev stubs), on a port the test picks, polled with connect() in a tight loop.
+to date: wrangler's command is not run at all; the server says when it runs it). The
+triage example, offline (its model and dev stubs), on a port the test picks, polled with
+connect() in a tight loop.
 
 Needs `scripts/setup-runtime` (node_modules/ and python_modules/).
 """
@@ -27,6 +28,8 @@ from durable_agents.testing.worker import DevWorker
 pytestmark = pytest.mark.slow
 
 TOKEN = "test-token"
+# What the server says before it runs wrangler's migrations command (and only then).
+MIGRATING = "dev: D1 migrations to apply (durable-agents): wrangler d1 migrations apply --local"
 
 
 def free_port() -> int:
@@ -82,6 +85,7 @@ def test_the_first_request_on_fresh_state_and_after_a_restart_is_served(tmp_path
         assert reply["status"] == "complete", reply
         banner = worker.wait_for_line(r"dev: state in .*; D1 migrations: ")
         assert "D1 migrations: 0001_init.sql, " in banner, banner
+        assert MIGRATING in worker.lines, worker.lines
         worker.stop()
 
         worker.lines.clear()
@@ -91,6 +95,7 @@ def test_the_first_request_on_fresh_state_and_after_a_restart_is_served(tmp_path
         assert reply["status"] == "complete", reply
         banner = worker.wait_for_line(r"dev: state in .*; D1 migrations: ")
         assert banner.endswith("D1 migrations: up to date"), banner
+        assert not any(line.startswith("dev: D1 migrations to apply") for line in worker.lines)
         assert worker.count("SELECT * FROM agent_messages WHERE role = 'user'") == 2
     finally:
         worker.close()

@@ -18,9 +18,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from .formats import format_fits
-from .regex_sample import pattern_search
-
 __all__ = [
     "MAX_REF_CHAIN",
     "Problem",
@@ -231,6 +228,8 @@ class _Checker:
             found += bad(f"must have at most {schema['maxLength']} characters")
         pattern = schema.get("pattern")
         if isinstance(pattern, str):
+            from .regex_sample import pattern_search  # loaded for the first pattern only
+
             search = pattern_search(pattern)
             if search is not None and not search(value):
                 found += bad(f"must match the pattern '{pattern}'")
@@ -244,8 +243,11 @@ class _Checker:
         """What `format` and `contentSchema` find (JSON inside a string, pydantic's Json)."""
         found = []
         form = schema.get("format")
-        if isinstance(form, str) and not format_fits(form, value):
-            found += bad(f"must be a valid {form}")
+        if isinstance(form, str):
+            from .formats import format_fits  # loaded for the first format only
+
+            if not format_fits(form, value):
+                found += bad(f"must be a valid {form}")
         content = schema.get("contentSchema")
         if isinstance(content, (Mapping, bool)):
             try:

@@ -10,12 +10,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .. import _json
-from .._http.client import default_client
 from ..agent import Agent
 from ..errors import (
     ConfigurationError,
@@ -26,6 +23,9 @@ from ..errors import (
 )
 from ..messages import ORIGINS, OUTPUT_TOOL, Message, MessageOrigin
 from ..tools import Handler, RunContext, Tool, Toolset
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "RunClient",
@@ -59,6 +59,8 @@ class RunClient:
         if self.given is not None:
             return self.given
         if self._own is None:
+            from .._http.client import default_client  # httpx loads for a toolset only
+
             self._own = default_client(RUN_CLIENT_TIMEOUT)
         return self._own
 

@@ -19,8 +19,6 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-import httpx
-
 from .. import _json, _timeouts
 from ..agent import Agent
 from ..approvals import ApprovalState
@@ -393,6 +391,8 @@ def uncertain_result(call: ToolCall, what: str) -> str:
 def _outcome_unknown(exc: BaseException) -> bool:
     """Whether a handler's error leaves its effect unknown: a timeout or a
     transport failure, where the request may have been received and acted on."""
+    import httpx  # loaded at the first failure of a tool, if nothing loaded it before
+
     return isinstance(exc, TimeoutError | ConnectionError | httpx.TransportError)
 
 

@@ -17,14 +17,28 @@ for a D1 binding.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 from .._http.client import set_default_transport
 from ..stores.d1 import D1Store, d1_store
-from ..stores.durable_object import DurableObjectStore, durable_object_store
 from .fetch_transport import FetchTransport, InvocationLimitError
+
+if TYPE_CHECKING:
+    from ..stores.durable_object import DurableObjectStore, durable_object_store
 
 if sys.platform == "emscripten":
     set_default_transport(FetchTransport)
+
+
+def __getattr__(name: str) -> Any:
+    # The Durable Object store loads on first use: a Worker with SESSION_STORE=d1 (the
+    # default) never needs it, and its import is part of every start.
+    if name in ("DurableObjectStore", "durable_object_store"):
+        from ..stores import durable_object
+
+        return getattr(durable_object, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "D1Store",

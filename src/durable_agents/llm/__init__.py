@@ -14,10 +14,9 @@ good. The guide: docs/llm-providers.md (settings, retries, errors, what each
 adapter does with the conversation); the offline models: docs/testing.md.
 """
 
-from .._http.client import default_client
+import typing
+
 from ..messages import MalformedToolCall, StreamPart, TextDelta, ToolCallDelta
-from ._retry import RetryPolicy
-from .anthropic import AnthropicLLM
 from .base import LLM, StreamingLLM
 from .errors import (
     LLMAuthenticationError,
@@ -30,10 +29,46 @@ from .errors import (
     LLMResponseError,
     LLMTimeoutError,
 )
-from .offline import FunctionLLM, TestLLM
-from .openai import OpenAILLM
 from .settings import DEFAULT_MODELS, PROVIDERS, llm_from_env
-from .workers_ai import WorkersAILLM
+
+if typing.TYPE_CHECKING:
+    from .._http.client import default_client
+    from ._retry import RetryPolicy
+    from .anthropic import AnthropicLLM
+    from .offline import FunctionLLM, TestLLM
+    from .openai import OpenAILLM
+    from .workers_ai import WorkersAILLM
+
+
+def __getattr__(name: str) -> typing.Any:
+    # The adapters, the offline models and the HTTP client load on first use: the run
+    # loop imports this package (for `base`), and a Worker needs one model, not all.
+    if name == "AnthropicLLM":
+        from . import anthropic
+
+        return anthropic.AnthropicLLM
+    if name == "OpenAILLM":
+        from . import openai
+
+        return openai.OpenAILLM
+    if name == "WorkersAILLM":
+        from . import workers_ai
+
+        return workers_ai.WorkersAILLM
+    if name in ("FunctionLLM", "TestLLM"):
+        from . import offline
+
+        return getattr(offline, name)
+    if name == "RetryPolicy":
+        from . import _retry
+
+        return _retry.RetryPolicy
+    if name == "default_client":
+        from .._http import client
+
+        return client.default_client
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_MODELS",

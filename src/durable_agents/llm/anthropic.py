@@ -27,6 +27,7 @@ from ..messages import (
     Usage,
     provider_call_ids,
 )
+from ._defaults import ANTHROPIC_BASE_URL
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
 from ._stream import json_data, stream_cut, stream_error
@@ -35,8 +36,6 @@ from .errors import LLMResponseError
 from .tool_calls import is_error_result, make_tool_call, token_count
 
 ANTHROPIC_VERSION = "2023-06-01"
-ANTHROPIC_BASE_URL = "https://api.anthropic.com"
-DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
 
 
 class AnthropicLLM(HTTPAdapter):

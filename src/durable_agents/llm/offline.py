@@ -30,8 +30,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from .._schema.formats import steered_formats
-from .._schema.values import example_arguments
 from ..messages import (
     OUTPUT_TOOL,
     LLMResponse,
@@ -147,6 +145,8 @@ class TestLLM:
         values: Mapping[Any, Any] | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
+        from .._schema.formats import steered_formats  # see `arguments_for`
+
         self.call_tools = list(call_tools) if call_tools is not None else None
         self.one_per_step = one_per_step
         self.text = text
@@ -185,6 +185,8 @@ class TestLLM:
         if given is not None:
             return copy.deepcopy(given)
         now = datetime.datetime.fromtimestamp(self.clock(), datetime.UTC)
+        from .._schema.values import example_arguments  # see `arguments_for`
+
         return example_arguments(
             spec.input_schema, tool_name=spec.name, steers=self.steers, now=now
         )
@@ -235,6 +237,11 @@ def arguments_for(
     `values` steers formats as `TestLLM(values=)` does, at time `now` (an aware
     datetime; default: now).
     """
+    # The test-value generator loads when arguments are first made: a Worker whose agent
+    # plays a FunctionLLM (or a real model) never needs it.
+    from .._schema.formats import steered_formats
+    from .._schema.values import example_arguments
+
     if now is None and values:
         now = datetime.datetime.now(datetime.UTC)
     return example_arguments(

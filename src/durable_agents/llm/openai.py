@@ -30,15 +30,13 @@ from ..messages import (
     Usage,
     provider_call_ids,
 )
+from ._defaults import OPENAI_BASE_URL
 from ._http import HTTPAdapter, HTTPPoster, check_base_url
 from ._retry import RetryPolicy
 from ._stream import json_data, stream_cut, stream_error
 from .base import wire_size
 from .errors import LLMResponseError, provider_message
 from .tool_calls import make_tool_call, token_count
-
-DEFAULT_OPENAI_MODEL = "gpt-4.1-mini"
-OPENAI_BASE_URL = "https://api.openai.com/v1"
 
 
 class OpenAILLM(HTTPAdapter):

@@ -4,6 +4,8 @@ Reads `LLM_PROVIDER`, `LLM_MODEL`, `LLM_BASE_URL`, `LLM_API_KEY` and, inside a
 Worker, the `AI` binding; with neither a provider nor a key it gives the
 offline `demo` model, `TestLLM()`. What each setting means and its default:
 docs/llm-providers.md#settings.
+
+`llm_from_env` imports only the adapter the settings name: a Worker loads no other.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
-from .anthropic import ANTHROPIC_BASE_URL, DEFAULT_ANTHROPIC_MODEL, AnthropicLLM
-from .offline import TestLLM
-from .openai import DEFAULT_OPENAI_MODEL, OPENAI_BASE_URL, OpenAILLM
-from .workers_ai import DEFAULT_WORKERS_AI_MODEL, WorkersAILLM
+from ._defaults import (
+    ANTHROPIC_BASE_URL,
+    DEFAULT_ANTHROPIC_MODEL,
+    DEFAULT_OPENAI_MODEL,
+    DEFAULT_WORKERS_AI_MODEL,
+    OPENAI_BASE_URL,
+)
 
 if TYPE_CHECKING:
     from .base import LLM
@@ -76,8 +81,12 @@ def llm_from_env(env: Any) -> LLM:
     name = _ALIASES.get(name, name)
 
     if name == "demo":
+        from .offline import TestLLM
+
         return TestLLM()
     if name == "anthropic":
+        from .anthropic import AnthropicLLM
+
         if api_key is None:
             raise ConfigurationError(
                 "LLM_PROVIDER=anthropic needs LLM_API_KEY (an Anthropic API key)"
@@ -88,6 +97,8 @@ def llm_from_env(env: Any) -> LLM:
             base_url=base_url or ANTHROPIC_BASE_URL,
         )
     if name == "openai":
+        from .openai import OpenAILLM
+
         # Local OpenAI-compatible servers (Ollama, vLLM, llama.cpp) take no key.
         if api_key is None and base_url is None:
             raise ConfigurationError(
@@ -100,6 +111,8 @@ def llm_from_env(env: Any) -> LLM:
             base_url=base_url or OPENAI_BASE_URL,
         )
     if name == "workers-ai":
+        from .workers_ai import WorkersAILLM
+
         binding = setting(env, "AI")
         if binding is None:
             raise ConfigurationError(

@@ -32,6 +32,7 @@ from ..messages import (
     ToolSpec,
     provider_call_ids,
 )
+from ._defaults import DEFAULT_WORKERS_AI_MODEL
 from ._retry import RetryPolicy, attempt_timeout, call_with_retries, stream_with_retries
 from .base import wire_size
 from .errors import (
@@ -55,8 +56,6 @@ from .openai import (
     to_openai_tool,
 )
 from .openai import parse_response as parse_openai_response
-
-DEFAULT_WORKERS_AI_MODEL = "@cf/meta/llama-3.3-70b-instruct-fp8-fast"
 
 # Workers AI internal error code → (HTTP status it stands for, error class, what to do).
 # Codes and statuses from the Workers AI error reference.

@@ -29,19 +29,24 @@ from .base import (
     SessionPage,
     Store,
 )
-from .memory import MemoryStore, memory_store
 
 if TYPE_CHECKING:
+    from .memory import MemoryStore, memory_store
     from .sqlite import SQLiteStore, sqlite_store
 
 
 def __getattr__(name: str) -> Any:
     # The SQLite store loads on first use: a Worker imports this package (every
     # `import durable_agents` does) but never SQLite, and its bundle leaves it out.
+    # The memory store too: a Worker keeps its sessions in D1 or its Durable Object.
     if name in ("SQLiteStore", "sqlite_store"):
         from . import sqlite
 
         return getattr(sqlite, name)
+    if name in ("MemoryStore", "memory_store"):
+        from . import memory
+
+        return getattr(memory, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
