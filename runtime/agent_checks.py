@@ -133,20 +133,41 @@ PYODIDE_MODULES = frozenset(
 )
 
 
+def excluded_modules(patterns: Iterable[str]) -> dict[str, str]:
+    """Module name -> the pattern of wrangler.toml's `[python_modules] exclude` that leaves
+    it out of the Worker, for the patterns that name a whole package or module
+    (`anyio/**` -> `anyio`, `pydantic/color.py` -> `pydantic.color`): the Worker cannot
+    import it, although python_modules/ has it."""
+    found: dict[str, str] = {}
+    for pattern in patterns:
+        path = str(pattern).removesuffix("/**").removesuffix(".py")
+        if path and not re.search(r"[*?\[\]]", path) and not path.startswith((".", "/")):
+            found[path.replace("/", ".")] = str(pattern)
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class MissingModule:
     """A module the agent's files import (`module`, its top-level name, at `file`:`line`)
     that neither src/, the standard library, Pyodide nor python_modules/ has; `package`,
-    the package that provides it in this Python (.venv), if it does."""
+    the package that provides it in this Python (.venv), if it does; `excluded`, the
+    pattern of wrangler.toml's `[python_modules] exclude` that leaves it out of the Worker
+    when python_modules/ has it."""
 
     module: str
     file: Path
     line: int
     package: str | None
+    excluded: str | None = None
 
     def describe(self) -> str:
         """The warning the dev server prints, with the fix."""
         where = f"{shown_path(self.file)}, line {self.line}, imports `{self.module}`"
+        if self.excluded is not None:
+            return (
+                f"{where}, which python_modules/ has but wrangler.toml's [python_modules] "
+                f"exclude leaves out of the Worker ({self.excluded!r}): delete that entry"
+            )
         lacks = "which the Worker's packages (python_modules/) lack"
         if self.package is None:
             return (
@@ -161,16 +182,20 @@ def modules_the_worker_lacks(
     modules: Mapping[str, Path],
     python_modules: Path,
     packages: Callable[[Iterable[str]], Mapping[str, str]],
+    excluded: Mapping[str, str] | None = None,
 ) -> list[MissingModule]:
     """The imports of the Worker's `modules` (by dotted name; the kit's own, `durable_agents`
     and `entry`, are not looked at) that nothing the Worker has provides: `modules`
     themselves, the standard library, Pyodide, python_modules/. Imports under `if
     TYPE_CHECKING:` or in a `try` that catches ImportError are left out. `packages(names)`
     maps the missing import names to their packages (`packages_providing`), asked only if
-    one is missing. None when python_modules/ is not there (set-up has not run)."""
+    one is missing; `excluded` (`excluded_modules`), what wrangler.toml leaves out of
+    python_modules/'s upload. None when python_modules/ is not there (set-up has not run)."""
     if not python_modules.is_dir():
         return []
-    have = {name.split(".")[0] for name in modules} | vendored_names(python_modules)
+    excluded = excluded or {}
+    left_out = {name for name in excluded if "." not in name}
+    have = {name.split(".")[0] for name in modules} | (vendored_names(python_modules) - left_out)
     have |= set(sys.stdlib_module_names) | PYODIDE_MODULES
     found: dict[str, tuple[Path, int]] = {}
     for name, path in modules.items():
@@ -181,8 +206,13 @@ def modules_the_worker_lacks(
                 found.setdefault(module, (path, line))
     if not found:
         return []
+    from durable_agents.cloudflare.load_errors import excluded_by
+
     provides = packages(found)
-    return [MissingModule(m, f, n, provides.get(m)) for m, (f, n) in found.items()]
+    return [
+        MissingModule(m, f, n, provides.get(m), excluded_by(m, excluded))
+        for m, (f, n) in found.items()
+    ]
 
 
 def vendored_names(python_modules: Path) -> set[str]:

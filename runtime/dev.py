@@ -49,6 +49,7 @@ from typing import Any, NoReturn
 
 import dev_limits  # runtime/, beside this file
 from agent_checks import (
+    excluded_modules,
     load_agent,
     modules_the_worker_lacks,
     packages_providing,
@@ -176,16 +177,20 @@ def describe_agent(agent_file: Path) -> Any:
         return stand_in_agent()
 
 
-def dev_server_note(agent_file: Path, packages: Mapping[str, str]) -> str:
+def dev_server_note(
+    agent_file: Path, packages: Mapping[str, str], excluded: Mapping[str, str]
+) -> str:
     """The DEV_SERVER_NOTE module: the agent file as the Worker's errors name it, the
-    packages providing the modules python_modules/ lacks, and python_modules/'s stamp
-    (when it changes, the module does, and wrangler reloads the Worker with them)."""
+    packages providing the modules python_modules/ lacks, the modules the config's
+    `[python_modules] exclude` leaves out (`excluded_modules`), and python_modules/'s
+    stamp (when it changes, the module does, and wrangler reloads the Worker with them)."""
     stamp = VENDOR_STAMP.read_text().strip() if VENDOR_STAMP.is_file() else ""
     return (
         '"""Staged by scripts/dev (runtime/dev.py) beside the Worker\'s entry, never deployed: '
         'read by\ndurable_agents.cloudflare.agent_module.serve_agent.\n"""\n\n'
         f"AGENT_FILE = {shown_path(agent_file)!r}\n"
         f"PACKAGES = {dict(sorted(packages.items()))!r}\n"
+        f"EXCLUDED = {dict(sorted(excluded.items()))!r}\n"
         f"VENDORED = {stamp!r}\n"
     )
 
@@ -377,14 +382,17 @@ def serve_kit(
     started = False
 
     def rebuild() -> None:
-        packages = check_packages(build_worker.stage(stage.source))
-        (stage.source / f"{DEV_SERVER_NOTE}.py").write_text(dev_server_note(agent_file, packages))
+        config = read_config(config_file)
+        excluded = excluded_modules(config.get("python_modules", {}).get("exclude", ()))
+        packages = check_packages(build_worker.stage(stage.source), excluded)
+        note = dev_server_note(agent_file, packages, excluded)
+        (stage.source / f"{DEV_SERVER_NOTE}.py").write_text(note)
         # At the start, `agent` is the module just loaded (or, where it did not load, the
         # stand-in: describe_agent said why, and the Worker will say it to each request).
         edited = load_agent(agent_file, PROJECT / "src", packages) if started else agent
         if (edited.settings, tuple(edited.dev_stubs)) != names:
             say("the agent's SETTINGS or DEV_STUBS changed: they are passed from the next start")
-        copied = dev_config(read_config(config_file), config_file, stage.main, secrets)
+        copied = dev_config(config, config_file, stage.main, secrets)
         text = json.dumps(copied, indent=2, default=str)
         if not copy.is_file() or copy.read_text() != text:
             if copy.is_file():
@@ -403,7 +411,7 @@ def serve_kit(
 
 def packages_check(
     venv_packages: Callable[[], Mapping[str, str]],
-) -> Callable[[Mapping[str, Path]], dict[str, str]]:
+) -> Callable[[Mapping[str, Path], Mapping[str, str]], dict[str, str]]:
     """A check of the staged modules against python_modules/ (`modules_the_worker_lacks`):
     each call says a new finding once (a warning: the server runs on, and the Worker answers
     each request with the import's error), and returns what the Worker's errors name a
@@ -421,8 +429,8 @@ def packages_check(
             known.update(packages_providing())
         return known
 
-    def check(modules: Mapping[str, Path]) -> dict[str, str]:
-        missing = modules_the_worker_lacks(modules, PYTHON_MODULES, packages)
+    def check(modules: Mapping[str, Path], excluded: Mapping[str, str]) -> dict[str, str]:
+        missing = modules_the_worker_lacks(modules, PYTHON_MODULES, packages, excluded)
         text = "; ".join(m.describe() for m in missing)
         if text and text != said[0]:
             say(

@@ -205,11 +205,49 @@ def test_deployed_the_worker_fails_at_start_with_the_error(
 
 def test_the_dev_servers_note_is_the_module_the_worker_reads(tmp_path: Path) -> None:
     assert dev.DEV_SERVER_NOTE == agent_module.DEV_SERVER_NOTE
-    text = dev.dev_server_note(tmp_path / "my_agent.py", {"yaml": "pyyaml"})
+    text = dev.dev_server_note(tmp_path / "my_agent.py", {"yaml": "pyyaml"}, {"anyio": "anyio/**"})
     names: dict[str, Any] = {}
     exec(compile(text, "note", "exec"), names)
     assert names["AGENT_FILE"] == str(tmp_path / "my_agent.py")
     assert names["PACKAGES"] == {"yaml": "pyyaml"}
+    assert names["EXCLUDED"] == {"anyio": "anyio/**"}
+
+
+def test_a_module_the_configs_exclude_leaves_out_is_named_with_that_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # wrangler.toml's [python_modules] exclude: whole packages and modules, not globs.
+    patterns = ["**/*.pyc", "anyio/**", "pydantic/color.py", "idna-*.dist-info/**", "h11/**"]
+    excluded = agent_checks.excluded_modules(patterns)
+    assert excluded == {"anyio": "anyio/**", "pydantic.color": "pydantic/color.py",
+                        "h11": "h11/**"}  # fmt: skip
+    # On CPython, at start: an import of one is warned of with the entry to delete.
+    (tmp_path / "agent.py").write_text("import anyio\nimport h11.events\n")
+    vendored = tmp_path / "python_modules"
+    for name in ("anyio", "h11"):
+        (vendored / name).mkdir(parents=True)
+    missing = agent_checks.modules_the_worker_lacks(
+        {"agent": tmp_path / "agent.py"}, vendored, lambda names: {"anyio": "anyio"}, excluded
+    )
+    assert [(m.module, m.excluded) for m in missing] == [("anyio", "anyio/**"), ("h11", "h11/**")]
+    assert missing[0].describe() == (
+        f"{tmp_path / 'agent.py'}, line 1, imports `anyio`, which python_modules/ has but "
+        "wrangler.toml's [python_modules] exclude leaves out of the Worker ('anyio/**'): "
+        "delete that entry"
+    )
+    # In the Worker (the dev server's note read by serve_agent): the error says the same.
+    (tmp_path / "agent.py").write_text("import pydantic.color_for_this_test\n" + TAIL)
+    note = types.ModuleType(DEV_SERVER_NOTE)
+    note.EXCLUDED = {"pydantic.color_for_this_test": "pydantic/color_for_this_test.py"}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, DEV_SERVER_NOTE, note)
+    served, message = serve_agent(_importer(tmp_path / "agent.py"), str(tmp_path / "entry.py"))
+    assert served.agent.name == "agent-not-loaded"
+    assert message is not None
+    assert message.endswith(
+        "ModuleNotFoundError: No module named 'pydantic.color_for_this_test': python_modules/ "
+        "has it, but wrangler.toml's [python_modules] exclude leaves it out of the Worker "
+        "('pydantic/color_for_this_test.py'): delete that entry"
+    ), message
 
 
 AGENT_IMPORTS = """\
@@ -273,18 +311,18 @@ def test_the_dev_server_warns_of_a_missing_module_once(
     check = dev.packages_check(lambda: {"yaml": "pyyaml", "pydantic": "pydantic"})
     modules = {"agent": tmp_path / "agent.py"}
     # What the Worker's note gets: .venv's packages python_modules/ has not.
-    assert check(modules) == {"yaml": "pyyaml"}
-    assert check(modules) == {"yaml": "pyyaml"}
+    assert check(modules, {}) == {"yaml": "pyyaml"}
+    assert check(modules, {}) == {"yaml": "pyyaml"}
     out = capsys.readouterr().out
     assert out.count("dev: warning: ") == 1
     assert "imports `yaml`, which the Worker's packages (python_modules/) lack: add it with " in out
     assert "`scripts/add-package pyyaml`. Until then the Worker answers every request" in out
     (tmp_path / "python_modules" / "yaml").mkdir()
-    assert check(modules) == {}
+    assert check(modules, {}) == {}
     assert capsys.readouterr().out == ""
     assert rescans == []  # .venv is read again only for a module none of its packages has
     (tmp_path / "agent.py").write_text("import mystery\n")
-    check(modules)
+    check(modules, {})
     assert rescans == [1]
     assert "imports `mystery`, which the Worker's packages" in capsys.readouterr().out
 

@@ -208,6 +208,7 @@ def import_agent(
     *,
     shown_as: str | None = None,
     packages: Mapping[str, str] | None = None,
+    excluded: Mapping[str, str] | None = None,
 ) -> AgentModule:
     """The agent module that `importer()` imports from `file`, loaded (`AgentModule.load`).
 
@@ -215,14 +216,15 @@ def import_agent(
     the import raises, and a breach of the protocol, becomes a `ConfigurationError`
     (chained to the original) that names the file as `shown_as` (default `file`), the
     line, what failed and the fix (`explain_load_error`; `packages` maps an import
-    name to the package that provides it). The Worker shell (`src/entry.py`) imports
-    `src/agent.py` with it, and the dev server does on CPython.
+    name to the package that provides it; `excluded`, a module name to the pattern of
+    wrangler.toml's `[python_modules] exclude` leaving it out). The Worker shell
+    (`src/entry.py`) imports `src/agent.py` with it, and the dev server does on CPython.
     """
     shown = shown_as or file
     try:
         module = importer()
     except Exception as exc:
-        raise ConfigurationError(explain_load_error(exc, file, shown, packages)) from exc
+        raise ConfigurationError(explain_load_error(exc, file, shown, packages, excluded)) from exc
     return AgentModule.load(module, shown)
 
 
@@ -245,6 +247,7 @@ def serve_agent(importer: Callable[[], Any], entry_file: str) -> tuple[AgentModu
             os.path.join(os.path.dirname(entry_file), "agent.py"),
             shown_as=getattr(note, "AGENT_FILE", "src/agent.py"),
             packages=getattr(note, "PACKAGES", None),
+            excluded=getattr(note, "EXCLUDED", None),
         )
     except ConfigurationError as exc:
         if note is None:

@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 
-__all__ = ["explain_load_error"]
+__all__ = ["excluded_by", "explain_load_error"]
 
 
 def explain_load_error(
@@ -20,6 +20,7 @@ def explain_load_error(
     file: str,
     shown_as: str | None = None,
     packages: Mapping[str, str] | None = None,
+    excluded: Mapping[str, str] | None = None,
 ) -> str:
     """What to tell a developer whose agent module at `file` raised `exc` on import.
 
@@ -27,16 +28,25 @@ def explain_load_error(
     last one of `file` in the traceback, then the fix: for a missing module
     (`ModuleNotFoundError`, also as the cause of another error) the package that
     provides it (`packages`: import name -> package, e.g. `{"yaml": "pyyaml"}`) and
-    `scripts/add-package`; for a name that an annotation uses and the module does not
-    define (a missing import, a typo, often raised by pydantic far from the module),
-    the line of that annotation and its class or function.
+    `scripts/add-package`, or, for one wrangler.toml's `[python_modules] exclude` leaves
+    out of the Worker (`excluded`: module name -> its pattern), that entry; for a name
+    that an annotation uses and the module does not define (a missing import, a typo,
+    often raised by pydantic far from the module), the line of that annotation and its
+    class or function.
     """
     shown = shown_as or file
     at = _line_of(exc, file)
     chain = list(_chain(exc))
     missing = next((e for e in chain if isinstance(e, ModuleNotFoundError) and e.name), None)
     if missing is not None and missing.name is not None:
-        fix = _missing_module(missing.name, packages or {}, chain)
+        pattern = excluded_by(missing.name, excluded or {})
+        fix = (
+            _missing_module(missing.name, packages or {}, chain)
+            if pattern is None
+            else f"ModuleNotFoundError: No module named {missing.name!r}: python_modules/ has "
+            f"it, but wrangler.toml's [python_modules] exclude leaves it out of the Worker "
+            f"({pattern!r}): delete that entry"
+        )
         return f"{shown} does not load: {at}{fix}"
     name = _undefined_name(chain)
     if name is None:
@@ -92,6 +102,14 @@ def _line_of(exc: BaseException, file: str) -> str:
 def _raised_in(exc: BaseException, file: str) -> bool:
     frames = _frames(exc.__traceback__)
     return bool(frames) and _same_file(frames[-1].filename, file)
+
+
+def excluded_by(module: str, excluded: Mapping[str, str]) -> str | None:
+    """The pattern of `excluded` (module name -> the `[python_modules] exclude` pattern
+    leaving it out of the Worker) that leaves `module`, or a package holding it, out."""
+    parts = module.split(".")
+    names = (".".join(parts[:n]) for n in range(1, len(parts) + 1))
+    return next((excluded[name] for name in names if name in excluded), None)
 
 
 def _missing_module(module: str, packages: Mapping[str, str], chain: list[BaseException]) -> str:
