@@ -12,6 +12,7 @@ and edited arguments in docs/approvals.md, `ModelRetry` in docs/turns.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -117,7 +118,11 @@ class ToolExecutor:
         `self.unstarted`, in call order."""
         decided, run, edits = decided or {}, run or set(), edits or {}
         over = self.beyond_cap()
-        slots = asyncio.Semaphore(self.agent.tool_concurrency)
+        most = self.agent.tool_concurrency
+        # (No semaphore where it could never make a handler wait: most steps.)
+        slots: contextlib.AbstractAsyncContextManager[Any] = (
+            asyncio.Semaphore(most) if len(calls) > most else contextlib.nullcontext()
+        )
         limit = self.budget if budgeted else None
         in_flight = 0
 
