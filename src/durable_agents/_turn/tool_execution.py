@@ -232,11 +232,12 @@ class ToolExecutor:
             clock=self.clock,
         )
         assert tool.handler is not None  # bind_tools guarantees it
-        timer = _timeouts.timeout(tool.timeout)  # leaves no timer behind (Pyodide)
+        timer = None  # (a handler that returns at once needs none)
         try:
             try:
                 value = tool.handler(args, ctx)
                 if inspect.isawaitable(value):
+                    timer = _timeouts.timeout(tool.timeout)  # leaves no timer behind (Pyodide)
                     async with timer:
                         value = await value
             except BaseException:
@@ -254,7 +255,7 @@ class ToolExecutor:
                 )
             return tool_error_content(exc.kind, f"Tool {call.name!r} failed: {exc.message}")
         except Exception as exc:
-            timed_out = isinstance(exc, TimeoutError) and timer.expired()
+            timed_out = isinstance(exc, TimeoutError) and timer is not None and timer.expired()
             content = _failure(call, tool, exc, safe=safe, timed_out=timed_out)
             _log_failure(self.log.session_id, call, exc, content)
             return content
@@ -275,7 +276,7 @@ class ToolExecutor:
                 ToolErrorKind.INVALID_OUTPUT,
                 f"Tool {call.name!r} ran, but its result was not stored: {exc}",
             )
-        size = len(content.encode())
+        size = len(content) if content.isascii() else len(content.encode())
         if size > self.agent.max_result_bytes:
             return tool_error_content(
                 ToolErrorKind.RESULT_TOO_LARGE,
