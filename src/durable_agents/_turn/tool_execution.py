@@ -161,9 +161,10 @@ class ToolExecutor:
     def beyond_cap(self) -> set[str]:
         """The calls of the last step past `max_tool_calls_per_step`: answered, never run."""
         last = next((m for m in reversed(self.history) if m.role == "assistant"), None)
-        if last is None:
+        cap = self.agent.max_tool_calls_per_step
+        if last is None or len(last.tool_calls) <= cap:
             return set()
-        return {c.id for c in last.tool_calls[self.agent.max_tool_calls_per_step :]}
+        return {c.id for c in last.tool_calls[cap:]}
 
     async def result_content(self, call: ToolCall, resuming: bool, over_cap: bool = False) -> str:
         """The content of `call`'s result: its handler's, or why it did not run."""
