@@ -5,6 +5,7 @@
     .venv/bin/python scripts/bench_core.py --quick    # smoke run for CI (< 60 s)
     .venv/bin/python scripts/bench_core.py --dir /mnt/disk   # DB files there
     .venv/bin/python scripts/bench_core.py --section 6  # issue 33's ratios only
+    .venv/bin/python scripts/bench_core.py --section 6 --against main  # and against main
 
 The workload is one long scripted turn: every step the "LLM" (an object that
 answers instantly) asks for one tool call whose argument is a 200-character
@@ -38,8 +39,11 @@ It measures, in one run:
    per step, and the ratios ours/LangGraph (below 1 means ours is faster or
    smaller). Skipped if the `bench` extra is not installed
    (`pip install -e '.[bench]'`).
-6. Flat steps (issue 33): four ratios, each printed beside its target, each
-   side measured alternately with its baseline in this run (medians): an
+6. Flat steps (issue 33): five ratios, each printed beside its target, each
+   side measured alternately with its baseline in this run (medians): the
+   in-memory step against the same at 8e1f135 (or each `--against REV`: its
+   `src/` from `git archive`, the workload of `bench_workload.py` run in
+   processes of this tree's kit and of REV's in turn, CPU time); an
    in-memory step in the last quarter of a 200-step turn against one in its
    first quarter (and the absolute time per step); a session's 6th 60-step
    turn against its 1st (in memory, the memory store taken as durable so one
@@ -61,13 +65,16 @@ import argparse
 import asyncio
 import gc
 import importlib
+import io
 import itertools
 import json
 import os
 import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -77,16 +84,24 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
-from durable_agents import Agent, LLMResponse, Message, Store, ToolCall, ToolSpec, run, tool
+from bench_workload import (  # a sibling script: the workload, also run on an old kit
+    ARGUMENT_CHARS,
+    FINAL_REPLY,
+    FLAT_STEPS,
+    RESULT_CHARS,
+    TOOL_NAME,
+    USER_MESSAGE,
+    InstantLLM,
+    call_id,
+    make_agent,
+    tool_arguments,
+    tool_result,
+)
+
+from durable_agents import Agent, Message, Store, ToolCall, run
 from durable_agents.stores import Lease, MemoryStore, memory_store, sqlite_store
 from durable_agents.stores._call_thread import CallThread
 from durable_agents.testing import count_writes
-
-ARGUMENT_CHARS = 200
-RESULT_CHARS = 300
-USER_MESSAGE = "Record every item of the backlog, one call per item."
-FINAL_REPLY = "All items recorded."
-TOOL_NAME = "record"
 
 
 @dataclass(frozen=True)
@@ -102,78 +117,6 @@ class Config:
 
 FULL = Config(200, 3, (50, 100, 200, 400), (100, 1_000, 10_000), 7, 200, 7)
 QUICK = Config(50, 1, (25, 50, 100), (100, 1_000, 10_000), 3, 50, 3)
-
-
-# -- the workload -----------------------------------------------------------
-
-
-def filler(chars: int, tag: str) -> str:
-    """Deterministic text of exactly `chars` characters, distinct per `tag`."""
-    unit = f"{tag}: lorem ipsum dolor sit amet, consectetur adipiscing elit. "
-    return (unit * (chars // len(unit) + 1))[:chars]
-
-
-def call_id(step: int) -> str:
-    return f"call_{step:06d}"
-
-
-def tool_arguments(step: int) -> dict[str, Any]:
-    return {"item": filler(ARGUMENT_CHARS, f"item {step}")}
-
-
-def tool_result(tool_call_id: str) -> str:
-    return filler(RESULT_CHARS, f"recorded {tool_call_id}")
-
-
-def record_handler(args: dict[str, Any], ctx: Any) -> str:
-    return tool_result(ctx.tool_call_id)
-
-
-RECORD = tool(
-    name=TOOL_NAME,
-    description="Record one backlog item (a side effect: not safe to retry).",
-    input={"properties": {"item": {"type": "string"}}, "required": ["item"]},
-    handler=record_handler,
-)
-
-
-def make_agent(steps: int, **settings: Any) -> Agent:
-    return Agent(
-        "bench",
-        instructions="You record backlog items.",
-        tools=[RECORD],
-        max_steps=steps + 1,
-        **settings,
-    )
-
-
-class InstantLLM:
-    """Asks for `steps` tool calls, one per chat(), then replies with text.
-
-    `stamps` holds the time of every chat() call, so step i took
-    stamps[i + 1] - stamps[i] (both writes and the handler included).
-    `turn` prefixes the call ids: a session's turns each need ids of their own
-    (a repeated one would be given a new id by the run loop, a cost of its own).
-    `clock` reads the stamps (`time.thread_time`: CPU time, what other processes
-    on the machine do not change)."""
-
-    def __init__(
-        self, steps: int, turn: str = "", clock: Callable[[], float] = time.perf_counter
-    ) -> None:
-        self.steps = steps
-        self.turn = turn
-        self.clock = clock
-        self.calls = 0
-        self.stamps: list[float] = []
-
-    async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
-        self.stamps.append(self.clock())
-        self.calls += 1
-        if self.calls > self.steps:
-            return LLMResponse(text=FINAL_REPLY)
-        step = self.calls
-        call = ToolCall(self.turn + call_id(step), TOOL_NAME, tool_arguments(step))
-        return LLMResponse(tool_calls=[call])
 
 
 # -- small helpers ----------------------------------------------------------
@@ -719,7 +662,6 @@ def section_langgraph(config: Config, workdir: Path, ours: tuple[float, int, Ses
 
 # -- 6. flat steps ----------------------------------------------------------
 
-FLAT_STEPS = 200  # the turn whose quarters are compared
 STEP_CHUNK = 50  # durable steps timed in a row, before the baselines' turn
 TURNS, TURN_STEPS = 6, 60  # the session whose 6th turn is compared with its 1st
 LOADED = 10_000  # the messages loaded
@@ -779,6 +721,65 @@ async def timed_turn(
     if result.status != "complete" or llm.calls != steps + 1:
         raise RuntimeError(f"unexpected turn: {result.status} {result.error}, {llm.calls} calls")
     return seconds, step_durations(llm.stamps)[:steps]
+
+
+TREE = Path(__file__).resolve().parents[1]  # this checkout
+WORKLOAD = Path(__file__).resolve().with_name("bench_workload.py")
+AGAINST = "8e1f135"  # issue 33: an in-memory step no slower than at this commit
+
+
+def export_src(rev: str, into: Path) -> Path:
+    """`src/` as it was at `rev` (`git archive`), under `into`: its path."""
+    tar = subprocess.run(
+        ["git", "-C", str(TREE), "archive", "--format=tar", rev, "src"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(into, filter="data")
+    return into / "src"
+
+
+def workload_turns(src: Path, turns: int) -> list[float]:
+    """CPU seconds per step of `turns` in-memory turns (`bench_workload.py`) in a new
+    process, with the kit of `src` first on its path (checked: imported from there)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(src), str(WORKLOAD.parent)))}
+    done = subprocess.run(
+        [sys.executable, str(WORKLOAD), str(turns)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(done.stdout)
+    if not Path(report["kit"]).resolve().is_relative_to(src.resolve()):
+        raise RuntimeError(f"the kit came from {report['kit']}, not {src}")
+    return [float(seconds) for seconds in report["per_step"]]
+
+
+def against_ratios(repeats: int, revs: Sequence[str], workdir: Path) -> list[Ratio]:
+    """The in-memory step of this tree against the same at each of `revs`: `repeats`
+    rounds, each a process of 3 turns of this tree's kit, then one of each rev's (the
+    same workload, `bench_workload.py`, run by all), medians of every turn's CPU per step.
+    A rev that `git archive` cannot give (no git, a shallow clone) is left out, saying so."""
+    trees = {}
+    for rev in revs:
+        try:
+            trees[rev] = export_src(rev, workdir / f"at-{rev}")
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"  (no ratio against {rev}: git archive failed: {exc})")
+    now: list[float] = []
+    then: dict[str, list[float]] = {rev: [] for rev in trees}
+    for _ in range(repeats if trees else 0):
+        now += workload_turns(TREE / "src", 3)
+        for rev, src in trees.items():
+            then[rev] += workload_turns(src, 3)
+    return [
+        Ratio(
+            f"memory step (CPU) now / at {rev}", statistics.median(now), statistics.median(t), 1.0
+        )
+        for rev, t in then.items()
+    ]
 
 
 async def quarter_steps(repeats: int) -> tuple[Ratio, float]:
@@ -989,11 +990,12 @@ async def thread_round_trips(samples: int) -> tuple[float, float]:
     return statistics.median(ours), statistics.median(pooled)
 
 
-async def section_flat(config: Config, workdir: Path) -> None:
+async def section_flat(config: Config, workdir: Path, against: Sequence[str]) -> None:
     repeats = config.flat_repeats
     header(f"6. Flat steps: ratios against their targets (alternating, medians of {repeats})")
     quarters, per_step = await quarter_steps(repeats)
     ratios = [
+        *against_ratios(repeats, against, workdir),
         quarters,
         *await turn_ratios(repeats, workdir),
         *await durable_step_ratios(repeats, workdir),
@@ -1058,6 +1060,13 @@ def parse_args() -> argparse.Namespace:
         choices=(6,),
         help="run only this section (6: issue 33's ratios; 4 and 5 need section 1's run)",
     )
+    parser.add_argument(
+        "--against",
+        action="append",
+        metavar="REV",
+        help=f"section 6: the in-memory step against the kit at REV (a git revision; "
+        f"repeatable; default {AGAINST}, issue 33's; '' for none)",
+    )
     return parser.parse_args()
 
 
@@ -1069,13 +1078,14 @@ def main() -> None:
     print(
         f"Python {sys.version.split()[0]}, SQLite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs"
     )
+    against = [AGAINST] if args.against is None else [rev for rev in args.against if rev]
     started = time.perf_counter()
     try:
         if args.section is None:
             ours = asyncio.run(core_sections(config, workdir))
             section_floor(config, workdir, ours[0])
             section_langgraph(config, workdir, ours)
-        asyncio.run(section_flat(config, workdir))
+        asyncio.run(section_flat(config, workdir, against))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"\ndone in {time.perf_counter() - started:.1f} s; {workdir} removed")

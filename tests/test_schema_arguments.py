@@ -36,7 +36,8 @@ from pydantic import (
 )
 
 from durable_agents import Agent, ConfigurationError, ToolArgumentsError, ToolContext, run, tool
-from durable_agents._schema.check import json_type
+from durable_agents._schema.check import json_type, schema_problems
+from durable_agents._schema.plain import plain_check
 from durable_agents._schema.regex_sample import PatternNotSampled, sample_pattern
 from durable_agents.llm.offline import arguments_for
 from durable_agents.testing import TestLLM
@@ -494,3 +495,48 @@ def test_a_schema_only_tool_is_checked_by_the_same_check_as_the_values_made() ->
     )
     # The generator holds the format too, so what it makes is a date.
     assert arguments_for(schema) == {"n": 1, "day": "2000-01-01", "code": "AAA"}
+
+
+PLAIN_SCHEMAS: list[dict[str, Any]] = [
+    {"properties": {"item": {"type": "string"}}, "required": ["item"]},
+    {
+        "type": "object",
+        "properties": {"n": {"type": "number", "description": "any"}, "on": {"type": "boolean"}},
+        "additionalProperties": False,
+    },
+    {"properties": {"anything": {}, "list": {"type": "array"}, "none": {"type": "null"}}},
+]
+PLAIN_VALUES: list[dict[Any, Any]] = [
+    {}, {"item": "a"}, {"item": 1}, {"n": 1}, {"n": 1.5}, {"n": True}, {"on": False},
+    {"anything": [1]}, {"list": []}, {"list": {}}, {"none": None}, {"other": 1}, {1: "a"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("schema", PLAIN_SCHEMAS)
+def test_a_flat_schemas_plain_check_fits_what_the_general_check_finds_nothing_in(
+    schema: dict[str, Any],
+) -> None:
+    # Built once per tool, it decides only when a value fits: else the general check runs.
+    fits = plain_check(schema)
+    assert fits is not None
+    for value in PLAIN_VALUES:
+        if all(isinstance(key, str) for key in value):
+            assert fits(value) == (not schema_problems(value, schema, "arguments")), value
+        else:
+            assert not fits(value)  # (the general check says what it makes of such a key)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"properties": {"item": {"type": "string", "minLength": 2}}},
+        {"properties": {"item": {"type": ["string", "null"]}}},
+        {"properties": {"item": {"$ref": "#/$defs/item"}}, "$defs": {"item": {}}},
+        {"properties": {}, "additionalProperties": {"type": "string"}},
+        {"type": "string"},
+        {"properties": {}, "required": "item"},
+        {"anyOf": [{"type": "object"}]},
+    ],
+)
+def test_any_other_schema_has_no_plain_check(schema: dict[str, Any]) -> None:
+    assert plain_check(schema) is None

@@ -294,7 +294,8 @@ def clean(value: Any, max_depth: int = MAX_DEPTH) -> Any:
             if not math.isfinite(item):
                 raise NonFiniteNumberError(repr(item))
         elif isinstance(item, str):
-            dirty = dirty or _SURROGATE.search(item) is not None
+            # (ASCII text has no surrogate: told without a scan)
+            dirty = dirty or (not item.isascii() and _SURROGATE.search(item) is not None)
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())

@@ -243,6 +243,8 @@ class WindowMeter:
     def history_size(self, history: Sequence[Message]) -> int:
         """The bytes `history` adds to a request (`window`: its latest summary only)."""
         self._follow(history)
+        if len(self._summaries) < 2:  # (no summary but the latest: none left out)
+            return self._total
         return self._total - sum(self._sizes[i] for i in self._summaries[:-1])
 
     def reserved_size(
@@ -253,7 +255,7 @@ class WindowMeter:
         return (
             self.tools_size(tools)
             + self.system_size(instructions)
-            + sum(self.measure(m) for m in unstored)
+            + sum(map(self.measure, unstored))
         )
 
 

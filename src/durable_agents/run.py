@@ -550,7 +550,7 @@ class _Turn:
             tally.usage += await self.compactor.compact(
                 llm, self.system, unstored, nudge, self.specs
             )
-            sent = self.compactor.window(self.system, [*unstored, *nudge])
+            sent = self.compactor.window(self.system, [*unstored, *nudge] if nudge else unstored)
             messages = await processed(self.agent, sent)
             response = await ask_unless_cancelled(
                 llm, messages, self.specs, self.log.events, self.cancel

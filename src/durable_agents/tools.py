@@ -33,6 +33,7 @@ from typing_extensions import TypeVar
 
 from . import _json
 from ._schema.check import json_type, schema_problems
+from ._schema.plain import plain_check
 from ._tool_signature import input_schema, read_signature
 from .errors import ConfigurationError, ToolArgumentsError
 from .messages import ToolSpec
@@ -168,6 +169,13 @@ class Tool:
     source: str | None = None
     annotations: Mapping[str, Any] | None = None
     input_adapter: TypeAdapter[Any] | None = None
+    # Built once per tool from `input_schema` (`_schema.plain`), not once per call.
+    _fits: Callable[[dict[str, Any]], bool] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_fits", plain_check(self.input_schema))
 
     @property
     def spec(self) -> ToolSpec:
@@ -208,6 +216,8 @@ class Tool:
                 return self.input_adapter.validate_python(arguments)
         except ValidationError as exc:
             raise ToolArgumentsError(validation_summary(exc), tool_name=self.name) from None
+        if self._fits is not None and self._fits(arguments):
+            return arguments  # what schema_problems would find nothing in
         problems = schema_problems(arguments, self.input_schema, "arguments")
         if problems:
             said = "; ".join(f"{p.path}: {p.why}" for p in problems)

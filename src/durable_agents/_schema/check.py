@@ -13,6 +13,7 @@ when asked (`annotations=True`). A `$ref` that points nowhere constrains nothing
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -39,6 +40,7 @@ MAX_REF_CHAIN = 32
 _MAX_CHECK_DEPTH = 64
 _ABSENT: Any = object()
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_COMBINING = frozenset(("allOf", "anyOf", "oneOf", "not"))  # combined_problems' keywords
 
 
 class Problem(NamedTuple):
@@ -93,6 +95,7 @@ def same_json(a: Any, b: Any) -> bool:
     return bool(json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True) or a == b)
 
 
+@functools.lru_cache(maxsize=1024)  # (every key of every checked object: the same few)
 def key_path(path: str, key: str) -> str:
     """The path of property `key` under `path`: `$.name`, or `$['odd key']`."""
     return f"{path}.{key}" if _IDENTIFIER.fullmatch(key) else f"{path}[{key!r}]"
@@ -101,6 +104,8 @@ def key_path(path: str, key: str) -> str:
 def resolve(root: Any, schema: Any) -> Any:
     """`schema` with its `$ref`s (into `root`) followed, their siblings kept (as JSON
     Schema 2019 does). Raises `SchemaRefError` for one that points nowhere or outside."""
+    if type(schema) is dict and "$ref" not in schema:
+        return schema  # (most schemas: no look at what a Mapping is)
     seen = 0
     while isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
         seen += 1
@@ -177,7 +182,7 @@ class _Checker:
             schema = resolve(self.root, schema)
         except SchemaRefError:
             return []
-        if schema is True or not isinstance(schema, Mapping):
+        if type(schema) is not dict and (schema is True or not isinstance(schema, Mapping)):
             return [] if schema is not False else [Problem(path, "its schema allows no value")]
 
         def bad(why: str) -> list[Problem]:
@@ -186,7 +191,11 @@ class _Checker:
         wrong_kind = _kind_problems(value, schema, bad)
         if wrong_kind:
             return wrong_kind
-        found = self.combined_problems(value, schema, path, depth, bad)
+        found = (
+            []
+            if _COMBINING.isdisjoint(schema)
+            else self.combined_problems(value, schema, path, depth, bad)
+        )
         if isinstance(value, str):
             found += self.string_problems(value, schema, path, depth, bad)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -306,7 +315,7 @@ def _kind_problems(value: Any, schema: Mapping[str, Any], bad: _Bad) -> list[Pro
     if kinds is not None:
         names = kinds if isinstance(kinds, list) else [kinds]
         actual = json_type(value)
-        if not any(actual == n or (n == "number" and actual == "integer") for n in names):
+        if actual not in names and not (actual == "integer" and "number" in names):
             return bad(f"expected {' or '.join(map(str, names))}, got {actual}")
     if "const" in schema and not same_json(value, schema["const"]):
         return bad(f"must be {schema['const']!r}")

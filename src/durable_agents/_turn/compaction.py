@@ -45,7 +45,7 @@ class Compactor:
             self.meter = context.WindowMeter(llm)  # sizes each stored message once
         meter, limit = self.meter, self.agent.max_context_tokens * context.BYTES_PER_TOKEN
         log = self.log
-        reserved = meter.reserved_size(system, [*unstored, *nudge], specs)
+        reserved = meter.reserved_size(system, [*unstored, *nudge] if nudge else unstored, specs)
         if reserved + meter.history_size(log.history) <= limit:
             return Usage()
         sizes = meter.sizes(log.history)

@@ -49,6 +49,8 @@ def deferral_events(session_id: str, calls: Sequence[ToolCall]) -> list[Approval
     """The events recording `calls` as deferred: requested and approved by the kit, so
     a later run claims each before it starts it, as an approved call: a deferred call
     without a claim is known never to have started."""
+    if not calls:
+        return []  # (every step that ran all its calls)
     digests = [approval_digest(session_id, c.id, c.name, c.arguments) for c in calls]
     # Requests first, then decisions: two runs, each one packed statement for D1.
     return [

@@ -93,5 +93,6 @@ class SessionLog:
             self.tokens_used += sum(m.usage.total_tokens for m in messages if m.usage)
         if self.lease is not None and release:
             self.lease.released = True
-        for offset, stored in enumerate(messages):
-            await self.events.emit(MessageStored(position + offset, stored))
+        if self.events.watched:  # (no event built for no one)
+            for offset, stored in enumerate(messages):
+                await self.events.emit(MessageStored(position + offset, stored))

@@ -12,6 +12,7 @@ and edited arguments in docs/approvals.md, `ModelRetry` in docs/turns.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -115,7 +116,11 @@ class ToolExecutor:
         `self.unstarted`, in call order."""
         decided, run, edits = decided or {}, run or set(), edits or {}
         over = self.beyond_cap()
-        slots = asyncio.Semaphore(self.agent.tool_concurrency)
+        most = self.agent.tool_concurrency
+        # (No semaphore where it could never make a handler wait: most steps.)
+        slots: contextlib.AbstractAsyncContextManager[Any] = (
+            asyncio.Semaphore(most) if len(calls) > most else contextlib.nullcontext()
+        )
         limit = self.budget if budgeted else None
         in_flight = 0
 
@@ -154,9 +159,10 @@ class ToolExecutor:
     def beyond_cap(self) -> set[str]:
         """The calls of the last step past `max_tool_calls_per_step`: answered, never run."""
         last = next((m for m in reversed(self.history) if m.role == "assistant"), None)
-        if last is None:
+        cap = self.agent.max_tool_calls_per_step
+        if last is None or len(last.tool_calls) <= cap:
             return set()
-        return {c.id for c in last.tool_calls[self.agent.max_tool_calls_per_step :]}
+        return {c.id for c in last.tool_calls[cap:]}
 
     async def result_content(self, call: ToolCall, resuming: bool, over_cap: bool = False) -> str:
         """The content of `call`'s result: its handler's, or why it did not run."""
@@ -225,11 +231,12 @@ class ToolExecutor:
             clock=self.clock,
         )
         assert tool.handler is not None  # bind_tools guarantees it
-        timer = _timeouts.timeout(tool.timeout)  # leaves no timer behind (Pyodide)
+        timer = None  # (a handler that returns at once needs none)
         try:
             try:
                 value = tool.handler(args, ctx)
                 if inspect.isawaitable(value):
+                    timer = _timeouts.timeout(tool.timeout)  # leaves no timer behind (Pyodide)
                     async with timer:
                         value = await value
             except BaseException:
@@ -247,7 +254,7 @@ class ToolExecutor:
                 )
             return tool_error_content(exc.kind, f"Tool {call.name!r} failed: {exc.message}")
         except Exception as exc:
-            timed_out = isinstance(exc, TimeoutError) and timer.expired()
+            timed_out = isinstance(exc, TimeoutError) and timer is not None and timer.expired()
             content = _failure(call, tool, exc, safe=safe, timed_out=timed_out)
             _log_failure(self.log.session_id, call, exc, content)
             return content
@@ -268,7 +275,7 @@ class ToolExecutor:
                 ToolErrorKind.INVALID_OUTPUT,
                 f"Tool {call.name!r} ran, but its result was not stored: {exc}",
             )
-        size = len(content.encode())
+        size = len(content) if content.isascii() else len(content.encode())
         if size > self.agent.max_result_bytes:
             return tool_error_content(
                 ToolErrorKind.RESULT_TOO_LARGE,

@@ -33,11 +33,11 @@ def message_row(
     """The INSERT_MESSAGE parameters for one message; refuses a row over the limit (its
     content, tool calls and instructions: the texts that can be long)."""
     tool_calls = encode_tool_calls(message.tool_calls)
-    size = sum(
-        len(text.encode())
-        for text in (message.content, tool_calls, message.instructions)
-        if text is not None
-    )
+    size = _utf8_bytes(message.content)
+    if tool_calls is not None:
+        size += _utf8_bytes(tool_calls)
+    if message.instructions is not None:
+        size += _utf8_bytes(message.instructions)
     if size > max_row_bytes:
         raise MessageTooLargeError(session_id, size, max_row_bytes, message.role)
     usage = message.usage
@@ -60,6 +60,12 @@ def message_row(
         message.instructions,
         now_ms,
     )
+
+
+def _utf8_bytes(text: str) -> int:
+    """The bytes of `text` in UTF-8: its length when it is ASCII (what most text is),
+    without encoding it."""
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def session_summary_params(info: SessionInfo) -> tuple[Any, ...]:
@@ -114,6 +120,8 @@ def session_row(
 def usage_totals(messages: Iterable[Message]) -> tuple[int, int]:
     """The input and output tokens of `messages`' stored usage, summed."""
     usages = [m.usage for m in messages if m.usage is not None]
+    if not usages:
+        return 0, 0
     return sum(u.input_tokens for u in usages), sum(u.output_tokens for u in usages)
 
 

@@ -105,13 +105,13 @@ class MemoryStore:
         stored = len(session.messages) if session else 0
         if messages and stored != expected_seq:
             raise SessionConflictError(session_id, expected_seq, f"{stored} messages are stored")
-        events = self._approval_events(session_id, approvals, now)  # checked, not yet kept
+        # checked, not yet kept
+        events = self._approval_events(session_id, approvals, now) if approvals else []
         _check_unique(session_id, expected_seq, session, messages)
         fired = self._fired_schedules(session_id, expected_seq, messages, schedules)
         # Every check passed: keep it all.
-        stored_schedules = self._schedules.get(session_id, {})
         for schedule_id in fired:
-            del stored_schedules[schedule_id]
+            del self._schedules[session_id][schedule_id]
         for schedule in schedules:
             self._schedules.setdefault(session_id, {})[schedule.schedule_id] = schedule
         if events:
@@ -134,8 +134,10 @@ class MemoryStore:
     ) -> list[str]:
         """The stored schedules whose turns `messages` start, checked as the SQL schema
         checks them (each must be stored; a new schedule's id must not be)."""
-        stored = self._schedules.get(session_id, {})
         fired = fired_schedules(messages)
+        if not fired and not schedules:
+            return fired  # (a step's appends: nothing to look up)
+        stored = self._schedules.get(session_id, {})
         if any(schedule_id not in stored for schedule_id in fired):
             raise SessionConflictError(
                 session_id, expected_seq, "the schedule was cancelled or has fired already"
@@ -295,25 +297,28 @@ def _check_unique(
     """SessionConflictError for what the SQL schema's two unique indexes refuse: a second
     result for a tool call, a second turn for a request key."""
     for taken, new, what in (
-        (session.answered if session else set(),
+        (session.answered if session else _NONE,
          [m.tool_call_id for m in messages if m.role == "tool"],
          "a tool call already has a result"),
-        (session.request_keys if session else set(),
+        (session.request_keys if session else _NONE,
          [m.request_key for m in messages if m.request_key is not None],
          "a request key already started a turn"),
     ):  # fmt: skip
-        if not taken.isdisjoint(new) or len(set(new)) < len(new):
+        if new and (not taken.isdisjoint(new) or len(set(new)) < len(new)):
             raise SessionConflictError(session_id, expected_seq, what)
+
+
+_NONE: frozenset[str] = frozenset()  # the keys of a session not stored yet
 
 
 def _keep_messages(
     session: _Session, messages: Sequence[Message], now: int, agent_name: str | None
 ) -> None:
     """Append checked `messages` to `session`, with their keys, times and usage."""
-    session.answered.update(m.tool_call_id for m in messages if m.tool_call_id)
-    session.request_keys.update(m.request_key for m in messages if m.request_key)
+    session.answered.update([m.tool_call_id for m in messages if m.tool_call_id])
+    session.request_keys.update([m.request_key for m in messages if m.request_key])
     session.messages.extend(messages)
-    session.stored_at.extend(now for _ in messages)
+    session.stored_at.extend([now] * len(messages))
     input_tokens, output_tokens = usage_totals(messages)
     session.input_tokens += input_tokens
     session.output_tokens += output_tokens
