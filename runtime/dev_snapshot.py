@@ -40,6 +40,7 @@ from typing import Any
 FLAG = "python_dedicated_snapshot"
 OFF_ENV = "DURABLE_AGENTS_DEV_SNAPSHOT"
 FILE = "snapshot.bin"  # the name workerd saves it under, in --python-snapshot-dir
+CLOSE_WAIT_S = 30
 KEPT = 3  # snapshots kept in the cache (~23 MB each), the newest
 # The entry's imports not preloaded: the agent, the dev server's note (staged per agent).
 NOT_PRELOADED = ("agent", "_durable_agents_dev", "__future__")
@@ -106,6 +107,8 @@ class Snapshot:
         self.key = key
         self.loaded = key()
         self.saver: subprocess.Popen[str] | None = None
+        self._saving: threading.Thread | None = None
+        self._say: Callable[[str], None] = print
 
     def cached(self) -> Path | None:
         return self.cache / f"{self.loaded}.bin" if self.loaded else None
@@ -168,7 +171,9 @@ class Snapshot:
         }  # fmt: skip
         saving.pop("DURABLE_AGENTS_PYODIDE_SNAPSHOT", None)
         self.saver = start([*args, "--persist-to", str(work / "state")], saving)
-        threading.Thread(target=self._save, args=(work, lock, say), daemon=True).start()
+        self._say = say
+        self._saving = threading.Thread(target=self._save, args=(work, lock, say), daemon=True)
+        self._saving.start()
 
     def _save(self, work: Path, lock: Any, say: Callable[[str], None]) -> None:
         saver = self.saver
@@ -192,6 +197,11 @@ class Snapshot:
             lock.close()
 
     def close(self) -> None:
+        """At the server's exit: a save under way is waited for (up to CLOSE_WAIT_S, so
+        that a server stopped soon after its first start leaves one for the next)."""
+        if self._saving is not None and self._saving.is_alive():
+            self._say("finishing the memory snapshot for the next start")
+            self._saving.join(CLOSE_WAIT_S)
         if self.saver is not None:
             _stop(self.saver)
 
