@@ -857,7 +857,8 @@ def main(argv: list[str] | None = None) -> int:
         base = ["dev", *script, "--config", str(wrangler_config), "--ip", "127.0.0.1"]
         if snapshot.use():
             flags, env = [*flags, dev_snapshot.FLAG], {**env, **snapshot.env()}
-            say(f"the Worker starts from a memory snapshot of the kit's imports ({shown_path(DEDICATED_SNAPSHOTS)})")
+            where = shown_path(DEDICATED_SNAPSHOTS)
+            say(f"the Worker starts from a memory snapshot of the kit's imports ({where})")
         else:
             on_ready = lambda: save_snapshot(snapshot, base, flags, env, config_file)  # noqa: E731
     launch = Launch(

@@ -177,7 +177,8 @@ class Snapshot:
 
     def _save(self, work: Path, lock: Any, say: Callable[[str], None]) -> None:
         saver = self.saver
-        assert saver is not None and saver.stdout is not None
+        assert saver is not None
+        assert saver.stdout is not None
         made = work / FILE
         ready = False
         try:
@@ -221,4 +222,3 @@ def _prune(cache: Path) -> None:
     found = sorted(cache.glob("*.bin"), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in found[KEPT:]:
         old.unlink(missing_ok=True)
-

@@ -185,7 +185,7 @@ def test_the_entrys_imports_but_the_agents_are_preloaded() -> None:
 def test_a_kit_edit_takes_the_snapshot_from_the_next_reloads_undoing_it_gives_it_back(
     tmp_path: Path,
 ) -> None:
-    built, extra = _staged(tmp_path)
+    built, _ = _staged(tmp_path)
     cache, folder = tmp_path / "cache", tmp_path / "stage" / "snapshot"
     cache.mkdir()
     edit = built / "durable_agents" / "__init__.py"
