@@ -749,6 +749,24 @@ def dedicated_snapshot(
     return snapshot
 
 
+def from_snapshot(
+    stage: dev_limits.Stage,
+    config_file: Path,
+    wrangler_config: Path,
+    flags: list[str],
+    env: dict[str, str],
+) -> tuple[list[str], dict[str, str], Callable[[], None]]:
+    """The flags and environment of a start from the dedicated snapshot where one is cached;
+    otherwise those given, and what saves one once the server is ready."""
+    snapshot = dedicated_snapshot(stage, config_file, flags)
+    if snapshot.use():
+        where = shown_path(DEDICATED_SNAPSHOTS)
+        say(f"the Worker starts from a memory snapshot of the kit's imports ({where})")
+        return [*flags, dev_snapshot.FLAG], {**env, **snapshot.env()}, lambda: None
+    base = ["dev", str(stage.main), "--config", str(wrangler_config), "--ip", "127.0.0.1"]
+    return flags, env, lambda: save_snapshot(snapshot, base, flags, env, config_file)
+
+
 def save_snapshot(
     snapshot: dev_snapshot.Snapshot,
     base: list[str],
@@ -766,16 +784,15 @@ def save_snapshot(
             "--show-interactive-dev-session=false", *extra,
             "--compatibility-flags", *flags, dev_snapshot.FLAG,
         ]  # fmt: skip
-        return wrangler(
-            args, saving, config_file.parent, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_lowest_priority,
+        saver = wrangler(
+            args, saving, config_file.parent,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
+        with contextlib.suppress(OSError):  # before node starts workerd, which inherits it
+            os.setpriority(os.PRIO_PROCESS, saver.pid, 19)
+        return saver
 
     snapshot.save_in_background(start, [], env, say)
-
-
-def _lowest_priority() -> None:
-    os.nice(19)
 
 
 def stop_on_signals(running: list[subprocess.Popen[str]]) -> None:
@@ -853,14 +870,7 @@ def main(argv: list[str] | None = None) -> int:
     script = [str(stage.main)] if stage else []
     on_ready: Callable[[], None] = lambda: None  # noqa: E731
     if stage is not None and preload is not None:
-        snapshot = dedicated_snapshot(stage, config_file, flags)
-        base = ["dev", *script, "--config", str(wrangler_config), "--ip", "127.0.0.1"]
-        if snapshot.use():
-            flags, env = [*flags, dev_snapshot.FLAG], {**env, **snapshot.env()}
-            where = shown_path(DEDICATED_SNAPSHOTS)
-            say(f"the Worker starts from a memory snapshot of the kit's imports ({where})")
-        else:
-            on_ready = lambda: save_snapshot(snapshot, base, flags, env, config_file)  # noqa: E731
+        flags, env, on_ready = from_snapshot(stage, config_file, wrangler_config, flags, env)
     launch = Launch(
         worker=worker, options=options, host=host, persist=persist, script=script,
         wrangler_config=wrangler_config, flags=flags, env=env, bundle=bundle,

@@ -218,7 +218,23 @@ def _stop(process: subprocess.Popen[str]) -> None:
 
 
 def _prune(cache: Path) -> None:
-    """Keep the KEPT newest snapshots."""
+    """Keep the KEPT newest snapshots; remove the work folders of saving servers that are
+    gone (killed mid-save)."""
     found = sorted(cache.glob("*.bin"), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in found[KEPT:]:
         old.unlink(missing_ok=True)
+        old.with_suffix(".lock").unlink(missing_ok=True)
+    for work in cache.iterdir():
+        pid = work.suffix[1:]
+        if work.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
