@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import dev_limits  # runtime/, beside this file
+import dev_snapshot
 from agent_checks import (
     excluded_modules,
     load_agent,
@@ -96,6 +97,13 @@ DEVELOPMENT_EARLIEST_DATE = "2026-08-04"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # workerd's baseline snapshot of that Pyodide (scripts/pyodide_bundle.py), loaded at start.
 SNAPSHOT = PROJECT / ".cache" / "pyodide-bundle" / "baseline.bin"
+# The dedicated snapshots of the kit's imports (runtime/dev_snapshot.py), and the workerd
+# binary runtime/workerd runs (a snapshot is its).
+DEDICATED_SNAPSHOTS = PROJECT / ".cache" / "dev-snapshot"
+WORKERD_BINARIES = (
+    PROJECT / "node_modules" / "@cloudflare" / "workerd-linux-64" / "bin" / "workerd",
+    PROJECT / "node_modules" / "workerd" / "bin" / "workerd",
+)
 # wrangler's output that says nothing to a user of this server (it runs offline on purpose).
 NOISE = re.compile(
     "|".join(
@@ -545,6 +553,7 @@ class Launch:
     bundle: str
     plan_note: str
     started: float
+    on_ready: Callable[[], None] = lambda: None  # after the banner
 
 
 def parse_options(argv: list[str] | None) -> argparse.Namespace:
@@ -676,14 +685,18 @@ def stage_worker(
     limits: Limits,
     persist: Path,
     venv_packages: Callable[[], Mapping[str, str]] = packages_providing,
+    preload: tuple[str, ...] | None = None,
 ) -> tuple[dev_limits.Stage | None, Path]:
     """The Worker's main under the plan's limits: a generated module in a staging folder of
     this server (dev_limits.Stage), which `wrangler dev` runs as its script; and the config
     wrangler is given (for this kit's Worker, the staged copy: see serve_kit). No stage
-    where the limits are not enforced."""
+    where the limits are not enforced. `preload`: the main is for a dedicated snapshot
+    (dev_snapshot)."""
     if limits.unenforced:
         return None, worker.config_file
-    stage = dev_limits.Stage(PROJECT, worker.main_module, limits.limits, worker.is_kit, persist)
+    stage = dev_limits.Stage(
+        PROJECT, worker.main_module, limits.limits, worker.is_kit, persist, preload
+    )
     atexit.register(stage.close)  # also on fail() and SIGTERM (sys.exit)
     if worker.agent_file is None:
         return stage, worker.config_file
@@ -708,6 +721,78 @@ def snapshot_env(bundle: str) -> dict[str, str]:
     if bundle == "development" and SNAPSHOT.is_file():
         return {"DURABLE_AGENTS_PYODIDE_SNAPSHOT": SNAPSHOT.name}
     return {}
+
+
+def dedicated_snapshot(
+    stage: dev_limits.Stage, config_file: Path, flags: Sequence[str]
+) -> dev_snapshot.Snapshot:
+    """This server's dedicated snapshot (runtime/dev_snapshot.py), keyed to the staged kit,
+    python_modules/, workerd, the bundle and the config's runtime fields as they are now;
+    taken away from the reloads after an edit that changes them."""
+    workerd = next((b for b in WORKERD_BINARIES if b.is_file()), WORKERD_BINARIES[0])
+    bundle_stamp = SNAPSHOT.parent / "pyodide_dev.capnp.bin.stamp"
+
+    def key() -> str | None:
+        if not workerd.is_file() or not bundle_stamp.is_file():
+            return None
+        config = read_config(config_file)
+        runtime = {
+            "date": config.get("compatibility_date"), "flags": list(flags),
+            "python_modules": config.get("python_modules"), "bundle": bundle_stamp.read_text(),
+        }  # fmt: skip
+        files = dev_snapshot.kit_files(stage.source, stage.extra)
+        return dev_snapshot.snapshot_key(files, stage.dir, VENDOR_STAMP, workerd, runtime)
+
+    snapshot = dev_snapshot.Snapshot(DEDICATED_SNAPSHOTS, stage.dir / "snapshot", key)
+    stage.before_sync.append(snapshot.check)
+    atexit.register(snapshot.close)
+    return snapshot
+
+
+def from_snapshot(
+    stage: dev_limits.Stage,
+    config_file: Path,
+    wrangler_config: Path,
+    flags: list[str],
+    env: dict[str, str],
+) -> tuple[list[str], dict[str, str], Callable[[], None]]:
+    """The flags and environment of a start from the dedicated snapshot where one is cached;
+    otherwise those given, and what saves one once the server is ready."""
+    snapshot = dedicated_snapshot(stage, config_file, flags)
+    if snapshot.use():
+        where = shown_path(DEDICATED_SNAPSHOTS)
+        say(f"the Worker starts from a memory snapshot of the kit's imports ({where})")
+        return [*flags, dev_snapshot.FLAG], {**env, **snapshot.env()}, lambda: None
+    base = ["dev", str(stage.main), "--config", str(wrangler_config), "--ip", "127.0.0.1"]
+    return flags, env, lambda: save_snapshot(snapshot, base, flags, env, config_file)
+
+
+def save_snapshot(
+    snapshot: dev_snapshot.Snapshot,
+    base: list[str],
+    flags: list[str],
+    env: dict[str, str],
+    config_file: Path,
+) -> None:
+    """Have a second `wrangler dev` of the staged Worker (`base`, its own ports) save the
+    dedicated snapshot in the background, at the lowest priority, for the next start."""
+
+    def start(extra: list[str], saving: dict[str, str]) -> subprocess.Popen[str]:
+        port = free_port("127.0.0.1")
+        args = [
+            *base, "--port", str(port), "--inspector-port", str(free_port("127.0.0.1", port)),
+            "--show-interactive-dev-session=false", *extra,
+            "--compatibility-flags", *flags, dev_snapshot.FLAG,
+        ]  # fmt: skip
+        saver = wrangler(
+            args, saving, config_file.parent,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        with contextlib.suppress(OSError):  # before node starts workerd, which inherits it
+            os.setpriority(os.PRIO_PROCESS, saver.pid, 19)
+        return saver
+
+    snapshot.save_in_background(start, [], env, say)
 
 
 def stop_on_signals(running: list[subprocess.Popen[str]]) -> None:
@@ -778,12 +863,18 @@ def main(argv: list[str] | None = None) -> int:
     limits = workers_plan(worker)
     persist.mkdir(parents=True, exist_ok=True)
     migrated = start_migrations(config_file, config, persist)
-    stage, wrangler_config = stage_worker(worker, limits, persist, venv_packages)
+    wanted = dev_snapshot.enabled(worker.is_kit, bundle, not limits.unenforced)
+    preload = dev_snapshot.preload(PROJECT / "src" / "entry.py") if wanted else None
+    stage, wrangler_config = stage_worker(worker, limits, persist, venv_packages, preload)
+    env = wrangler_env(worker, bundle, stage)
+    script = [str(stage.main)] if stage else []
+    on_ready: Callable[[], None] = lambda: None  # noqa: E731
+    if stage is not None and preload is not None:
+        flags, env, on_ready = from_snapshot(stage, config_file, wrangler_config, flags, env)
     launch = Launch(
-        worker=worker, options=options, host=host, persist=persist,
-        script=[str(stage.main)] if stage else [], wrangler_config=wrangler_config, flags=flags,
-        env=wrangler_env(worker, bundle, stage), bundle=bundle, plan_note=limits.note,
-        started=started,
+        worker=worker, options=options, host=host, persist=persist, script=script,
+        wrangler_config=wrangler_config, flags=flags, env=env, bundle=bundle,
+        plan_note=limits.note, started=started, on_ready=on_ready,
     )  # fmt: skip
     running: list[subprocess.Popen[str]] = []
     stop_on_signals(running)
@@ -854,6 +945,7 @@ def run_wrangler_dev(
         chat_page = served.get("CHAT_PAGE")
         if agent is not None and chat_page is not None and chat_page.value == "on":
             say(f"chat page: {origin}/")
+        launch.on_ready()
 
     ready, port_taken = relay_output(server, ready_now, watch_ports=options.port == 0)
     code = server.wait()
