@@ -439,11 +439,12 @@ def _remove_stale(root: Path) -> None:
     if not root.is_dir():
         return
     for folder in root.iterdir():
-        if folder.name.isdigit() and not _alive(int(folder.name)):
+        if folder.name.isdigit() and not process_alive(int(folder.name)):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process `pid` runs (a staging or work folder named by it is still in use)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dev_limits import process_alive  # runtime/, beside this file
+
 FLAG = "python_dedicated_snapshot"
 OFF_ENV = "DURABLE_AGENTS_DEV_SNAPSHOT"
 FILE = "snapshot.bin"  # the name workerd saves it under, in --python-snapshot-dir
@@ -226,15 +228,5 @@ def _prune(cache: Path) -> None:
         old.with_suffix(".lock").unlink(missing_ok=True)
     for work in cache.iterdir():
         pid = work.suffix[1:]
-        if work.is_dir() and pid.isdigit() and not _alive(int(pid)):
+        if work.is_dir() and pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(work, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -313,7 +313,7 @@ def test_the_kits_worker_is_staged_for_the_dev_server_with_the_limits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     main = ROOT / "build" / "worker" / "entry.py"
-    monkeypatch.setattr(dev_limits, "_alive", lambda pid: True)
+    monkeypatch.setattr(dev_limits, "process_alive", lambda pid: True)
     stage = dev_limits.Stage(tmp_path, main, dev_limits.PLANS["free"], is_kit=True)
     try:
         assert stage.env() == {"DURABLE_AGENTS_DEV_STAGE": str(stage.dir)}

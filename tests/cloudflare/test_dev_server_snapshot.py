@@ -16,7 +16,6 @@ Needs `scripts/setup-runtime` (node_modules/ and python_modules/).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.served_worker import runtime_module
 from tests.support.worker_fakes import PROJECT, DevServer
 
 PROBE_AGENT = '''
@@ -54,17 +54,8 @@ def make_llm(env):
 USED = "dev: the Worker starts from a memory snapshot of the kit's imports"
 
 
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, PROJECT / "runtime" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-dev_snapshot = _load("dev_snapshot")
-dev_limits = _load("dev_limits")
+dev_snapshot = runtime_module("dev_snapshot")
+dev_limits = runtime_module("dev_limits")
 
 
 @pytest.fixture(scope="module")
