@@ -43,6 +43,7 @@ KIT_TESTS = frozenset(
         "conftest",
         "test_add_package",
         "test_agent_load_errors",
+        "test_agent_tools",
         "test_approval_edits",
         "test_approvals",
         "test_bound_integers",
