@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,8 +39,9 @@ from durable_agents import (
 )
 from durable_agents.agent_tools import child_session_name
 from durable_agents.messages import tool_error
-from durable_agents.stores import Store, memory_store
+from durable_agents.stores import Store, memory_store, sqlite_store
 from durable_agents.testing import FunctionLLM, ScriptedLLM, SimulatedCrash, crash_on_write
+from durable_agents.worker import Runner, work_once
 
 
 class RefundArgs(BaseModel):
@@ -420,3 +422,27 @@ async def test_bad_arguments_run_no_child(durable_store: Store) -> None:
     assert error["kind"] == "invalid-arguments"
     assert runner.turns == []
     assert json.loads(json.dumps(SUPPORT.tools[0].input_schema))["additionalProperties"] is False
+
+
+async def test_the_worker_resumes_a_parent_whose_process_died(tmp_path: Path) -> None:
+    now = [1_800_000_000.0]
+    store = sqlite_store(tmp_path / "worker.db", clock=lambda: now[0])
+    refunded: list[str] = []
+    child_llm = FunctionLLM(child_model)
+    agents = {"refunds": LocalAgent(refunds_agent(refunded), llm=child_llm)}
+    llm = parent_llm()
+    with pytest.raises(SimulatedCrash):
+        await run(
+            SUPPORT, llm=llm, message="refund 42", session_id="p1", agents=agents,
+            store=crash_on_write(store, before="result of refunds"),
+        )  # fmt: skip
+    assert await store.acquire_lease("p1", "elsewhere/4242/run1", 30_000) is None  # left behind
+    now[0] += 31
+    runner = Runner(SUPPORT, llm, agents=agents, clock=lambda: now[0])
+    report = await work_once(runner, store)
+    assert [(i.session_id, i.outcome, i.status) for i in report.items] == [
+        ("p1", "resumed", "complete")
+    ]
+    assert child_llm.calls == 2
+    assert refunded == ["42"]
+    await store.close()
