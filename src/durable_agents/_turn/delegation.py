@@ -184,7 +184,7 @@ class LocalAgents:
         with at_depth(turn.depth):
             result = await self.run(
                 entry.agent,
-                llm=entry.llm or self.llm,
+                llm=self.llm if entry.llm is None else entry.llm,
                 message=turn.message,
                 session_id=turn.session_name if durable else None,
                 session_name=turn.session_name,
