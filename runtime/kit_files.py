@@ -43,6 +43,8 @@ KIT_TESTS = frozenset(
         "conftest",
         "test_add_package",
         "test_agent_load_errors",
+        "test_agent_tools",
+        "test_agent_tools_process",
         "test_approval_edits",
         "test_approvals",
         "test_bound_integers",

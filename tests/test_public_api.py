@@ -26,6 +26,7 @@ PUBLIC = {
         "CancelToken", "MessageStored", "RunEvent", "RunFinished", "StreamingLLM", "TextDelta",
         "ToolCallDelta", "Schedule", "ScheduleError", "schedule", "stop_turn",
         "ModelRetry", "RunContext", "Toolset", "ToolFailure", "ToolsetError",
+        "agent_tool", "AgentRunner", "AgentTurn", "AgentTurnOutcome", "LocalAgent", "ChildEvent",
     },
     "durable_agents.stores": {
         "memory_store", "sqlite_store", "MemoryStore", "SQLiteStore", "SessionInfo", "Store",

@@ -34,6 +34,9 @@ WIRE = {
     "too-many-calls",
     "tool-durability-error",
     "tool-retry",
+    "unknown-agent",
+    "agent-depth-exceeded",
+    "agent-failed",
 }
 
 

@@ -9,6 +9,7 @@ See docs/contract.md for the contract and the crash-window table.
 """
 
 from .agent import Agent
+from .agent_tools import AgentRunner, AgentTurn, AgentTurnOutcome, LocalAgent, agent_tool
 from .approvals import PendingApproval, approval_digest, approve, pending_approvals
 from .errors import (
     ApprovalAlreadyDecidedError,
@@ -33,7 +34,7 @@ from .errors import (
     ToolFailure,
     ToolsetError,
 )
-from .events import CancelToken, MessageStored, RunEvent, RunFinished
+from .events import CancelToken, ChildEvent, MessageStored, RunEvent, RunFinished
 from .llm.base import LLM, StreamingLLM
 from .messages import (
     LLMResponse,
@@ -54,16 +55,21 @@ from .tools import RunContext, Tool, ToolContext, Toolset, tool
 __all__ = [
     "LLM",
     "Agent",
+    "AgentRunner",
+    "AgentTurn",
+    "AgentTurnOutcome",
     "ApprovalAlreadyDecidedError",
     "ApprovalDigestMismatchError",
     "ApprovalError",
     "ApprovalNotFoundError",
     "ApprovalPendingError",
     "CancelToken",
+    "ChildEvent",
     "ConfigurationError",
     "DurableAgentsError",
     "InvalidCursorError",
     "LLMResponse",
+    "LocalAgent",
     "MalformedToolCall",
     "MemoryStoreNotDurableError",
     "Message",
@@ -99,6 +105,7 @@ __all__ = [
     "Toolset",
     "ToolsetError",
     "Usage",
+    "agent_tool",
     "approval_digest",
     "approve",
     "idempotency_key",

@@ -8,6 +8,8 @@
                 ...
             case RunFinished(result):             # the end: the RunResult run() returns
                 ...
+            case ChildEvent(agent, session_name, tool_call_id, event):  # an agent tool's turn
+                ...
 
     result = await run(agent, llm=llm, message="...", session_id="s1", store=store,
                        on_event=show, cancel=token)
@@ -31,7 +33,15 @@ from dataclasses import dataclass
 from ._turn.run_result import RunResult
 from .messages import Message, TextDelta
 
-__all__ = ["CancelToken", "MessageStored", "OnEvent", "RunEvent", "RunFinished", "TextDelta"]
+__all__ = [
+    "CancelToken",
+    "ChildEvent",
+    "MessageStored",
+    "OnEvent",
+    "RunEvent",
+    "RunFinished",
+    "TextDelta",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +59,20 @@ class RunFinished:
     result: RunResult
 
 
-RunEvent = TextDelta | MessageStored | RunFinished
+@dataclass(frozen=True, slots=True)
+class ChildEvent:
+    """An event of a turn that one of the run's agent tools runs (`agent_tool`): `event`
+    as the child's `on_event` got it (a `ChildEvent` again for a grandchild's), tagged
+    with the child's `agent`, its `session_name` (`child_session_name`) and the parent's
+    `tool_call_id`."""
+
+    agent: str
+    session_name: str
+    tool_call_id: str
+    event: RunEvent
+
+
+RunEvent = TextDelta | MessageStored | RunFinished | ChildEvent
 OnEvent = Callable[[RunEvent], Awaitable[None] | None]
 
 

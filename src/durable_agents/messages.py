@@ -468,6 +468,12 @@ class ToolErrorKind(StrEnum):
         TOOL_RETRY             the handler raised `ModelRetry`: its message says what
                                to change; the model may call again (at most
                                `Agent.max_tool_retries` times a turn per tool)
+        UNKNOWN_AGENT          an agent tool names an agent the run was not given
+                               (`run(agents=)`); with `agent`
+        AGENT_DEPTH_EXCEEDED   an agent tool's turn would nest deeper than its
+                               `max_depth`; nothing ran; with `agent`
+        AGENT_FAILED           an agent tool's turn ended without an answer; with
+                               `agent`, its `status` and its `session` (name)
     """
 
     UNKNOWN_TOOL = "unknown-tool"
@@ -480,6 +486,9 @@ class ToolErrorKind(StrEnum):
     TOOL_DENIED = "tool-denied"
     TOO_MANY_CALLS = "too-many-calls"
     TOOL_RETRY = "tool-retry"
+    UNKNOWN_AGENT = "unknown-agent"
+    AGENT_DEPTH_EXCEEDED = "agent-depth-exceeded"
+    AGENT_FAILED = "agent-failed"
 
 
 def tool_error_content(kind: ToolErrorKind, text: str, **fields: str | None) -> str:

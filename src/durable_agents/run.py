@@ -39,6 +39,7 @@ from ._turn.approval_settling import ApprovalSettler
 from ._turn.compaction import Compactor
 from ._turn.deferral import DEFERRED_REASON as DEFERRED_REASON  # re-exported: it lived here first
 from ._turn.deferral import deferral_events
+from ._turn.delegation import AgentRunner, Delegation, LocalAgent, delegation_for
 from ._turn.ids import CallIds, random_id
 from ._turn.ids import idempotency_key as idempotency_key  # re-exported: it lived here first
 from ._turn.leases import RunLease, release_left_lease, take_lease
@@ -121,6 +122,7 @@ async def run(
     clock: Callable[[], float] | None = None,
     settings: Mapping[str, str] | None = None,
     http: httpx.AsyncClient | None = None,
+    agents: AgentRunner | Mapping[str, Agent[Any, Any] | LocalAgent] | None = None,
     _lease_run_id: str | None = None,
 ) -> RunResult[OutputT]:
     """Run one turn of `agent`, durably when given a durable `store` and a `session_id`.
@@ -178,6 +180,11 @@ async def run(
     client over `fetch`. Without `http`, a run of an agent with toolsets makes
     a client for them and closes it when it returns.
 
+    `agents` are the agents its agent tools (`agent_tool`) call, by name: `Agent`s
+    or `LocalAgent`s (an agent with its own LLM, deps or tools), each child turn a
+    `run()` on the same store, the LLM the parent's unless given; or an
+    `AgentRunner` that runs them elsewhere. See `durable_agents.agent_tools`.
+
     `tools` supplies or overrides handlers by tool name. `deps` reaches every
     handler as `ctx.deps`. `new_id` makes session and tool call ids (default:
     random UUIDs, drawn at call time).
@@ -197,11 +204,18 @@ async def run(
     """
     events = EventReporter(on_event)
     message = checked_message(agent, session_id, message, request_key, origin)
+    if store is None:
+        from .stores.memory import memory_store  # a Worker's store is never in memory
+
+        store = memory_store()
+    delegation = delegation_for(
+        agent, agents, store=store, llm=llm, run=run, events=events, cancel=cancel
+    )
     client = RunClient(http)
     options = _TurnOptions(
         agent, bind_tools(agent, tools or {}), deps, new_id or random_id, events, cancel,
         session_name, origin, clock or time.time,
-        Setup(os.environ if settings is None else settings, client),
+        Setup(os.environ if settings is None else settings, client), delegation,
     )  # fmt: skip
     try:
         result = await _run(
@@ -228,6 +242,7 @@ class _TurnOptions:
     origin: MessageOrigin | None = None  # stamped on every message it stores
     clock: Callable[[], float] = time.time
     setup: Setup = field(default_factory=lambda: Setup(os.environ, RunClient(None)))
+    delegation: Delegation | None = None  # for agent tools (`run(agents=)`)
 
 
 async def _run(
@@ -235,7 +250,7 @@ async def _run(
     llm: LLM,
     message: str | None,
     session_id: str | None,
-    store: Store | None,
+    store: Store,
     request_key: str | None,
     lease_seconds: float | None,
     wait_seconds: float,
@@ -243,10 +258,6 @@ async def _run(
 ) -> RunResult[Any]:
     """The turn `run()` asked for, its arguments checked: on a new session, the last turn
     read back if it has ended, or the turn run under the session's lease."""
-    if store is None:
-        from .stores.memory import memory_store  # a Worker's store is never in memory
-
-        store = memory_store()
     if session_id is None:
         if message is None:
             raise ConfigurationError(
@@ -435,6 +446,7 @@ class _Turn:
         self.executor = ToolExecutor(
             agent, options.tools, self.log, self.output,
             deps=options.deps, new_id=options.new_id, clock=options.clock, budget=invocation,
+            delegation=options.delegation,
         )  # fmt: skip
         self.settler = ApprovalSettler(
             self.log, self.executor, self.output, invocation, agent.max_tool_calls_per_step

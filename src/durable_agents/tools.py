@@ -74,6 +74,8 @@ class ToolContext(Generic[DepsT]):
     deps: DepsT = None  # type: ignore[assignment]  # None when run() was given no deps
     schedules: Any = field(default=None, repr=False, compare=False)  # a StepSchedules
     clock: Callable[[], float] | None = field(default=None, repr=False, compare=False)
+    # The run's agents, for agent tools (a `_turn.delegation.Delegation`; None without).
+    delegation: Any = field(default=None, repr=False, compare=False)
 
     @property
     def now(self) -> datetime.datetime:

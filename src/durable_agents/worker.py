@@ -70,6 +70,7 @@ from typing import Any, Generic, Literal, Protocol
 
 from ._turn.leases import died_on_this_host, lease_owner
 from .agent import Agent
+from .agent_tools import AgentRunner, LocalAgent
 from .approvals import pending_approvals
 from .errors import (
     ApprovalPendingError,
@@ -107,6 +108,7 @@ class WorkStore(Store, Protocol):
 class Runner(Generic[DepsT]):
     """What the worker passes to `run()`: what the application's own calls pass.
 
+    `agents` are what its agent's agent tools call, as `run(agents=)` takes them.
     `clock` (seconds, default `time.time` read at call time) tells the worker when
     schedules are due and dates what handlers schedule; `new_id` makes tool call
     ids and the worker's lease ids (default: random UUIDs). `lease_seconds` as for
@@ -119,6 +121,7 @@ class Runner(Generic[DepsT]):
     lease_seconds: float = 30.0
     clock: Callable[[], float] | None = None
     new_id: Callable[[], str] | None = None
+    agents: AgentRunner | Mapping[str, Agent[Any, Any] | LocalAgent] | None = None
 
 
 Action = Literal["resume", "fire"]
@@ -374,6 +377,7 @@ class _Pass:
                     store=self.store, tools=self.runner.tools, deps=self.runner.deps,
                     new_id=self.runner.new_id, lease_seconds=self.runner.lease_seconds,
                     wait_seconds=0, origin="self-resumed", clock=self.runner.clock,
+                    agents=self.runner.agents,
                     _lease_run_id=owner.split("/", 2)[-1],
                 )  # fmt: skip
             finally:
@@ -434,6 +438,7 @@ class _Pass:
                     deps=self.runner.deps, new_id=self.runner.new_id,
                     request_key=schedule.request_key, lease_seconds=self.runner.lease_seconds,
                     wait_seconds=0, origin="scheduled", clock=self.runner.clock,
+                    agents=self.runner.agents,
                     _lease_run_id=owner.split("/", 2)[-1],
                 )  # fmt: skip
             finally:

@@ -238,12 +238,15 @@ ROOT = SCRIPT.parents[2]  # for `tests.support`, which the child imports
 SRC = ROOT / "src"
 
 
-def spawn(db: Path, effects: Path, session: str, *options: str) -> subprocess.Popen[bytes]:
+def spawn(
+    db: Path, effects: Path, session: str, *options: str, script: Path = SCRIPT
+) -> subprocess.Popen[bytes]:
     """Start a child on `db` and `effects` (unbuffered stdout: `read_line` never
-    reads past a line). Prefer `child()`, which cleans up."""
+    reads past a line): this module, or another `script` that takes the same
+    `--db`, `--effects` and `--session`. Prefer `child()`, which cleans up."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), str(ROOT), env.get("PYTHONPATH")]))
-    command = [sys.executable, str(SCRIPT), "--db", str(db), "--effects", str(effects)]
+    command = [sys.executable, str(script), "--db", str(db), "--effects", str(effects)]
     command += ["--session", session, *options]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0
@@ -252,11 +255,11 @@ def spawn(db: Path, effects: Path, session: str, *options: str) -> subprocess.Po
 
 @contextmanager
 def child(
-    db: Path, effects: Path, session: str, *options: str
+    db: Path, effects: Path, session: str, *options: str, script: Path = SCRIPT
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`spawn()` a child; on leaving, kill it if it still runs, wait for it and close
     its pipes, so no child outlives a failing test."""
-    proc = spawn(db, effects, session, *options)
+    proc = spawn(db, effects, session, *options, script=script)
     try:
         yield proc
     finally:

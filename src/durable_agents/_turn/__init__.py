@@ -11,6 +11,7 @@ the two-write contract itself; the guide is docs/contract.md, the map docs/archi
     compaction         summarising an old history into the context window
     leases             one runner per session (CPython hosts)
     ids                call ids and idempotency keys
+    delegation         agent tools: who runs the child's turn, its depth, its usage
     run_result         RunResult, shared by the loop and the events
 
 Nothing here imports `run`; nothing is imported at package import.

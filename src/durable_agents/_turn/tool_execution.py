@@ -37,11 +37,13 @@ from ..messages import (
     Message,
     ToolCall,
     ToolErrorKind,
+    Usage,
     tool_error,
     tool_error_content,
 )
 from ..schedules import ScheduleRoom, StepSchedules, room_left
 from ..tools import Tool, ToolContext
+from .delegation import ChildAnswer, Delegation
 from .ids import idempotency_key
 from .output_retries import OutputRetries, turn_results
 from .session_log import SessionLog
@@ -65,6 +67,7 @@ class ToolExecutor:
         new_id: Callable[[], str],
         clock: Callable[[], float],
         budget: InvocationBudget | None,
+        delegation: Delegation | None = None,
     ) -> None:
         self.agent = agent
         self.tools = tools
@@ -74,6 +77,9 @@ class ToolExecutor:
         self.new_id = new_id
         self.clock = clock
         self.budget = budget
+        self.delegation = delegation
+        # What an agent tool's child turn used, by call: stored on the call's result.
+        self.child_usage: dict[str, Usage] = {}
         self.unstarted: list[ToolCall] = []  # dispatch(budgeted=True) did not start these
         self.retries: dict[str, int] = {}  # tool -> its calls answered tool-retry this turn
         # Room for more in the session (a durable store's): counted before a handler first runs.
@@ -151,10 +157,17 @@ class ToolExecutor:
         contents = [await jobs[0]] if len(jobs) == 1 else await _all_or_crash(jobs)
         self.unstarted = [c for c, text in zip(calls, contents, strict=True) if text is None]
         return [
-            Message.tool_result(c, text)
+            self.result_message(c, text)
             for c, text in zip(calls, contents, strict=True)
             if text is not None
         ]
+
+    def result_message(self, call: ToolCall, content: str) -> Message:
+        """The call's result; an agent tool's carries its child turn's usage, so the
+        parent session's spend counts it (once: with the write that stores the result)."""
+        usage = self.child_usage.pop(call.id, None)
+        result = Message.tool_result(call, content)
+        return result if usage is None else replace(result, usage=usage)
 
     def beyond_cap(self) -> set[str]:
         """The calls of the last step past `max_tool_calls_per_step`: answered, never run."""
@@ -229,6 +242,7 @@ class ToolExecutor:
             deps=self.deps,
             schedules=schedules,
             clock=self.clock,
+            delegation=self.delegation,
         )
         assert tool.handler is not None  # bind_tools guarantees it
         timer = None  # (a handler that returns at once needs none)
@@ -245,6 +259,9 @@ class ToolExecutor:
                 raise
             if schedules is not None:  # it returned: what it scheduled goes with its result
                 self.log.scheduled += schedules.made
+            if isinstance(value, ChildAnswer):  # an agent tool's: its answer, and its cost
+                self.child_usage[call.id] = value.usage
+                value = value.content
         except ModelRetry as exc:
             return self.retry_result(call.name, exc)
         except ToolFailure as exc:
