@@ -22,6 +22,7 @@ from ._turn.delegation import (
     AgentTurn,
     AgentTurnOutcome,
     LocalAgent,
+    at_depth,
     child_session_name,
 )
 from .errors import ConfigurationError
@@ -34,6 +35,7 @@ __all__ = [
     "AgentTurnOutcome",
     "LocalAgent",
     "agent_tool",
+    "at_depth",
     "child_session_name",
 ]
 

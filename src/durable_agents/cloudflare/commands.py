@@ -69,6 +69,7 @@ SCHEDULE_ID = re.compile(r"[A-Za-z0-9_.:~-]{1,100}")
 # Pages of one session's messages: GET /sessions/{name} and GET .../view answer at most
 # `limit` messages (these defaults and maxima; the page's bytes are `reads.py`'s).
 HISTORY_LIMIT, MAX_HISTORY_LIMIT = 200, 1000
+MAX_AGENT_DEPTH = 100  # a child turn's depth: agent_tool(max_depth=) stops loops far sooner
 VIEW_LIMIT, MAX_VIEW_LIMIT = 100, 500
 
 SessionName = Annotated[StrictStr, matching(SESSION_NAME, "session-name")]
@@ -138,6 +139,10 @@ class _Turn(Command):
     # Set by the object itself, never sent: the turns its alarm runs ("self-resumed",
     # "scheduled", "stopped").
     origin: MessageOrigin | None = Field(default=None, exclude=True)
+    # Sent by a parent session's object only (`agent_calls.py`), never built from a
+    # client's body: the turn is an agent tool's child turn, this deep (1 under a
+    # top-level turn), and its answer carries the child session's usage.
+    depth: Annotated[StrictInt, Field(ge=1, le=MAX_AGENT_DEPTH)] | None = None
 
 
 class SendMessage(_Turn, MessageBody):

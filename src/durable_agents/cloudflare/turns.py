@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from .._timeouts import timeout
+from ..agent_tools import at_depth
 from ..approvals import approve, pending_approvals
 from ..budget import invocation
 from ..errors import (
@@ -25,6 +26,7 @@ from ..errors import (
 )
 from ..events import CancelToken, OnEvent
 from ..llm.settings import setting
+from ..messages import Usage
 from ..run import RunResult, run, stop_turn
 from ..stores.base import Store
 from .alarms import ObjectAlarm, on_alarm
@@ -213,30 +215,37 @@ async def _run_turn(
         if client is None:
             client = tools_client()
             owned.push_async_callback(client.aclose)
-        result = await run(
-            with_budget(agent, env),
-            llm=model,
-            message=command.message if isinstance(command, SendMessage) else None,
-            session_id=ctx.session_id,
-            session_name=command.name,
-            store=ctx.store,
-            deps=ctx.make_deps(env, client),
-            request_key=command.request_key if isinstance(command, SendMessage) else None,
-            # The Durable Object runs one turn at a time per session (its lock)
-            # and is the only runner of its session: no lease, no extra D1 write.
-            lease_seconds=None,
-            on_event=on_event,
-            cancel=cancel,
-            origin=command.origin,
-            # the settings the agent module names (its toolsets' too), and the tools' client
-            settings={
-                name: str(value)
-                for name in (*ctx.settings, *agent.settings)
-                if (value := setting(env, name)) is not None
-            },
-            http=client,
-        )
-    return _result_reply(ctx.session_id, result)
+        depth = command.depth or 0  # an agent tool's child turn (agent_calls.py): how deep
+        with at_depth(depth):
+            result = await run(
+                with_budget(agent, env),
+                llm=model,
+                message=command.message if isinstance(command, SendMessage) else None,
+                session_id=ctx.session_id,
+                session_name=command.name,
+                store=ctx.store,
+                deps=ctx.make_deps(env, client),
+                request_key=command.request_key if isinstance(command, SendMessage) else None,
+                # The Durable Object runs one turn at a time per session (its lock)
+                # and is the only runner of its session: no lease, no extra D1 write.
+                lease_seconds=None,
+                on_event=on_event,
+                cancel=cancel,
+                origin=command.origin,
+                # the settings the agent module names (its toolsets' too), and the tools' client
+                settings={
+                    name: str(value)
+                    for name in (*ctx.settings, *agent.settings)
+                    if (value := setting(env, name)) is not None
+                },
+                http=client,
+            )
+        reply = _result_reply(ctx.session_id, result)
+        if depth:  # the parent's spend counts all its child session has used
+            info = await ctx.store.get_session(ctx.session_id)
+            if info is not None:
+                reply.body["session_usage"] = Usage(info.input_tokens, info.output_tokens).to_dict()
+    return reply
 
 
 def _result_reply(session_id: str, result: RunResult) -> Reply:

@@ -1,0 +1,100 @@
+"""Agent tools in a Worker: a child turn runs in the child session's own Durable Object.
+
+`run(..., agents=ObjectAgents(names, send))` is what a session's object gives its
+turns: an agent tool's call (`agent_tool`) becomes one command to the object of
+the child's session (`send(agent, session_name, command)`: `src/entry.py` sends it
+to `getByName(f"{agent}:{name}")`), a subrequest of the parent's invocation; the
+child's turn has its own invocation and budget. The command carries the parent
+call's idempotency key as its request key and the child's depth, so a command sent
+again after a crash (the call is re-invoked on resume) finds the turn it started
+and answers with it: the child runs once.
+
+A child turn deferred to a later invocation (HTTP 202) is asked for again with
+`Resume` until it ends (the child's object runs one turn at a time: a resume
+waits for its alarm's). Cancelling the parent sends the child `Cancel`. The guide:
+docs/several-agents.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+from ..agent_tools import AgentTurn, AgentTurnOutcome
+from ..messages import Usage
+from .commands import Cancel, Command, Resume, SendMessage
+from .wire import Reply
+
+__all__ = ["MAX_RESUMES", "ObjectAgents", "SendToAgent"]
+
+SendToAgent = Callable[[str, str, Command], Awaitable[Reply]]
+"""`send(agent, session_name, command)`: the command to that session's object; its reply."""
+
+# How many times a deferred child turn is asked to go on before the call gives up (each
+# ask is one subrequest of the parent's invocation, and one invocation of the child's).
+MAX_RESUMES = 20
+
+
+class ObjectAgents:
+    """The `AgentRunner` of a session's Durable Object: each child turn is a command to the
+    child session's object (see the module docstring)."""
+
+    def __init__(self, names: Collection[str], send: SendToAgent) -> None:
+        self._names = tuple(names)
+        self._send = send
+
+    @property
+    def names(self) -> Collection[str]:
+        return self._names
+
+    async def run_turn(self, turn: AgentTurn) -> AgentTurnOutcome:
+        command: Command = SendMessage(
+            message=turn.message, request_key=turn.request_key, depth=turn.depth
+        )
+        for _ in range(MAX_RESUMES + 1):
+            reply = await self._until_cancelled(turn, command)
+            if reply.run_status != "deferred":
+                return _outcome(turn, reply)
+            command = Resume(depth=turn.depth)
+        return _outcome(turn, reply)
+
+    async def _until_cancelled(self, turn: AgentTurn, command: Command) -> Reply:
+        """The child's reply to `command`; when the parent is cancelled meanwhile, the
+        child is sent `Cancel` and its reply (its turn, stopped) is awaited all the same."""
+        sent = asyncio.ensure_future(self._send(turn.agent, turn.session_name, command))
+        if turn.cancel is None:
+            return await sent
+        cancelled = asyncio.ensure_future(turn.cancel.wait())
+        try:
+            await asyncio.wait((sent, cancelled), return_when=asyncio.FIRST_COMPLETED)
+            if not sent.done():
+                with contextlib.suppress(Exception):  # no turn running: nothing to stop
+                    await self._send(turn.agent, turn.session_name, Cancel())
+            return await sent
+        finally:
+            cancelled.cancel()
+
+
+def _outcome(turn: AgentTurn, reply: Reply) -> AgentTurnOutcome:
+    """The child's reply as the agent tool reads it: its status, answer and session usage,
+    or, for a reply that is no turn's result (a 4xx/5xx), an error saying what came."""
+    body: Any = reply.body
+    if reply.run_status is None or not isinstance(body, dict):
+        error = body.get("error") if isinstance(body, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        return AgentTurnOutcome(
+            "error", "", Usage(), turn.session_name,
+            f"HTTP {reply.status} from the child's session: {message or 'no turn result'}",
+        )  # fmt: skip
+    used = body.get("session_usage") or body.get("usage") or {}
+    usage = Usage(int(used.get("input_tokens", 0)), int(used.get("output_tokens", 0)))
+    error = body.get("error")
+    return AgentTurnOutcome(
+        body["status"],
+        str(body.get("response") or ""),
+        usage,
+        str(body.get("session_id") or turn.session_name),
+        error.get("message") if isinstance(error, dict) else None,
+    )
