@@ -301,6 +301,7 @@ def test_under_the_dev_server_one_broken_module_leaves_the_others_served(
     _agent_file(tmp_path / "agents" / "research.py", "researcher")
     (tmp_path / "agents" / "refunds.py").write_text("import no_such_module_here\n")
     _agent_file(tmp_path / "agents" / "twin.py", "researcher")
+    _agent_file(tmp_path / "agents" / "Bad-Name.py", "bad")
     served = serve_agents(str(tmp_path / "entry.py"), *_loader(tmp_path))
     assert served.default is not None
     assert set(served.named) == set()  # research and twin clash: neither is served
@@ -311,6 +312,7 @@ def test_under_the_dev_server_one_broken_module_leaves_the_others_served(
     assert "define one agent name, 'researcher'" in served.failures["twin"]
     out = capsys.readouterr().out
     assert "Until it loads, its routes answer every request with this error" in out
+    assert "src/agents/Bad-Name.py: 'Bad-Name' is not an agent's name" in out
 
 
 def test_dev_stubs_of_several_modules_are_one_mapping_and_may_not_differ() -> None:

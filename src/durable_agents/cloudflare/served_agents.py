@@ -80,12 +80,15 @@ def object_name(agent: str | None, name: str) -> str:
 def module_names(folder: str) -> list[str]:
     """The served names of the agent modules in `folder` (every `*.py` but `__init__.py`,
     sorted), each checked (`check_served_name`); none if there is no such folder."""
+    return [check_served_name(s, os.path.join(folder, f"{s}.py")) for s in _stems(folder)]
+
+
+def _stems(folder: str) -> list[str]:
     try:
         files = sorted(os.listdir(folder))
     except FileNotFoundError:
         return []
-    stems = [f[:-3] for f in files if f.endswith(".py") and f != "__init__.py"]
-    return [check_served_name(s, os.path.join(folder, f"{s}.py")) for s in stems]
+    return [f[:-3] for f in files if f.endswith(".py") and f != "__init__.py"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,61 +231,67 @@ def serve_agents(
     import_named: Callable[[str], Any] | None = None,
 ) -> ServedAgents:
     """The Worker shell's agents: `import_default()` imports `agent.py` beside `entry_file`
-    (absent: no default agent), and `import_named(name)` each module of the `agents/`
-    folder beside it (`module_names`); each is checked (`import_agent`), and their
+    (absent: no default agent), and `import_named(name)` (default: `agents.<name>`) each
+    module of the `agents/` folder beside it; each is checked (`import_agent`), and their
     `AGENT.name`s must differ. Deployed, any ConfigurationError propagates (Cloudflare
     refuses a Worker that fails at start); so does serving no agent at all. Under the dev
     server (which stages DEV_SERVER_NOTE beside the entry) each module that does not
     load is left out, its error printed once and kept in `failures`."""
     note = _dev_server_note()
     here = os.path.dirname(entry_file)
-    import_named = import_named or _import_named
-    failures: dict[str | None, str] = {}
-    shown: dict[str | None, str] = {
-        None: str(getattr(note, "AGENT_FILE", "src/agent.py")),
-    }
     folder = str(getattr(note, "AGENTS_DIR", "src/agents"))
-    try:
-        names = module_names(os.path.join(here, AGENTS_PACKAGE))
-    except ConfigurationError as exc:
-        if note is None:
-            raise
-        print(f"{exc}. Until it is renamed, that file is not served")
-        names = []
-    loaded: dict[str | None, AgentModule] = {}
-    importers: dict[str | None, Callable[[], Any]] = {None: import_default}
-    for name in names:
+    shown: dict[str | None, str] = {None: str(getattr(note, "AGENT_FILE", "src/agent.py"))}
+    importers: dict[str | None, Callable[[], Any]] = {}
+    if os.path.exists(os.path.join(here, "agent.py")):
+        importers[None] = import_default
+    for name in _served_names(os.path.join(here, AGENTS_PACKAGE), folder, note):
         shown[name] = f"{folder}/{name}.py"
-        importers[name] = functools.partial(import_named, name)
+        importers[name] = functools.partial(import_named or _import_named, name)
+    if not importers:
+        raise ConfigurationError(
+            "no agent to serve: write src/agent.py (the default agent) or a module in "
+            "src/agents/ (served at /agents/<its name>/sessions/...)"
+        )
+    loaded: dict[str | None, AgentModule] = {}
+    failures: dict[str | None, str] = {}
     for agent, importer in importers.items():
         file = os.path.join(here, "agent.py" if agent is None else f"{AGENTS_PACKAGE}/{agent}.py")
-        if agent is None and not os.path.exists(file):
-            continue  # no default agent: src/agents/ only
         try:
             loaded[agent] = import_agent(
                 importer, file, shown_as=shown[agent],
                 packages=getattr(note, "PACKAGES", None), excluded=getattr(note, "EXCLUDED", None),
             )  # fmt: skip
         except ConfigurationError as exc:
-            if note is None:
-                raise
-            print(f"{exc}. Until it loads, its routes answer every request with this error")
-            failures[agent] = str(exc)
-    if not loaded and not failures:
-        raise ConfigurationError(
-            "no agent to serve: write src/agent.py (the default agent) or a module in "
-            "src/agents/ (served at /agents/<its name>/sessions/...)"
-        )
+            until = "Until it loads, its routes answer every request with this error"
+            failures[agent] = _left_out(exc, note, until)
     clash = clashes({shown[a]: m for a, m in loaded.items()})
     for agent in [a for a in loaded if shown[a] in clash]:
-        if note is None:
-            raise ConfigurationError(clash[shown[agent]])
-        print(f"{clash[shown[agent]]}. Until then it is not served")
-        failures[agent] = clash[shown[agent]]
+        error = ConfigurationError(clash[shown[agent]])
+        failures[agent] = _left_out(error, note, "Until then it is not served")
         del loaded[agent]
     default = loaded.pop(None, None)
     named = {n: m for n, m in loaded.items() if n is not None}
     return ServedAgents(default, MappingProxyType(named), MappingProxyType(failures))
+
+
+def _served_names(path: str, folder: str, note: Any) -> list[str]:
+    """The served names of the modules at `path` (shown as `folder`); a stem that is none
+    stops a deployed Worker, and is left out under the dev server (`note`)."""
+    names = []
+    for stem in _stems(path):
+        try:
+            names.append(check_served_name(stem, f"{folder}/{stem}.py"))
+        except ConfigurationError as exc:
+            _left_out(exc, note, "Until it is renamed, it is not served")
+    return names
+
+
+def _left_out(exc: ConfigurationError, note: Any, until: str) -> str:
+    """Deployed (no `note`): raise `exc`. Under the dev server: say it, and `until` when."""
+    if note is None:
+        raise exc
+    print(f"{exc}. {until}")
+    return str(exc)
 
 
 def _dev_server_note() -> Any:
