@@ -15,8 +15,9 @@ What is staged: `src/entry.py` and every module of `src/` it imports,
 directly or through others (`import agent` brings `src/agent.py` and what
 it imports), and each agent module of `src/agents/` (the Worker imports those by the
 folder's listing: `durable_agents.cloudflare.served_agents`) with what it imports, the
-folder as a package (an empty `__init__.py` where it has none), following every `import` statement, also inside functions (a
-Worker runs those too), except under `if TYPE_CHECKING:`; each package's
+folder as a package (an empty `__init__.py` where it has none); following every
+`import` statement, also inside functions (a Worker runs those too), except under
+`if TYPE_CHECKING:`; each package's
 `__init__.py` comes along. A module that does not parse is staged as it is, its
 imports not followed: the Worker's import of it fails, naming the line. Left out
 even when a module names them: the CPython-only modules in `CPYTHON_ONLY`,
