@@ -94,12 +94,14 @@ def _stems(folder: str) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class ServedAgents:
     """The agents a Worker serves: `default` (None where there is no `src/agent.py`), the
-    others by served name (`named`), and, under the dev server only, the error of each
-    that did not load (`failures`, by served name; None for the default agent)."""
+    others by served name (`named`), under the dev server only the error of each that did
+    not load (`failures`, by served name; None for the default agent), and the dev stubs
+    of all (`merged_dev_stubs`)."""
 
     default: AgentModule | None
     named: Mapping[str, AgentModule] = field(default_factory=dict)
     failures: Mapping[str | None, str] = field(default_factory=dict)
+    dev_stubs: Mapping[str, DevStub] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -166,16 +168,11 @@ class ServedAgents:
         return None if module is None else module.agent.name
 
     @property
-    def dev_stubs(self) -> Mapping[str, DevStub]:
-        return merged_dev_stubs(self._modules())
-
-    @property
     def settings(self) -> tuple[str, ...]:
-        return merged_settings(self._modules())
-
-    def _modules(self) -> dict[str, AgentModule]:
-        default = {"src/agent.py": self.default} if self.default is not None else {}
-        return {**default, **{f"src/agents/{n}.py": m for n, m in sorted(self.named.items())}}
+        """The settings of every agent served (`merged_settings`)."""
+        modules = [self.default] if self.default is not None else []
+        modules += [m for _, m in sorted(self.named.items())]
+        return merged_settings(dict(enumerate(modules)))
 
 
 def _of_a_session(path: str) -> bool:
@@ -202,7 +199,7 @@ def merged_dev_stubs(modules: Mapping[str, AgentModule]) -> Mapping[str, DevStub
     return MappingProxyType(stubs)
 
 
-def merged_settings(modules: Mapping[str, AgentModule]) -> tuple[str, ...]:
+def merged_settings(modules: Mapping[Any, AgentModule]) -> tuple[str, ...]:
     """The settings every module reads (SETTINGS, with its toolsets'), each once, in order."""
     return tuple(dict.fromkeys(n for module in modules.values() for n in module.settings))
 
@@ -269,9 +266,11 @@ def serve_agents(
         error = ConfigurationError(clash[shown[agent]])
         failures[agent] = _left_out(error, note, "Until then it is not served")
         del loaded[agent]
+    # One stub per setting for all (a deploy refuses two that differ, as scripts/dev does).
+    stubs = merged_dev_stubs({shown[a]: m for a, m in loaded.items()})
     default = loaded.pop(None, None)
     named = {n: m for n, m in loaded.items() if n is not None}
-    return ServedAgents(default, MappingProxyType(named), MappingProxyType(failures))
+    return ServedAgents(default, MappingProxyType(named), MappingProxyType(failures), stubs)
 
 
 def _served_names(path: str, folder: str, note: Any) -> list[str]:
