@@ -8,13 +8,16 @@ modules of tests/agents/several/ (`--agents`), at /agents/refunds/... and /agent
 - an unknown agent is a 404 naming the served ones;
 - a session token minted for one agent's session is refused on another agent's session of
   the same name (and on the default agent's);
-- the banner lists each agent's base URL.
+- the banner lists each agent's base URL;
+- a scheduled turn of an agent's session runs that agent from the object's alarm (which
+  carries no command: the object remembers its agent).
 
 The routing on CPython: test_served_agents.py. Needs `scripts/setup-runtime`.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,3 +135,19 @@ def test_a_session_token_opens_one_agents_session_only(worker: DevWorker) -> Non
     default = worker.post("/sessions/tok/token").body["token"]
     assert worker.get("/sessions/tok", token=default).status == 200
     assert worker.get("/agents/refunds/sessions/tok", token=default).status == 403
+
+
+def test_a_scheduled_turn_runs_the_sessions_agent_from_its_alarm(worker: DevWorker) -> None:
+    # The alarm carries no command: the object remembers which agent it serves.
+    say(worker, "/agents/research", "later", "first")
+    made = worker.post(
+        "/agents/research/sessions/later/schedules", {"message": "again", "delay_seconds": 1}
+    )
+    assert made.status == 201, made.text
+    deadline = time.monotonic() + 30
+    while len(contents(worker, "/agents/research", "later")) < 4:
+        assert time.monotonic() < deadline, contents(worker, "/agents/research", "later")
+        time.sleep(0.3)
+    assert contents(worker, "/agents/research", "later")[2:] == [
+        "again", "researcher heard: again (turn 2)",
+    ]  # fmt: skip
