@@ -30,31 +30,120 @@ MODEL_KEYS = ("LLM_API_KEY",)
 
 
 def load_agent(
-    agent_file: Path, src: Path = PROJECT / "src", packages: Mapping[str, str] | None = None
+    agent_file: Path,
+    src: Path = PROJECT / "src",
+    packages: Mapping[str, str] | None = None,
+    module_name: str = "agent",
 ) -> Any:
     """The agent module at `agent_file` as the Worker reads it, imported on CPython as
-    `agent` with `src` (the kit) importable. Raises the kit's ConfigurationError naming the
-    file, the line, what failed and the fix (`import_agent`), chained to what the import
-    raised; `packages` maps an import name to the package that provides it."""
+    `module_name` (`agents.<name>` for one of src/agents/) with `src` (the kit) importable.
+    Raises the kit's ConfigurationError naming the file, the line, what failed and the fix
+    (`import_agent`), chained to what the import raised; `packages` maps an import name to
+    the package that provides it."""
     if str(src) not in sys.path:
         sys.path.insert(0, str(src))
     from durable_agents.cloudflare.agent_module import import_agent
 
     def load() -> Any:
-        spec = importlib.util.spec_from_file_location("agent", agent_file)
+        spec = importlib.util.spec_from_file_location(module_name, agent_file)
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot load {agent_file} as a Python module")
         module = importlib.util.module_from_spec(spec)
-        sys.modules["agent"] = module
+        sys.modules[module_name] = module
         importlib.invalidate_caches()  # a package installed into .venv since the last load
         try:
             spec.loader.exec_module(module)
         except BaseException:
-            sys.modules.pop("agent", None)
+            sys.modules.pop(module_name, None)
             raise
         return module
 
     return import_agent(load, str(agent_file), shown_as=shown_path(agent_file), packages=packages)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModules:
+    """The agent modules a Worker serves, loaded on CPython (`load_served`), by served name
+    (None: the default agent, src/agent.py): `modules` those that load, `files` each one's
+    file, `failures` the error of each that does not. What the dev server and the deploy
+    check read of one module (`settings`, `dev_stubs`, `agent`, `has_own_llm`) is here
+    for them all."""
+
+    modules: dict[str | None, Any]
+    files: dict[str | None, Path]
+    failures: dict[str | None, str]
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        names = (n for m in self.modules.values() for n in m.settings)
+        return tuple(dict.fromkeys(names))
+
+    @property
+    def dev_stubs(self) -> Mapping[str, Any]:
+        """Every module's DEV_STUBS; ConfigurationError for two that differ on a setting."""
+        from durable_agents.cloudflare.served_agents import merged_dev_stubs
+
+        return merged_dev_stubs({shown_path(self.files[a]): m for a, m in self.modules.items()})
+
+    @property
+    def has_own_llm(self) -> bool:
+        return any(m.has_own_llm for m in self.modules.values())
+
+    @property
+    def agent(self) -> Any:
+        """The agents' names and toolsets, as one agent's (the banner, the toolset check)."""
+        agents = [m.agent for m in self.modules.values()]
+        name = ", ".join(a.name for a in agents) or "agent-not-loaded"
+        return SimpleNamespace(name=name, toolsets=[t for a in agents for t in a.toolsets])
+
+    def paths(self, origin: str) -> list[str]:
+        """Where each agent is served: `<origin>/sessions/...` for the default one."""
+        return [
+            f"agent {m.agent.name} ({shown_path(self.files[a])}): {origin}"
+            f"{'' if a is None else f'/agents/{a}'}/sessions/{{name}}"
+            for a, m in self.modules.items()
+        ]
+
+
+def agent_files(agent_file: Path | None, agents_dir: Path | None) -> dict[str | None, Path]:
+    """The agent modules a Worker serves, by served name (None: `agent_file`, the default
+    agent, where it exists): each `*.py` of `agents_dir` but `__init__.py`, by its stem."""
+    files: dict[str | None, Path] = {}
+    if agent_file is not None and agent_file.is_file():
+        files[None] = agent_file
+    if agents_dir is not None and agents_dir.is_dir():
+        files.update((p.stem, p) for p in sorted(agents_dir.glob("*.py")) if p.stem != "__init__")
+    return files
+
+
+def load_served(
+    files: Mapping[str | None, Path],
+    src: Path = PROJECT / "src",
+    packages: Mapping[str, str] | None = None,
+) -> ServedModules:
+    """Each agent module of `files` (`agent_files`) loaded (`load_agent`) as the Worker loads
+    it: a file name that is no agent's name, a module that does not load and two of one
+    AGENT.name each leave that one out, its error in `failures`."""
+    if str(src) not in sys.path:
+        sys.path.insert(0, str(src))
+    from durable_agents.cloudflare.served_agents import check_served_name, clashes
+    from durable_agents.errors import ConfigurationError
+
+    modules: dict[str | None, Any] = {}
+    failures: dict[str | None, str] = {}
+    for agent, file in files.items():
+        try:
+            if agent is not None:
+                check_served_name(agent, shown_path(file))
+            name = "agent" if agent is None else f"agents.{agent}"
+            modules[agent] = load_agent(file, src, packages, name)
+        except ConfigurationError as exc:
+            failures[agent] = str(exc)
+    clash = clashes({shown_path(files[a]): m for a, m in modules.items()})
+    for agent in [a for a in modules if shown_path(files[a]) in clash]:
+        failures[agent] = clash[shown_path(files[agent])]
+        del modules[agent]
+    return ServedModules(modules, dict(files), failures)
 
 
 def shown_path(path: Path) -> str:
@@ -115,15 +204,6 @@ def toolset_settings(agent: Any) -> dict[str, str]:
         for name in getattr(toolset, "settings", ()):
             found.setdefault(name, repr(toolset))
     return found
-
-
-def stand_in_agent() -> Any:
-    """What the dev server serves while the agent module does not load on CPython: an agent
-    with no tools, settings or stubs (the Worker answers every request with the error)."""
-    from durable_agents import Agent
-    from durable_agents.cloudflare.agent_module import AgentModule
-
-    return AgentModule(Agent("agent-not-loaded"), lambda env, http: None)
 
 
 # Modules the Worker has without python_modules/: Pyodide's own, and the standard library

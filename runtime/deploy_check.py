@@ -1,7 +1,8 @@
 """Before a deploy: does every setting the Worker needs have a value on Cloudflare?
 
     scripts/check-deploy [--config wrangler.toml] [--env NAME] [--agent src/agent.py]
-                         [--secret NAME ...] [--secrets-file FILE] [--offline]
+                         [--agents src/agents] [--secret NAME ...] [--secrets-file FILE]
+                         [--offline]
     scripts/deploy [wrangler deploy arguments]   # this check, then `wrangler deploy`
 
 Needed: API_TOKEN (without it the Worker refuses every request), what the configured model
@@ -9,8 +10,10 @@ needs (the agent's `make_llm`, or `llm_from_env`, is called here on CPython with
 config's [vars]: LLM_API_KEY for LLM_PROVIDER=anthropic, ...), and the agent module's
 SETTINGS (with those its toolsets read: `MCPTools(url_setting="MCP_URL")` refuses every
 turn without a value, and is named beside them) and DEV_STUBS (no stub answers on
-Cloudflare). A setting has a value when [vars] gives it a non-empty one or it is one of
-the Worker's secrets.
+Cloudflare), of every agent module the Worker serves (src/agent.py and src/agents/*.py: an
+agent module that does not load, a file name that is no agent's name and two modules of
+one AGENT.name are refused, exit status 2). A setting has a value when [vars] gives it a
+non-empty one or it is one of the Worker's secrets.
 
 Which secrets the Worker has cannot be known offline. Counted as secrets:
 - what `wrangler secret list` says (online and logged in, as a deploy is anyway; skipped
@@ -37,7 +40,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +48,11 @@ from typing import Any
 from agent_checks import (  # runtime/, beside this file
     MODEL_KEYS,
     SECRET_SETTINGS,
-    load_agent,
+    ServedModules,
+    agent_files,
+    load_served,
     model_problem,
+    shown_path,
     toolset_settings,
 )
 from wrangler_config import ConfigError, config_bindings, load_config, project_config
@@ -94,6 +100,21 @@ def needed_settings(
         if name not in agent.settings
     ]
     return needed, None
+
+
+def needed_by_all(
+    agent: Any, vars_: Mapping[str, str], bindings: Sequence[str]
+) -> tuple[list[Needed], str | None]:
+    """`needed_settings` of each agent module (`agent`: one, or all the Worker serves), each
+    setting once; the first reason a model cannot be made, if one cannot."""
+    modules = list(agent.modules.values()) if isinstance(agent, ServedModules) else [agent]
+    needed: list[Needed] = []
+    broken = None
+    for module in modules:
+        more, why = needed_settings(module, vars_, bindings)
+        needed += [n for n in more if n.name not in {m.name for m in needed}]
+        broken = broken or why
+    return needed, broken
 
 
 def listed_secrets(config_file: Path, env_name: str | None) -> tuple[set[str] | None, str]:
@@ -147,7 +168,7 @@ def check(
     vars_ = {k: str(v) for k, v in (section.get("vars") or {}).items()}
     declared = (section.get("secrets") or {}).get("required") or []
     secrets = secrets | {str(name) for name in declared}
-    needed, broken = needed_settings(agent, vars_, config_bindings(section or config))
+    needed, broken = needed_by_all(agent, vars_, config_bindings(section or config))
     lines, missing = [], []
     width = max(len(n.name) for n in needed)
     for item in needed:
@@ -173,6 +194,7 @@ def parse_options(argv: list[str] | None) -> tuple[argparse.Namespace, bool]:
     parser.add_argument("--config", "-c", type=Path)
     parser.add_argument("--env", "-e", dest="env_name")
     parser.add_argument("--agent", type=Path, help="the agent module (default: src/agent.py)")
+    parser.add_argument("--agents", type=Path, help="the other agents (default: src/agents/)")
     parser.add_argument("--secret", action="append", default=[], metavar="NAME",
                         help="a setting that is a secret of the Worker already")  # fmt: skip
     parser.add_argument("--secrets-file", type=Path)
@@ -210,6 +232,27 @@ def known_secrets(options: argparse.Namespace, config_file: Path) -> tuple[set[s
     return secrets | (listed or set()), source
 
 
+def load_agents(options: argparse.Namespace, say: Callable[[str], None]) -> ServedModules | None:
+    """Every agent module the Worker serves (--agent, else src/agent.py; those of --agents,
+    else src/agents/), loaded; None, each reason said, if one does not load (the file, the
+    line, what failed and the fix), none is there, or two modules' DEV_STUBS differ."""
+    agent_file = (options.agent or PROJECT / "src" / "agent.py").resolve()
+    agents_dir = (options.agents or PROJECT / "src" / "agents").resolve()
+    files = agent_files(agent_file, agents_dir)
+    if not files:
+        say(f"no agent module: neither {shown_path(agent_file)} nor {shown_path(agents_dir)}/*.py")
+        return None
+    served = load_served(files)
+    for failure in served.failures.values():
+        say(failure)
+    try:
+        served.dev_stubs  # noqa: B018 - two modules' stubs of one setting that differ raise
+    except Exception as exc:
+        say(str(exc))
+        return None
+    return None if served.failures else served
+
+
 def main(argv: list[str] | None = None) -> int:
     options, deploying = parse_options(argv)
     prog = "deploy" if deploying else "check-deploy"
@@ -218,11 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: {message}", flush=True)
 
     config_file, config = read_config(options.config)
-    agent_file = (options.agent or PROJECT / "src" / "agent.py").resolve()
-    try:
-        agent = load_agent(agent_file)
-    except Exception as exc:
-        say(str(exc))  # the file, the line, what failed and the fix (agent_checks.load_agent)
+    agent = load_agents(options, say)
+    if agent is None:
         return 2
     try:
         secrets, source = known_secrets(options, config_file)
@@ -231,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lines, missing, broken = check(config, agent, secrets, options.env_name)
     where = config_file.relative_to(PROJECT) if config_file.is_relative_to(PROJECT) else config_file
+    files = ", ".join(shown_path(f) for f in agent.files.values())
     say(f"{where}{f' [env.{options.env_name}]' if options.env_name else ''}, agent "
-        f"{agent.agent.name} ({agent_file.name}); secrets: {source}")  # fmt: skip
+        f"{agent.agent.name} ({files}); secrets: {source}")  # fmt: skip
     for line in lines:
         print(line)
     if broken is not None:

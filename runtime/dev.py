@@ -1,11 +1,13 @@
 """The dev server: a Python Worker served by `wrangler dev` on real workerd, offline.
 
     scripts/dev [--port 8787] [--ip 127.0.0.1] [--persist-to DIR] [--config FILE]
-                [--dev-vars FILE] [--agent FILE] [--migrate-only]
+                [--dev-vars FILE] [--agent FILE] [--agents DIR] [--migrate-only]
 
     --config FILE    any Python Worker's wrangler.toml, .json or .jsonc (default: this
                      repo's wrangler.toml); --persist-to and .dev.vars default to its folder
     --agent FILE     serve this agent module instead of src/agent.py (this kit's Worker only)
+    --agents DIR     serve the agent modules of DIR instead of src/agents/'s, each at
+                     /agents/<its file's name>/sessions/... (this kit's Worker only)
     --port 0         any free port (the `ready on` line says which)
     --migrate-only   apply the config's D1 migrations to the local state and exit
 
@@ -50,12 +52,13 @@ from typing import Any, NoReturn
 import dev_limits  # runtime/, beside this file
 import dev_snapshot
 from agent_checks import (
+    ServedModules,
+    agent_files,
     excluded_modules,
-    load_agent,
+    load_served,
     modules_the_worker_lacks,
     packages_providing,
     shown_path,
-    stand_in_agent,
     vendored_names,
 )
 from dev_settings import (
@@ -173,30 +176,35 @@ def find_config() -> Path:
         fail(str(exc))
 
 
-def describe_agent(agent_file: Path) -> Any:
-    """The agent module, imported on CPython (the kit is the same there) and checked as the
-    Worker checks it (`AgentModule`). One that does not load is said, and the server starts
-    all the same with a stand-in (no settings, no stubs): the Worker answers every request
-    with the error until an edit of the file fixes it and reloads the Worker."""
-    try:
-        return load_agent(agent_file, PROJECT / "src")
-    except Exception as exc:
-        say(f"the agent module does not load on CPython: {exc}")
-        return stand_in_agent()
+def describe_agent(agent_file: Path | None, agents_dir: Path | None = None) -> ServedModules:
+    """The agent modules (`agent_file`, the default agent, and each of `agents_dir`),
+    imported on CPython (the kit is the same there) and checked as the Worker checks them
+    (`AgentModule`, `served_agents`). One that does not load is said, and the server starts
+    all the same without it (its settings, its stubs): the Worker answers its requests with
+    the error until an edit of the file fixes it and reloads the Worker."""
+    served = load_served(agent_files(agent_file, agents_dir), PROJECT / "src")
+    for failure in served.failures.values():
+        say(f"the agent module does not load on CPython: {failure}")
+    return served
 
 
 def dev_server_note(
-    agent_file: Path, packages: Mapping[str, str], excluded: Mapping[str, str]
+    agent_file: Path,
+    packages: Mapping[str, str],
+    excluded: Mapping[str, str],
+    agents_dir: Path = PROJECT / "src" / "agents",
 ) -> str:
-    """The DEV_SERVER_NOTE module: the agent file as the Worker's errors name it, the
-    packages providing the modules python_modules/ lacks, the modules the config's
-    `[python_modules] exclude` leaves out (`excluded_modules`), and python_modules/'s
-    stamp (when it changes, the module does, and wrangler reloads the Worker with them)."""
+    """The DEV_SERVER_NOTE module: the agent file and the agents' folder as the Worker's
+    errors name them, the packages providing the modules python_modules/ lacks, the modules
+    the config's `[python_modules] exclude` leaves out (`excluded_modules`), and
+    python_modules/'s stamp (when it changes, the module does, and wrangler reloads the
+    Worker with them)."""
     stamp = VENDOR_STAMP.read_text().strip() if VENDOR_STAMP.is_file() else ""
     return (
         '"""Staged by scripts/dev (runtime/dev.py) beside the Worker\'s entry, never deployed: '
-        'read by\ndurable_agents.cloudflare.agent_module.serve_agent.\n"""\n\n'
+        'read by\ndurable_agents.cloudflare.served_agents.serve_agents.\n"""\n\n'
         f"AGENT_FILE = {shown_path(agent_file)!r}\n"
+        f"AGENTS_DIR = {shown_path(agents_dir)!r}\n"
         f"PACKAGES = {dict(sorted(packages.items()))!r}\n"
         f"EXCLUDED = {dict(sorted(excluded.items()))!r}\n"
         f"VENDORED = {stamp!r}\n"
@@ -358,14 +366,14 @@ def apply_migrations(
 def serve_kit(
     stage: dev_limits.Stage,
     config_file: Path,
-    agent_file: Path,
-    agent: Any,
+    worker: Worker,
     secrets: list[str],
     venv_packages: Callable[[], Mapping[str, str]] = packages_providing,
 ) -> Path:
-    """Stage this kit's Worker (scripts/build_worker.py, in this process, with `agent_file`
-    as its agent) and keep it staged: an edit under src/ or of the agent file (wherever it
-    is) reloads the Worker within ~3 s. wrangler gets a copy of the config without [build]
+    """Stage this kit's Worker (scripts/build_worker.py, in this process, with the worker's
+    `agent_file` as its default agent and the modules of its `agents_dir`) and keep it
+    staged: an edit under src/ or of the agent files (wherever they are) reloads the Worker
+    within ~3 s. wrangler gets a copy of the config without [build]
     (written beside the staged Worker; returned): it serves the staged folder and reloads
     when a file there changes, instead of rebuilding on changes under src/ only. An edit
     of the config rewrites the copy, which wrangler follows as it follows a config.
@@ -383,7 +391,10 @@ def serve_kit(
     assert spec.loader is not None
     build_worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build_worker)
-    os.environ["DURABLE_AGENTS_AGENT"] = str(agent_file)  # build_worker's agent_override
+    agent_file, agents_dir, agent = worker.agent_file, worker.agents_dir, worker.agent
+    assert agent_file is not None
+    assert agents_dir is not None
+    os.environ.update(build_env(worker))  # build_worker's agent_override, agents_folder
     copy = stage.dir / "wrangler.json"
     names = (agent.settings, tuple(agent.dev_stubs))
     check_packages = packages_check(venv_packages)
@@ -393,11 +404,14 @@ def serve_kit(
         config = read_config(config_file)
         excluded = excluded_modules(config.get("python_modules", {}).get("exclude", ()))
         packages = check_packages(build_worker.stage(stage.source), excluded)
-        note = dev_server_note(agent_file, packages, excluded)
+        note = dev_server_note(agent_file, packages, excluded, agents_dir)
         (stage.source / f"{DEV_SERVER_NOTE}.py").write_text(note)
-        # At the start, `agent` is the module just loaded (or, where it did not load, the
-        # stand-in: describe_agent said why, and the Worker will say it to each request).
-        edited = load_agent(agent_file, PROJECT / "src", packages) if started else agent
+        # At the start, `agent` is the modules just loaded (without those that did not:
+        # describe_agent said why, and the Worker will say it to each of their requests).
+        files = agent_files(agent_file, agents_dir)
+        edited = load_served(files, PROJECT / "src", packages) if started else agent
+        if started and edited.failures:  # an edit that breaks one: the Worker stays as it is
+            raise SystemExit("; ".join(edited.failures.values()))
         if (edited.settings, tuple(edited.dev_stubs)) != names:
             say("the agent's SETTINGS or DEV_STUBS changed: they are passed from the next start")
         copied = dev_config(config, config_file, stage.main, secrets)
@@ -413,7 +427,8 @@ def serve_kit(
         fail(f"cannot stage the Worker: {exc}")
     started = True
     stage.sync()
-    stage.follow([PROJECT / "src", agent_file, config_file, VENDOR_STAMP], rebuild, say)
+    watched = [PROJECT / "src", agent_file, agents_dir, config_file, VENDOR_STAMP]
+    stage.follow(watched, rebuild, say)
     return copy
 
 
@@ -521,11 +536,12 @@ class Worker:
     config: dict[str, Any]
     main_module: Path
     is_kit: bool
-    agent_file: Path | None
-    agent: Any  # the AgentModule of agent_file; None for another Worker
+    agent_file: Path | None  # the default agent's module (it may not exist: agents_dir only)
+    agent: ServedModules | None  # the agent modules, loaded; None for another Worker
     dev_vars_file: Path
     dev_vars: dict[str, str]
     settings: dict[str, Setting]
+    agents_dir: Path | None = None  # the folder of the other agent modules (src/agents/)
 
 
 @dataclass(frozen=True, slots=True)
@@ -564,6 +580,7 @@ def parse_options(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path)
     parser.add_argument("--dev-vars", type=Path)
     parser.add_argument("--agent", type=Path)
+    parser.add_argument("--agents", type=Path)
     parser.add_argument("--migrate-only", action="store_true")
     options = parser.parse_args(argv)
     if not 0 <= options.port <= 65535:
@@ -590,19 +607,37 @@ def read_worker(options: argparse.Namespace, config_file: Path, config: dict[str
     dev_vars = read_dotenv(dev_vars_file.resolve())
     main_module = (config_file.parent / config["main"]).resolve()
     is_kit = config_file.parent == PROJECT and main_module.parent == PROJECT / "build" / "worker"
-    agent_file = (options.agent or PROJECT / "src" / "agent.py").resolve() if is_kit else None
-    if options.agent is not None and not is_kit:
-        fail("--agent: only this kit's Worker serves an agent module")
-    if agent_file is not None and (agent_file.suffix != ".py" or not agent_file.is_file()):
-        fail(f"--agent: no Python file at {agent_file}")
-    agent = describe_agent(agent_file) if agent_file is not None else None
-    names = [*KIT_SETTINGS, *(agent.settings + tuple(agent.dev_stubs) if agent else ())]
+    agent_file, agents_dir = agent_paths(options, is_kit)
+    agent = describe_agent(agent_file, agents_dir) if is_kit else None
+    if agent is not None and not agent.files:
+        fail("no agent module: write src/agent.py (the default agent) or src/agents/<name>.py")
+    try:
+        names = [*KIT_SETTINGS, *(agent.settings + tuple(agent.dev_stubs) if agent else ())]
+    except Exception as exc:  # two modules' DEV_STUBS differ on a setting
+        fail(str(exc))
     settings = read_settings(config, dev_vars, names)
     return Worker(
         config_file=config_file, config=config, main_module=main_module, is_kit=is_kit,
         agent_file=agent_file, agent=agent, dev_vars_file=dev_vars_file, dev_vars=dev_vars,
-        settings=settings,
+        settings=settings, agents_dir=agents_dir,
     )  # fmt: skip
+
+
+def agent_paths(options: argparse.Namespace, is_kit: bool) -> tuple[Path | None, Path | None]:
+    """The default agent's module (--agent, else src/agent.py, which may not exist) and the
+    folder of the others (--agents, else src/agents/); none for another Worker."""
+    if not is_kit:
+        for option, given in (("--agent", options.agent), ("--agents", options.agents)):
+            if given is not None:
+                fail(f"{option}: only this kit's Worker serves agent modules")
+        return None, None
+    agent_file = (options.agent or PROJECT / "src" / "agent.py").resolve()
+    agents_dir = (options.agents or PROJECT / "src" / "agents").resolve()
+    if options.agent is not None and (agent_file.suffix != ".py" or not agent_file.is_file()):
+        fail(f"--agent: no Python file at {agent_file}")
+    if options.agents is not None and not agents_dir.is_dir():
+        fail(f"--agents: no folder at {agents_dir}")
+    return agent_file, agents_dir
 
 
 def check_turns_can_run(worker: Worker, origin: str) -> None:
@@ -611,11 +646,12 @@ def check_turns_can_run(worker: Worker, origin: str) -> None:
     if worker.agent is None:
         return
     placeholder = with_defaults(worker.settings, worker.agent, origin)
-    failure = model_failure(
-        worker.agent, placeholder, worker.config, worker.dev_vars_file
-    ) or toolset_failure(worker.agent, placeholder, worker.config_file, worker.dev_vars_file)
-    if failure:
-        fail(failure)
+    for agent in worker.agent.modules.values():
+        failure = model_failure(
+            agent, placeholder, worker.config, worker.dev_vars_file
+        ) or toolset_failure(agent, placeholder, worker.config_file, worker.dev_vars_file)
+        if failure:
+            fail(failure)
 
 
 def compatibility_flags(config_file: Path, config: Mapping[str, Any], bundle: str) -> list[str]:
@@ -698,21 +734,29 @@ def stage_worker(
         PROJECT, worker.main_module, limits.limits, worker.is_kit, persist, preload
     )
     atexit.register(stage.close)  # also on fail() and SIGTERM (sys.exit)
-    if worker.agent_file is None:
+    if worker.agent is None:
         return stage, worker.config_file
     given = env_file_settings(with_defaults(worker.settings, worker.agent, "http://127.0.0.1"))
-    copy = serve_kit(
-        stage, worker.config_file, worker.agent_file, worker.agent, list(given), venv_packages
-    )
+    copy = serve_kit(stage, worker.config_file, worker, list(given), venv_packages)
     return stage, copy
+
+
+def build_env(worker: Worker) -> dict[str, str]:
+    """What scripts/build_worker.py is told of the agent modules: the default one's file
+    (where it exists) and the folder of the others."""
+    if worker.agent_file is None or worker.agents_dir is None:
+        return {}
+    found = {"DURABLE_AGENTS_AGENTS": str(worker.agents_dir)}
+    if worker.agent_file.is_file():
+        found["DURABLE_AGENTS_AGENT"] = str(worker.agent_file)
+    return found
 
 
 def wrangler_env(worker: Worker, bundle: str, stage: dev_limits.Stage | None) -> dict[str, str]:
     """The environment `wrangler dev` runs in: this process's, without colours, with the
     agent file (for scripts/build_worker.py), the baseline snapshot workerd loads and the
     staging folder."""
-    extra = {"DURABLE_AGENTS_AGENT": str(worker.agent_file)} if worker.agent_file else {}
-    return node_env({**extra, **snapshot_env(bundle), **(stage.env() if stage else {})})
+    return node_env({**build_env(worker), **snapshot_env(bundle), **(stage.env() if stage else {})})
 
 
 def snapshot_env(bundle: str) -> dict[str, str]:
@@ -910,7 +954,7 @@ def run_wrangler_dev(
     origin = f"http://{launch.host}:{port}"
     agent = worker.agent
     served = with_defaults(worker.settings, agent, origin) if agent is not None else worker.settings
-    notes = settings_notes(served, agent) if agent is not None else []
+    notes = [*settings_notes(served, agent), *agent.paths(origin)] if agent is not None else []
     env_file = write_env_file(launch.persist, served, worker.config_file)
     args = [
         "dev", *launch.script, "--config", str(launch.wrangler_config), "--ip", options.ip,

@@ -44,8 +44,8 @@ OFF_ENV = "DURABLE_AGENTS_DEV_SNAPSHOT"
 FILE = "snapshot.bin"  # the name workerd saves it under, in --python-snapshot-dir
 CLOSE_WAIT_S = 30
 KEPT = 3  # snapshots kept in the cache (~23 MB each), the newest
-# The entry's imports not preloaded: the agent, the dev server's note (staged per agent).
-NOT_PRELOADED = ("agent", "_durable_agents_dev", "__future__")
+# The entry's imports not preloaded: the agents, the dev server's note (staged per agent).
+NOT_PRELOADED = ("agent", "agents", "_durable_agents_dev", "__future__")
 
 
 def enabled(is_kit: bool, bundle: str, staged: bool) -> bool:

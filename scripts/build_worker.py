@@ -13,8 +13,11 @@ testing kit, the CLI, the SQLite store and `durable_agents.egg-info/`.
 
 What is staged: `src/entry.py` and every module of `src/` it imports,
 directly or through others (`import agent` brings `src/agent.py` and what
-it imports), following every `import` statement, also inside functions (a
-Worker runs those too), except under `if TYPE_CHECKING:`; each package's
+it imports), and each agent module of `src/agents/` (the Worker imports those by the
+folder's listing: `durable_agents.cloudflare.served_agents`) with what it imports, the
+folder as a package (an empty `__init__.py` where it has none); following every
+`import` statement, also inside functions (a Worker runs those too), except under
+`if TYPE_CHECKING:`; each package's
 `__init__.py` comes along. A module that does not parse is staged as it is, its
 imports not followed: the Worker's import of it fails, naming the line. Left out
 even when a module names them: the CPython-only modules in `CPYTHON_ONLY`,
@@ -243,12 +246,41 @@ def agent_override() -> dict[str, Path]:
     return {"agent": Path(agent).resolve()} if agent else {}
 
 
+# The agent modules' package: src/agents/, or the folder DURABLE_AGENTS_AGENTS names (the
+# dev server's `--agents DIR`), served at /agents/<file's stem>/sessions/...
+AGENTS = "agents"
+AGENTS_OVERRIDE = "DURABLE_AGENTS_AGENTS"
+
+
+def agents_folder(src: Path = SRC) -> Path:
+    """The folder of the agent modules to stage: DURABLE_AGENTS_AGENTS's, else src/agents/."""
+    folder = os.environ.get(AGENTS_OVERRIDE)
+    return Path(folder).resolve() if folder else src / AGENTS
+
+
+def agent_modules(folder: Path) -> dict[str, Path]:
+    """Every `*.py` file of `folder` (not its sub-folders), by module name (`agents.<stem>`;
+    the package itself by its `__init__.py`). A stem that is no agent's name is staged too:
+    the Worker refuses it at start, naming the file (`served_agents.check_served_name`)."""
+    if not folder.is_dir():
+        return {}
+    found = {f"{AGENTS}.{p.stem}": p for p in sorted(folder.glob("*.py")) if p.stem != "__init__"}
+    if (folder / "__init__.py").is_file():
+        found[AGENTS] = folder / "__init__.py"
+    return found
+
+
 def worker_modules(src: Path = SRC, roots: tuple[str, ...] = ROOTS) -> dict[str, Path]:
-    """The modules of `src` the Worker's `roots` import, transitively, minus CPYTHON_ONLY."""
-    available = {**source_modules(src), **agent_override()}
+    """The modules of `src` the Worker's `roots` import, transitively, minus CPYTHON_ONLY;
+    with each agent module of `agents_folder(src)` among the roots."""
+    modules = source_modules(src)
+    if os.environ.get(AGENTS_OVERRIDE):  # another folder's agents, not src/agents/'s
+        modules = {n: p for n, p in modules.items() if not _within(n, (AGENTS,))}
+    agents = agent_modules(agents_folder(src))
+    available = {**modules, **agents, **agent_override()}
     known = KnownImports()
     wanted: dict[str, Path] = {}
-    queue = list(roots)
+    queue = [*roots, *sorted(agents)]
     while queue:
         name = queue.pop()
         if name in wanted or _excluded(name):
@@ -322,6 +354,8 @@ def _replace(out: Path, modules: dict[str, Path], extra: Path | None, bare: bool
             target = staging / _module_file(name, path)
             target.parent.mkdir(parents=True, exist_ok=True)
             _copy(path, target, bare and _within(name, KIT))
+        if AGENTS not in modules and any(_within(n, (AGENTS,)) for n in modules):
+            (staging / AGENTS / "__init__.py").write_text("")  # src/agents/ as a package
         for target_name, path in data_files(modules).items():
             (staging / target_name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, staging / target_name)

@@ -1,24 +1,22 @@
 """The deployable Worker: a thin shell over `durable_agents.cloudflare.app`'s two halves.
 
     HTTP -> Default.fetch         auth, route, validate (routes.handle_request)
-         -> env.SESSIONS.getByName(name)     one Durable Object per session name
+         -> env.SESSIONS.getByName(name)     one Durable Object per session ("<agent>:<name>")
          -> AgentSession.fetch    one turn at a time; run() on D1 (session_object.serve_session)
             AgentSession.alarm    resumes a turn a reset cut short, fires schedules
                                   (turns.serve_alarm, see durable_agents.cloudflare.alarms)
 
-The session id is the Durable Object's id (`ctx.id.toString()`, 64 hex
-chars); the history lives in D1 (`env.DB`), so any object, on any machine,
-can resume it.
+The session id is the Durable Object's id (`ctx.id.toString()`, 64 hex chars); the
+history lives in D1 (`env.DB`), so any object, on any machine, can resume it.
 
-The agent is not here: it is `src/agent.py` (AGENT, make_deps(env, http),
-optionally make_llm(env), SETTINGS, DEV_STUBS; see
-`durable_agents.cloudflare.agent_module`). Edit that file, not this one. One that
-does not load stops a deployed Worker at start (Cloudflare refuses the upload); under
-the dev server the Worker answers every request with its error instead (`serve_agent`).
+The agents are not here: the default one is `src/agent.py` (AGENT, make_deps(env, http),
+optionally make_llm(env), SETTINGS, DEV_STUBS: `durable_agents.cloudflare.agent_module`);
+each module of `src/agents/` is one more, at /agents/<its file's name>/sessions/...
+(`served_agents`). Edit those, not this. One that does not load stops a deployed Worker at
+start (Cloudflare refuses the upload); under the dev server its routes answer its error.
 
-This module is the only one (with the D1 store) that touches the Workers
-runtime; it imports `workers`, so it runs inside a Python Worker (or the
-local runtime, `scripts/dev`), not on plain CPython.
+This module is the only one (with the D1 store) that touches the Workers runtime; it
+imports `workers`, so it runs inside a Python Worker (or `scripts/dev`), not on CPython.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from urllib.parse import urlsplit
 from workers import DurableObject, Response, WorkerEntrypoint
 
 from durable_agents.cloudflare import d1_store
-from durable_agents.cloudflare.agent_module import serve_agent
 from durable_agents.cloudflare.alarms import ObjectAlarm, self_resume_seconds
 from durable_agents.cloudflare.app import (
     SSE_HEADERS,
@@ -48,6 +45,7 @@ from durable_agents.cloudflare.app import (
     session_stores,
 )
 from durable_agents.cloudflare.js_streams import keep_running, readable_stream
+from durable_agents.cloudflare.served_agents import ObjectAgent, serve_agents
 
 _BODYLESS = frozenset({"GET", "HEAD"})
 
@@ -58,9 +56,10 @@ def _import_agent() -> Any:
     return agent
 
 
-# src/agent.py, checked; one that does not load (dev server only): the error for each request
-SERVED, _NOT_LOADED = serve_agent(_import_agent, __file__)
-NOT_LOADED = error_reply(500, "agent-not-loaded", _NOT_LOADED) if _NOT_LOADED else None
+# src/agent.py and src/agents/*.py, checked; where none loads (dev server only): the error
+SERVED = serve_agents(__file__, _import_agent)
+_NONE_LOADED = SERVED.none_loaded
+NOT_LOADED = error_reply(500, "agent-not-loaded", _NONE_LOADED) if _NONE_LOADED else None
 
 
 def _response(reply: Reply) -> Any:
@@ -100,6 +99,7 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
                 dev_stubs=SERVED.dev_stubs,
                 query=url.query,
                 sessions=lambda: d1_store(self.env.DB),
+                served=SERVED,
             )
         except Exception as exc:  # a bug: still answer JSON
             reply = internal_error(exc, "the Worker")
@@ -148,6 +148,7 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
         self.alarm_state = ObjectAlarm(
             storage_of=lambda: self.ctx.storage, watch_seconds=self_resume_seconds(env)
         )
+        self.agent = ObjectAgent(lambda: self.ctx.storage)  # which agent its alarm serves
 
     async def fetch(self, request: Any) -> Any:
         try:
@@ -156,20 +157,25 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             return _response(error_reply(400, "invalid-command", str(exc)))
         # A turn the instance before this one left unfinished goes on first.
         await resume_left_turn(self.alarm_state)
-        return _response(await self.serve(command, plan_budget(self.env)))
+        agent = await self.agent.of(command.agent)
+        return _response(await self.serve(command, plan_budget(self.env), agent))
 
     async def alarm(self, *info: Any) -> None:
         """The object's alarm: resume a turn left unfinished, fire due schedules."""
-        if NOT_LOADED is not None:  # again in 30 s: a fixed agent module may have loaded
+        agent = await self.agent.remembered()
+        if SERVED.module(agent) is None:  # again in 30 s: a fixed agent module may have loaded
             await self.ctx.storage.setAlarm(self.alarm_state.now_ms() + 30_000)
             return
         store, _ = session_stores(self.env, self.ctx.storage)
         session_id = str(self.ctx.id.toString())
         spent = plan_budget(self.env)  # one budget for all the alarm's turns
         await serve_alarm(session_id, store, self.live, self.alarm_state,
-                          lambda command: self.serve(command, spent))  # fmt: skip
+                          lambda command: self.serve(command, spent, agent))  # fmt: skip
 
-    async def serve(self, command: Command, budget: Any = None) -> Reply:
+    async def serve(self, command: Command, budget: Any = None, agent: str | None = None) -> Reply:
+        served = SERVED.module(agent)  # None: its module does not load (dev server only)
+        if served is None:
+            return error_reply(500, "agent-not-loaded", SERVED.failures.get(agent, str(agent)))
         store, index = session_stores(self.env, self.ctx.storage)  # SESSION_STORE
         return await serve_session(
             command,
@@ -178,13 +184,13 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             index=index,
             env=self.env,
             live=self.live,
-            agent=SERVED.agent,
-            make_deps=SERVED.make_deps,
-            make_llm=SERVED.make_llm,
+            agent=served.agent,
+            make_deps=served.make_deps,
+            make_llm=served.make_llm,
             keep_alive=self.keep_alive,
             alarm=self.alarm_state,
             budget=budget,
-            settings=SERVED.settings,
+            settings=served.settings,
         )
 
     def keep_alive(self, task: Any) -> None:

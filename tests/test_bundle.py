@@ -363,3 +363,44 @@ def test_build_worker_follows_every_import_but_type_checking_and_cpython_only(
     modules = [str(path.relative_to(tmp_path)) for path in staged.values()]
     data = ["durable_agents/cloudflare/page.html", "durable_agents/stores/migrations/0001_init.sql"]
     assert written == sorted([*modules, *data])
+
+
+def test_build_worker_stages_each_agent_module_as_a_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Worker imports src/agents/*.py by the folder's listing (served_agents), not by an
+    # import statement: each is a root, with what it imports; the folder a package.
+    monkeypatch.delenv(build_worker.AGENTS_OVERRIDE, raising=False)
+    monkeypatch.delenv("DURABLE_AGENTS_AGENT", raising=False)
+    files = {
+        "entry.py": "import agent\n",
+        "agent.py": "",
+        "agents/refunds.py": "from helpers import money\n",
+        "agents/research.py": "",
+        "agents/Bad-Name.py": "",  # staged: the Worker refuses it at start, naming it
+        "agents/notes/todo.py": "",  # not an agent module (a sub-folder)
+        "helpers/__init__.py": "",
+        "helpers/money.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    staged = build_worker.stage(tmp_path / "out", tmp_path)
+    assert set(staged) == {
+        "entry", "agent", "agents.refunds", "agents.research", "agents.Bad-Name", "helpers",
+        "helpers.money",
+    }  # fmt: skip
+    out = tmp_path / "out"
+    assert (out / "agents" / "__init__.py").read_text() == ""  # none in src/agents/: made
+    assert (out / "agents" / "refunds.py").is_file()
+    assert (out / "agents" / "Bad-Name.py").is_file()
+    # The dev server's --agents DIR: that folder's modules instead of src/agents/'s.
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "__init__.py").write_text("# mine\n")
+    (other / "support.py").write_text("")
+    monkeypatch.setenv(build_worker.AGENTS_OVERRIDE, str(other))
+    staged = build_worker.stage(tmp_path / "out", tmp_path)
+    assert {n for n in staged if n.startswith("agents")} == {"agents", "agents.support"}
+    assert (out / "agents" / "__init__.py").read_text() == "# mine\n"
+    assert not (out / "agents" / "refunds.py").exists()

@@ -163,3 +163,33 @@ def test_wrangler_secret_names_in_a_secrets_file(deploy_check: ModuleType, tmp_p
     file.write_text("[1, 2]")
     with pytest.raises(ValueError, match="not a JSON object"):
         deploy_check.secrets_file_names(file)
+
+
+def test_every_agent_module_is_checked_and_a_bad_one_refused(
+    deploy_check: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    args = project(tmp_path, "demo")
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    monkeypatch.delitem(sys.modules, "agents.refunds", raising=False)
+    refunds = AGENT.replace('"checked"', '"refunds"').replace('"ORDERS_API_KEY"', '"PAYMENTS_KEY"')
+    (agents / "refunds.py").write_text(refunds)
+    secrets = ["--secret", "API_TOKEN", "--secret", "ORDERS_API_KEY", "--secret", "MAIL_URL"]
+    # Its own stub for a setting the other module stubs too: the dev server serves one.
+    assert deploy_check.main([*args, "--agents", str(agents), "--offline", *secrets]) == 2
+    assert "both have a dev stub for ORDERS_API_URL, and not the same one" in (
+        capsys.readouterr().out
+    )
+    (agents / "refunds.py").write_text(refunds + "DEV_STUBS = {}\n")
+    assert deploy_check.main([*args, "--agents", str(agents), "--offline", *secrets]) == 1
+    out = capsys.readouterr().out
+    assert "agent checked, refunds (" in out
+    assert "check-deploy: no value on Cloudflare for PAYMENTS_KEY: set each" in out  # refunds'
+    # Two modules of one AGENT.name, a file name that is no agent's: refused (exit 2).
+    (agents / "refunds.py").write_text(AGENT)
+    (agents / "Bad-Name.py").write_text(AGENT.replace('"checked"', '"bad"'))
+    assert deploy_check.main([*args, "--agents", str(agents), "--offline", *secrets]) == 2
+    out = capsys.readouterr().out
+    assert "define one agent name, 'checked'" in out
+    assert "'Bad-Name' is not an agent's name" in out

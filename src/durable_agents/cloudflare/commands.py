@@ -40,6 +40,7 @@ __all__ = [
     "MAX_VIEW_LIMIT",
     "REQUEST_KEY",
     "SCHEDULE_ID",
+    "SERVED_NAME",
     "SESSION_NAME",
     "TOOL_CALL_ID",
     "VIEW_LIMIT",
@@ -63,6 +64,8 @@ __all__ = [
 ]
 
 SESSION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A served agent's name: its module's stem in src/agents/ (served_agents.py).
+SERVED_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 REQUEST_KEY = re.compile(r"[!-~]{1,255}")  # printable ASCII, as Stripe-style keys are
 TOOL_CALL_ID = CALL_ID  # every id the kit stores for a call (run() gives others its own)
 SCHEDULE_ID = re.compile(r"[A-Za-z0-9_.:~-]{1,100}")
@@ -73,6 +76,7 @@ MAX_AGENT_DEPTH = 100  # a child turn's depth: agent_tool(max_depth=) stops loop
 VIEW_LIMIT, MAX_VIEW_LIMIT = 100, 500
 
 SessionName = Annotated[StrictStr, matching(SESSION_NAME, "session-name")]
+ServedName = Annotated[StrictStr, matching(SERVED_NAME, "served-name")]
 RequestKey = Annotated[StrictStr, matching(REQUEST_KEY, "request-key")]
 CallId = Annotated[StrictStr, matching(TOOL_CALL_ID, "tool-call-id")]
 ScheduleId = Annotated[StrictStr, matching(SCHEDULE_ID, "schedule-id")]
@@ -80,7 +84,8 @@ Position = Annotated[StrictInt, Field(ge=0, le=MAX_BOUND_INT)]  # a message's pl
 
 
 class Command(BaseModel):
-    """One command to a session's object; `name` is the session's name as the client gave it.
+    """One command to a session's object; `name` is the session's name as the client gave it,
+    `agent` the served agent's (`/agents/{agent}/sessions/...`; None: the default agent's).
 
     `Command("message", "hi", "key-1", stream=True)` builds the union's member for
     that action (`SendMessage(message="hi", request_key="key-1", stream=True)`), and
@@ -91,6 +96,7 @@ class Command(BaseModel):
 
     action: str  # each member's own: the discriminator
     name: SessionName | None = None
+    agent: ServedName | None = None
 
     def __new__(cls, *args: Any, **fields: Any) -> Command:
         if cls is not Command:

@@ -42,6 +42,7 @@ from .commands import (
 from .config import ApiSettings
 from .dev_stubs import serve_dev_stub
 from .routing import SESSION_TOKEN, Dispatch, Request, Route, forwarding, route_for
+from .served_agents import ServedAgents
 from .tokens import mint_session_token
 from .wire import HTML_HEADERS, Reply, error_for, error_reply
 
@@ -125,12 +126,16 @@ async def mint_token(request: Request) -> Reply:
     if isinstance(body, Reply):
         return body
     expires_at = int(request.now) + body.ttl_seconds
-    token = mint_session_token(secret, request.name, expires_at=expires_at)
-    return Reply(200, {"token": token, "expires_at": expires_at, "session": request.name})
+    token = mint_session_token(secret, request.name, expires_at=expires_at, agent=request.agent)
+    answer = {"token": token, "expires_at": expires_at, "session": request.name}
+    if request.agent is not None:  # the default agent's answer stays as it was
+        answer["agent"] = request.agent
+    return Reply(200, answer)
 
 
 async def list_sessions(request: Request) -> Reply:
-    """GET /sessions?limit=&cursor=: newest created first, one page."""
+    """GET /sessions?limit=&cursor=&agent=: newest created first, one page; of one served
+    agent's sessions under /agents/{agent}/sessions or with `?agent=`."""
     if request.sessions is None:
         return error_for(ConfigurationError("this Worker has no store to list sessions from"))
     params = urllib.parse.parse_qs(request.query)
@@ -139,8 +144,12 @@ async def list_sessions(request: Request) -> Reply:
         return error_reply(400, "invalid-request", f"limit must be a whole number 1 to {MAX_PAGE}")
     cursors = params.get("cursor")
     cursor = cursors[-1] if cursors else None
+    # Filtered only when asked: a Store of yours without the filter lists as it did.
+    wanted = {} if request.agent_name is None else {"agent_name": request.agent_name}
     try:
-        page = await request.sessions().list_sessions(limit=int(raw_limit), cursor=cursor or None)
+        page = await request.sessions().list_sessions(
+            limit=int(raw_limit), cursor=cursor or None, **wanted
+        )
     except DurableAgentsError as exc:
         return error_for(exc)
     return Reply(
@@ -184,6 +193,7 @@ async def handle_request(
     query: str = "",
     sessions: Callable[[], Store] | None = None,
     clock: Callable[[], float] = time.time,
+    served: ServedAgents | None = None,
 ) -> Reply:
     """Answer one HTTP request to the Worker.
 
@@ -195,7 +205,9 @@ async def handle_request(
     answer `/__dev/<NAME>/...` while the setting `DEV_STUBS` is "on". `query`
     is the URL's query string (without "?"). `sessions()` is the store that
     lists every session (`GET /sessions`; the Worker's D1). `clock` reads
-    Unix seconds, for session tokens.
+    Unix seconds, for session tokens. `served`: the agents the Worker serves
+    (`served_agents.serve_agents`); `/agents/{agent}/...` addresses one of them (None: the
+    default agent only, as a Worker of one agent).
     """
     if dev_stubs and path.startswith(DEV_STUB_PREFIX) and setting(env, "DEV_STUBS") == "on":
         return await serve_dev_stub(method, path, headers, body, dev_stubs, query)
@@ -209,12 +221,41 @@ async def handle_request(
     if isinstance(grant, Reply):
         return grant
     method = method.upper()
-    found = route_for(ROUTES, method, path, grant)
+    addressed = _addressed(served, path, query)
+    if isinstance(addressed, Reply):
+        return addressed
+    agent, routed, agent_name = addressed
+    found = route_for(ROUTES, method, routed, grant, agent)
     if isinstance(found, Reply):
         return found
     route, params = found
-    request = Request(method, path, params, headers, body, query, settings, now, dispatch, sessions)
+    request = Request(
+        method, path, params, headers, body, query, settings, now, dispatch, sessions,
+        agent, agent_name,
+    )  # fmt: skip
     return await route.handler(request)
+
+
+def _addressed(
+    served: ServedAgents | None, path: str, query: str
+) -> tuple[str | None, str, str | None] | Reply:
+    """The served agent `path` addresses (None: the default), the path its routes see, and
+    the AGENT.name a listing is filtered by (`/agents/{agent}/sessions`, `?agent=`)."""
+    if served is None:  # a Worker of the default agent only
+        return None, path, None
+    addressed = served.address(path)
+    if isinstance(addressed, Reply):
+        return addressed
+    agent, routed = addressed
+    if routed not in ("/sessions", "/sessions/"):
+        return agent, routed, None
+    wanted = agent
+    if agent is None:
+        asked = urllib.parse.parse_qs(query).get("agent")
+        wanted = asked[-1] if asked else None
+        if wanted is not None and not served.serves(wanted):
+            return served.unknown(wanted)
+    return agent, routed, None if wanted is None else served.agent_name(wanted) or wanted
 
 
 def _api_settings(env: Any) -> ApiSettings | Reply:

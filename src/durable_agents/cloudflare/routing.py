@@ -43,6 +43,8 @@ class Request:
     now: float  # Unix seconds, read once
     dispatch: Dispatch
     sessions: Callable[[], Store] | None = None
+    agent: str | None = None  # the served agent of /agents/{agent}/...; None: the default
+    agent_name: str | None = None  # its AGENT.name (what the sessions table holds)
 
     @property
     def name(self) -> str:
@@ -61,12 +63,19 @@ class Request:
         )
         return data if isinstance(data, Reply) else body_of(model, data)
 
+    @property
+    def object_name(self) -> str:
+        """The name of the session's Durable Object (`served_agents.object_name`)."""
+        return self.name if self.agent is None else f"{self.agent}:{self.name}"
+
     async def forward(self, command: Command) -> Reply:
-        """Send `command` to the session's Durable Object; its answer is the reply."""
+        """Send `command` to the session's Durable Object; its answer is the reply. The
+        command names the session and, of a served agent's, the agent."""
+        update = {"name": self.name, "agent": self.agent}
         try:
-            return await self.dispatch(self.name, command.model_copy(update={"name": self.name}))
+            return await self.dispatch(self.object_name, command.model_copy(update=update))
         except Exception as exc:
-            return internal_error(exc, f"session {self.name!r}")
+            return internal_error(exc, f"session {self.object_name!r}")
 
 
 Handler = Callable[[Request], Awaitable[Reply]]
@@ -107,11 +116,12 @@ class Route:
 
 
 def route_for(
-    routes: Sequence[Route], method: str, path: str, grant: Grant
+    routes: Sequence[Route], method: str, path: str, grant: Grant, agent: str | None = None
 ) -> tuple[Route, dict[str, str]] | Reply:
     """The route that answers `method` on `path` for `grant`, with its parameters; or what
     the table answers instead: 404 (no such path), 405 (with Allow), 400 (a bad session
-    name), 403 (a session token out of its scope)."""
+    name), 403 (a session token out of its scope). `agent`: the served agent whose routes
+    `path` is under (`/agents/{agent}` taken off it), None for the default agent's."""
     matching = [(r, p) for r in routes if (p := r.params(path)) is not None]
     if not matching:
         return _not_found(routes, path)
@@ -126,7 +136,9 @@ def route_for(
             "invalid-session-name",
             "a session name is 1 to 64 characters from A-Z, a-z, 0-9, '_' and '-'",
         )
-    refused = _out_of_scope(route, grant, params.get("name"), method, path)
+    name = params.get("name")
+    scope = name if name is None or agent is None else f"{agent}:{name}"
+    refused = _out_of_scope(route, grant, scope, method, path)
     return found if refused is None else refused
 
 
@@ -156,7 +168,7 @@ def _out_of_scope(
         return None
     if name is None:
         return forbidden(route.what)
-    if grant != name:
+    if grant != name:  # a session's object name: `<agent>:<name>` for a served agent's
         return forbidden(f"session {name!r} (the token grants session {grant!r} only)")
     if route.access != SESSION_TOKEN:
         return forbidden(f"{method} {path} (a session token talks and reads only)")

@@ -11,7 +11,12 @@ from collections.abc import Sequence
 
 from ..errors import InvalidCursorError
 from ._limits import MAX_BOUND_INT, Statement, bound_limit
-from ._statements import LIST_FIRST_SESSIONS, LIST_SESSIONS
+from ._statements import (
+    LIST_AGENT_SESSIONS,
+    LIST_FIRST_AGENT_SESSIONS,
+    LIST_FIRST_SESSIONS,
+    LIST_SESSIONS,
+)
 from .base import SessionInfo
 
 # Above every stored (created_at, id), for the in-memory store (the SQL stores
@@ -20,13 +25,18 @@ from .base import SessionInfo
 _FIRST_PAGE: tuple[int, str] = (MAX_BOUND_INT + 1, "\U0010ffff")
 
 
-def list_statement(cursor: str | None, limit: int) -> Statement:
+def list_statement(cursor: str | None, limit: int, agent_name: str | None = None) -> Statement:
     """The statement of one `list_sessions` page: `limit + 1` rows (one more tells
-    whether a next page exists), after `cursor`'s keys, or from the newest."""
+    whether a next page exists), after `cursor`'s keys, or from the newest; only the
+    sessions of `agent_name` when given."""
     fetch = min(bound_limit(limit), MAX_BOUND_INT - 1) + 1
     if cursor is None:
+        if agent_name is not None:
+            return LIST_FIRST_AGENT_SESSIONS, (agent_name, fetch)
         return LIST_FIRST_SESSIONS, (fetch,)
     created_at, last_id = decode_cursor(cursor)
+    if agent_name is not None:
+        return LIST_AGENT_SESSIONS, (agent_name, created_at, last_id, fetch)
     return LIST_SESSIONS, (created_at, last_id, fetch)
 
 

@@ -89,6 +89,15 @@ LIST_SESSIONS = (
 LIST_FIRST_SESSIONS = (
     f"SELECT {SESSION_COLUMNS} FROM agent_sessions ORDER BY created_at DESC, id DESC LIMIT ?"
 )
+# The same, of one agent's sessions (by agent_name): a Worker serving several agents.
+LIST_AGENT_SESSIONS = (
+    f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE agent_name = ? AND "
+    "(created_at, id) < (?, ?) ORDER BY created_at DESC, id DESC LIMIT ?"
+)
+LIST_FIRST_AGENT_SESSIONS = (
+    f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE agent_name = ? "
+    "ORDER BY created_at DESC, id DESC LIMIT ?"
+)
 FIND_SESSIONS = (
     f"SELECT {SESSION_COLUMNS} FROM agent_sessions WHERE name = ? ORDER BY created_at DESC, id DESC"
 )

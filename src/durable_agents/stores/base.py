@@ -231,7 +231,9 @@ class Store(Protocol):
         """The session's summary row (no messages), or None if it was never written."""
         ...
 
-    async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
+    async def list_sessions(
+        self, *, limit: int = 50, cursor: str | None = None, agent_name: str | None = None
+    ) -> SessionPage:
         """Up to `limit` sessions, newest created first (by created_at, then id,
         both descending), after `cursor` (a `next_cursor` of the page before).
 
@@ -239,6 +241,7 @@ class Store(Protocol):
         session that existed when paging began exactly once (sessions created
         meanwhile may or may not appear). Raises `InvalidCursorError` for a
         cursor the store did not hand out, `ConfigurationError` for `limit < 1`.
+        With `agent_name`, only the sessions of that agent (`Agent.name`, as stored).
         """
         ...
 

@@ -232,8 +232,10 @@ class D1Store:
         )
         return _rows.row_session_info(rows[0]) if rows else None
 
-    async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
-        rows = await self._read(*_paging.list_statement(cursor, limit), "list sessions")
+    async def list_sessions(
+        self, *, limit: int = 50, cursor: str | None = None, agent_name: str | None = None
+    ) -> SessionPage:
+        rows = await self._read(*_paging.list_statement(cursor, limit, agent_name), "list sessions")
         return SessionPage(*_paging.page_of([_rows.row_session_info(r) for r in rows], limit))
 
     async def find_sessions(self, name: str) -> list[SessionInfo]:

@@ -216,12 +216,16 @@ class MemoryStore:
         session = self._sessions.get(session_id)
         return self._info(session_id, session) if session else None
 
-    async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
+    async def list_sessions(
+        self, *, limit: int = 50, cursor: str | None = None, agent_name: str | None = None
+    ) -> SessionPage:
         check_limit(limit)
         after = decode_cursor(cursor)
         infos = [
             self._info(sid, s) for sid, s in self._sessions.items() if (s.created_at, sid) < after
         ]
+        if agent_name is not None:
+            infos = [info for info in infos if info.agent_name == agent_name]
         infos.sort(key=lambda info: (info.created_at, info.id), reverse=True)
         return SessionPage(*page_of(infos[: limit + 1], limit))
 

@@ -157,8 +157,10 @@ class SQLiteStore:
         )
         return _rows.row_session_info(row) if row else None
 
-    async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
-        sql, params = _paging.list_statement(cursor, limit)
+    async def list_sessions(
+        self, *, limit: int = 50, cursor: str | None = None, agent_name: str | None = None
+    ) -> SessionPage:
+        sql, params = _paging.list_statement(cursor, limit, agent_name)
         rows = await self._call(lambda c: c.execute(sql, params).fetchall())
         return SessionPage(*_paging.page_of([_rows.row_session_info(r) for r in rows], limit))
 

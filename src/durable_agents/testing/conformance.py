@@ -260,6 +260,21 @@ async def list_sessions_newest_first(store: Store) -> None:
     assert page.sessions[2].message_count == 2
 
 
+async def listing_filters_by_agent(store: Store) -> None:
+    # One Worker, several agents: the listing of one agent's sessions (by agent_name).
+    for i, agent in enumerate(["support", "refunds", "support", None, "refunds", "support"]):
+        await store.append_messages_atomic(f"s{i}", 0, [Message.user("hi")], agent_name=agent)
+    page = await store.list_sessions(agent_name="support", limit=2)
+    assert [info.id for info in page.sessions] == ["s5", "s2"], page
+    assert page.next_cursor is not None
+    rest = await store.list_sessions(agent_name="support", limit=2, cursor=page.next_cursor)
+    assert ([info.id for info in rest.sessions], rest.next_cursor) == (["s0"], None), rest
+    refunds = await store.list_sessions(agent_name="refunds")
+    assert [info.id for info in refunds.sessions] == ["s4", "s1"], refunds
+    assert (await store.list_sessions(agent_name="nobody")).sessions == []
+    assert len((await store.list_sessions()).sessions) == 6
+
+
 async def session_names_are_stored_once(store: Store) -> None:
     await store.append_messages_atomic("id-1", 0, [Message.user("a")], session_name="alpha")
     # A later append's name is ignored: the name is the creating write's.
@@ -802,6 +817,7 @@ CHECKS: tuple[Check, ...] = (
     a_request_is_found_by_its_key,
     session_info_tracks_writes,
     list_sessions_newest_first,
+    listing_filters_by_agent,
     session_names_are_stored_once,
     usage_totals_are_summed_by_the_appends,
     listing_pages_by_cursor_newest_created_first,

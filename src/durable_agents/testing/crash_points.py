@@ -167,8 +167,11 @@ class CrashingStore:
     async def get_session(self, session_id: str) -> SessionInfo | None:
         return await self.inner.get_session(session_id)
 
-    async def list_sessions(self, *, limit: int = 50, cursor: str | None = None) -> SessionPage:
-        return await self.inner.list_sessions(limit=limit, cursor=cursor)
+    async def list_sessions(
+        self, *, limit: int = 50, cursor: str | None = None, agent_name: str | None = None
+    ) -> SessionPage:
+        wanted = {} if agent_name is None else {"agent_name": agent_name}
+        return await self.inner.list_sessions(limit=limit, cursor=cursor, **wanted)
 
     async def find_sessions(self, name: str) -> list[SessionInfo]:
         return await self.inner.find_sessions(name)

@@ -116,9 +116,10 @@ class DevWorker:
     """`scripts/dev` serving the project's Worker, with its own state directory.
 
     `agent`: an agent module file to serve instead of src/agent.py (`--agent`),
-    absolute or relative to the project. `settings`: added to wrangler.toml's
-    `[vars]`. `token`: the `API_TOKEN`, sent as `Authorization: Bearer` by
-    `post`/`get`/`request` unless they are given `token=`. `env`: extra
+    absolute or relative to the project. `agents`: a folder of agent modules to serve
+    instead of src/agents/'s (`--agents`), each at /agents/<its file's name>/sessions/...
+    `settings`: added to wrangler.toml's `[vars]`. `token`: the `API_TOKEN`, sent as
+    `Authorization: Bearer` by `post`/`get`/`request` unless they are given `token=`. `env`: extra
     environment variables for the server process. `port`: the port to serve on
     (`--port`; 0, the default: any free one, which `url` says once it is ready).
     `migrated_d1`: a state directory without D1 yet starts from a copy of the project's
@@ -131,6 +132,7 @@ class DevWorker:
     state_dir: Path
     settings: Mapping[str, str] = field(default_factory=dict)
     agent: str | Path | None = None
+    agents: str | Path | None = None
     token: str = "test-token"
     env: Mapping[str, str] = field(default_factory=dict)
     start_timeout: float = START_TIMEOUT_S
@@ -162,6 +164,8 @@ class DevWorker:
         ]  # fmt: skip
         if self.agent is not None:
             command += ["--agent", str(self.project / self.agent)]
+        if self.agents is not None:
+            command += ["--agents", str(self.project / self.agents)]
         self.url = ""
         started = time.perf_counter()
         self.process = subprocess.Popen(
