@@ -2,7 +2,8 @@
 
     HTTP -> Default.fetch         auth, route, validate (routes.handle_request)
          -> env.SESSIONS.getByName(name)     one Durable Object per session ("<agent>:<name>")
-         -> AgentSession.fetch    one turn at a time; run() on D1 (session_object.serve_session)
+         -> AgentSession.fetch    one turn at a time; run() on D1 (session_object.serve_session);
+                                  an agent tool's child turn: a command to the child's object
             AgentSession.alarm    resumes a turn a reset cut short, fires schedules
                                   (turns.serve_alarm, see durable_agents.cloudflare.alarms)
 
@@ -27,9 +28,9 @@ from urllib.parse import urlsplit
 from workers import DurableObject, Response, WorkerEntrypoint
 
 from durable_agents.cloudflare import d1_store
+from durable_agents.cloudflare.agent_calls import ObjectAgents
 from durable_agents.cloudflare.alarms import ObjectAlarm, self_resume_seconds
 from durable_agents.cloudflare.app import (
-    SSE_HEADERS,
     Command,
     LiveSession,
     Reply,
@@ -45,7 +46,12 @@ from durable_agents.cloudflare.app import (
     session_stores,
 )
 from durable_agents.cloudflare.js_streams import keep_running, readable_stream
-from durable_agents.cloudflare.served_agents import ObjectAgent, serve_agents
+from durable_agents.cloudflare.served_agents import (
+    ObjectAgent,
+    object_name,
+    send_to_object,
+    serve_agents,
+)
 
 _BODYLESS = frozenset({"GET", "HEAD"})
 
@@ -119,21 +125,7 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
                          body=Command("delete").to_json())  # fmt: skip
 
     async def to_session(self, name: str, command: Command) -> Reply:
-        stub = self.env.SESSIONS.getByName(name)
-        response = await stub.fetch(
-            "https://session.internal/command",
-            method="POST",
-            body=command.to_json(),
-            headers={"content-type": "application/json"},
-        )
-        content_type = str(response.headers.get("content-type") or "")
-        if content_type.startswith("text/event-stream"):
-            # passed through untouched: each event reaches the client as the object sends it
-            return Reply(int(response.status), None, SSE_HEADERS, stream=response.js_object.body)
-        if content_type.startswith("text/html"):  # the timeline page
-            return Reply(int(response.status), None, {"content-type": content_type},
-                         text=await response.text())  # fmt: skip
-        return Reply(int(response.status), await response.json())
+        return await send_to_object(self.env, name, command)
 
 
 class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ships no stubs
@@ -191,7 +183,13 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             alarm=self.alarm_state,
             budget=budget,
             settings=served.settings,
+            agents=ObjectAgents(SERVED.names, self.to_agent),
         )
+
+    async def to_agent(self, agent: str, name: str, command: Command) -> Reply:
+        """An agent tool's command to session `name` of agent `agent` (agent_calls.py)."""
+        command = command.model_copy(update={"name": name, "agent": agent})
+        return await send_to_object(self.env, object_name(agent, name), command)
 
     def keep_alive(self, task: Any) -> None:
         keep_running(self.ctx, task)  # a turn outlives its client (ctx.waitUntil)

@@ -22,6 +22,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
+from .. import budget
 from ..agent_tools import AgentTurn, AgentTurnOutcome
 from ..messages import Usage
 from .commands import Cancel, Command, Resume, SendMessage
@@ -63,6 +64,7 @@ class ObjectAgents:
     async def _until_cancelled(self, turn: AgentTurn, command: Command) -> Reply:
         """The child's reply to `command`; when the parent is cancelled meanwhile, the
         child is sent `Cancel` and its reply (its turn, stopped) is awaited all the same."""
+        budget.spend(subrequests=1)  # the parent's invocation's: one fetch to the child
         sent = asyncio.ensure_future(self._send(turn.agent, turn.session_name, command))
         if turn.cancel is None:
             return await sent

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import httpx
 
 from ..agent import Agent
+from ..agent_tools import AgentRunner
 from ..budget import InvocationBudget
 from ..llm.base import LLM
 from ..stores.base import Store
@@ -46,6 +47,7 @@ class ObjectContext:
     alarm: ObjectAlarm | None = None
     budget: InvocationBudget | None = None
     settings: Sequence[str] = ()
+    agents: AgentRunner | None = None  # who runs its agent tools' child turns
 
 
 CommandT = TypeVar("CommandT", bound=Command)

@@ -34,8 +34,8 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .agent_module import DEV_SERVER_NOTE, AgentModule, DevStub, import_agent
-from .commands import SERVED_NAME
-from .wire import Reply, error_reply
+from .commands import SERVED_NAME, Command
+from .wire import SSE_HEADERS, Reply, error_reply
 
 __all__ = [
     "AGENTS_PACKAGE",
@@ -50,6 +50,7 @@ __all__ = [
     "merged_settings",
     "module_names",
     "object_name",
+    "send_to_object",
     "serve_agents",
 ]
 
@@ -75,6 +76,27 @@ def object_name(agent: str | None, name: str) -> str:
     the default agent's, whose objects keep the session's name). `:` is outside the
     session-name alphabet, so no two agents' sessions share an object."""
     return name if agent is None else f"{agent}:{name}"
+
+
+async def send_to_object(env: Any, name: str, command: Command) -> Reply:
+    """`command` to the Durable Object named `name` (`object_name`) of `env.SESSIONS`; its
+    answer, the object's SSE passed through untouched (`src/entry.py`'s Worker and its
+    objects' agent tools send through it)."""
+    stub = env.SESSIONS.getByName(name)
+    response = await stub.fetch(
+        "https://session.internal/command",
+        method="POST",
+        body=command.to_json(),
+        headers={"content-type": "application/json"},
+    )
+    content_type = str(response.headers.get("content-type") or "")
+    if content_type.startswith("text/event-stream"):
+        # passed through untouched: each event reaches the client as the object sends it
+        return Reply(int(response.status), None, SSE_HEADERS, stream=response.js_object.body)
+    if content_type.startswith("text/html"):  # the timeline page
+        return Reply(int(response.status), None, {"content-type": content_type},
+                     text=await response.text())  # fmt: skip
+    return Reply(int(response.status), await response.json())
 
 
 def module_names(folder: str) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from ..agent import Agent
+from ..agent_tools import AgentRunner
 from ..budget import InvocationBudget
 from ..errors import DurableAgentsError, SessionNotFoundError
 from ..llm.base import LLM
@@ -64,6 +65,7 @@ async def serve_session(
     alarm: ObjectAlarm | None = None,
     budget: InvocationBudget | None = None,
     settings: Sequence[str] = (),
+    agents: AgentRunner | None = None,
 ) -> Reply:
     """Carry out a command in the session's Durable Object; never raises for expected errors.
 
@@ -89,10 +91,12 @@ async def serve_session(
     the turn ("deferred", HTTP 202) and the alarm goes on with it at once.
     `settings` names the agent module's settings (`SETTINGS`): with those its toolsets
     read, each turn's `RunContext.settings` holds their values from `env`.
+    `agents` runs the child turns of the agent's agent tools (`agent_calls.ObjectAgents`:
+    in the child sessions' own objects).
     """
     ctx = ObjectContext(
         session_id, store, env, live, agent, make_deps, make_llm, llm, http_client,
-        keep_alive, index, alarm, budget, settings,
+        keep_alive, index, alarm, budget, settings, agents,
     )  # fmt: skip
     handler = HANDLERS[type(command)]
     if command.runs_turn:  # its errors are its result's, answered by the turn itself

@@ -239,6 +239,7 @@ async def _run_turn(
                     if (value := setting(env, name)) is not None
                 },
                 http=client,
+                agents=ctx.agents,
             )
         reply = _result_reply(ctx.session_id, result)
         if depth:  # the parent's spend counts all its child session has used
