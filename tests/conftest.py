@@ -54,6 +54,7 @@ SLOW_FILES: Mapping[str, int] = {
     "tests/cloudflare/test_dev_server_model_hostile.py": 14,
     "tests/cloudflare/test_dev_server_agents.py": 25,
     "tests/cloudflare/test_dev_server_several_agents.py": 12,
+    "tests/cloudflare/test_dev_server_agent_tools.py": 26,
     "tests/test_check_agent.py": 14,
     "tests/runtime/test_d1_store.py": 13,
     "tests/test_add_package.py": 12,

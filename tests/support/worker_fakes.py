@@ -342,7 +342,8 @@ class PaymentsAPI:
     body), in `refund_requests`; a repeated Idempotency-Key gets the first refund back
     and refunds nothing more. With `hold` set, a refund's answer waits for `release`
     (the API got the request, sets `received`, and refunded; the Worker has no answer
-    yet). Any other path is 404."""
+    yet); a read of an order in `hold_reads` waits for `release` too, after setting
+    `read_received[order_id]`. Any other path is 404."""
 
     AMOUNT_CENTS = 4999
 
@@ -351,6 +352,8 @@ class PaymentsAPI:
         self.refunds: dict[str, dict[str, Any]] = {}  # by Idempotency-Key
         self.order_reads = 0
         self.hold = False
+        self.hold_reads: set[str] = set()
+        self.read_received: dict[str, threading.Event] = {}
         self.received = threading.Event()
         self.release = threading.Event()
         self._lock = threading.Lock()
@@ -379,6 +382,9 @@ class PaymentsAPI:
         self._thread.join()
 
     def order(self, order_id: str) -> dict[str, Any]:
+        if order_id in self.hold_reads:
+            self.read_received.setdefault(order_id, threading.Event()).set()
+            self.release.wait(60)
         with self._lock:
             self.order_reads += 1
             refunded = sum(

@@ -1,0 +1,147 @@
+"""An agent calling another agent as a tool, over HTTP on `scripts/dev` (real workerd,
+Pyodide, miniflare's D1, each session its own Durable Object), killed with SIGKILL.
+
+tests/agents/delegating/: `support` calls `refunds` (`agent_tool`); the refunds agent's
+`refund_order` reads the order, then POSTs the refund to a payments API faked on
+127.0.0.1 (`PaymentsAPI`), which counts the refunds by Idempotency-Key and holds a
+request when asked to. Three parent sessions are brought to three points and the server
+is killed once, with all three in flight:
+
+- "a": the child's write #1 has landed (its call is stored) and its handler waits on the
+  order's read: the refund was never sent;
+- "b": the child's refund is in flight (the API has it; the Worker has no answer);
+- "c": the child's turn is over, its final reply stored, while the parent's step still
+  runs its other call (a held read): the parent's result for the child is not stored.
+
+After the restart nothing is sent to them: each turn finishes by itself (the objects'
+alarms), and the refunds agent's turn of each ran once (one user message, with the
+parent call's idempotency key), each refund at most once ("a": none, "b" and "c": one),
+and the parent's history holds the child's answer as the call's result, not a
+tool-durability-error. Needs `scripts/setup-runtime`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.support.worker_fakes import PaymentsAPI, durable_object_id
+
+from durable_agents import idempotency_key
+from durable_agents.agent_tools import child_session_name
+from durable_agents.messages import tool_error
+from durable_agents.testing.worker import DevWorker, find_project
+
+pytestmark = pytest.mark.slow
+
+AGENTS = Path(__file__).parents[1] / "agents"
+WATCH_S = 2  # SELF_RESUME_SECONDS: a turn left unfinished is taken up this soon
+CALL = "call_refunds"  # the support agent's call of the refunds agent (its model's id)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevWorker, PaymentsAPI]]:
+    with PaymentsAPI() as api:
+        settings = {"PAYMENTS_API_URL": api.url, "SELF_RESUME_SECONDS": str(WATCH_S)}
+        with DevWorker(
+            find_project(Path(__file__).parent), tmp_path_factory.mktemp("agent-tools"),
+            settings=settings, agent=AGENTS / "echo.py", agents=AGENTS / "delegating",
+        ) as dev:  # fmt: skip
+            yield dev, api
+
+
+def parent_id(name: str) -> str:
+    return durable_object_id(f"support:{name}")
+
+
+def child_id(name: str) -> str:
+    return durable_object_id(f"refunds:{child_session_name(parent_id(name), CALL)}")
+
+
+def stored(worker: DevWorker, session_id: str) -> list[dict[str, Any]]:
+    """A session's messages as D1 holds them, read from its file (not through the object)."""
+    return worker.rows(
+        "SELECT role, content, tool_name, tool_calls, request_key FROM agent_messages "
+        f"WHERE session_id = '{session_id}' ORDER BY seq"
+    )
+
+
+def final(messages: list[dict[str, Any]]) -> bool:
+    return bool(messages) and messages[-1]["role"] == "assistant" and not messages[-1]["tool_calls"]
+
+
+def wait_for(check: Callable[[], Any], seconds: float, what: str) -> Any:
+    """`check()`'s first true value; a deadline far past what a loaded machine needs."""
+    deadline = time.monotonic() + seconds
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.3)
+    return value
+
+
+def test_a_kill_at_any_point_of_the_childs_turn_runs_it_once(
+    served: tuple[DevWorker, PaymentsAPI],
+) -> None:
+    worker, api = served
+    # A whole delegation first: the child's answer is the call's result.
+    done = worker.post("/agents/support/sessions/whole/messages", {"message": "refund W"})
+    assert done.status == 200, done.text
+    assert done.body["response"] == "support: refunds: refunded W"
+
+    # "c": the child's turn ends; the parent's other call (a read of Z) is held.
+    api.hold_reads = {"Z", "A"}
+    turns = [worker.start_post("/agents/support/sessions/c/messages",
+                               {"message": "refund C and check Z"})]  # fmt: skip
+    assert api.read_received.setdefault("Z", threading.Event()).wait(90), "Z was never read"
+    wait_for(lambda: final(stored(worker, child_id("c"))), 90, "the child's final reply of c")
+    # "b": the child's refund reaches the API, which holds its answer.
+    api.hold = True
+    turns.append(worker.start_post("/agents/support/sessions/b/messages", {"message": "refund B"}))
+    assert api.received.wait(90), "the refund of B never reached the API"
+    # "a": the child's call is stored; its handler waits on the order's read.
+    turns.append(worker.start_post("/agents/support/sessions/a/messages", {"message": "refund A"}))
+    assert api.read_received.setdefault("A", threading.Event()).wait(90), "A was never read"
+
+    before = {name: stored(worker, parent_id(name)) for name in "abc"}
+    worker.kill()
+    api.hold, api.hold_reads = False, set()
+    api.release.set()
+    for turn in turns:
+        with pytest.raises((OSError, http.client.HTTPException)):
+            turn.result(30)
+    # At the kill: each parent's step stored its calls and no result.
+    for name, messages in before.items():
+        assert [m["role"] for m in messages] == ["user", "assistant"], (name, messages)
+    assert [m["role"] for m in stored(worker, child_id("a"))] == ["user", "assistant"]
+    assert final(stored(worker, child_id("c")))
+
+    worker.restart()  # nothing is sent to a, b or c: their objects' alarms finish them
+    answers = {
+        "a": "support: refunds: the refund of A may have gone through",
+        "b": "support: refunds: the refund of B may have gone through",
+        "c": "support: refunds: refunded C",
+    }
+    for name, answer in answers.items():
+        messages = wait_for(
+            lambda n=name: (m := stored(worker, parent_id(n))) and final(m) and m,
+            120,
+            f"session {name} finishing by itself",
+        )
+        assert messages[-1]["content"] == answer, (name, messages)
+        (result,) = [m for m in messages if m["tool_name"] == "refunds"]
+        assert tool_error(result["content"]) is None, result
+        assert result["content"] == answer.removeprefix("support: ")
+        # The child's turn ran once: one user message, keyed by the parent's call.
+        child = stored(worker, child_id(name))
+        keys = [m["request_key"] for m in child if m["role"] == "user"]
+        assert keys == [idempotency_key(parent_id(name), CALL)], (name, child)
+        assert final(child)
+    refund_keys = [h.get("idempotency-key") for h, _ in api.refund_requests]
+    refunded = {body["order_id"] for _, body in api.refund_requests}
+    assert refunded == {"W", "B", "C"}  # never A's: its handler died before the POST
+    assert len(refund_keys) == len(set(refund_keys)) == 3  # each refund sent once
