@@ -1,0 +1,1 @@
+"""Several agents: a support agent that hands refunds and research to two others."""

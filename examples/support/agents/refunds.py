@@ -1,0 +1,1 @@
+../../refunds/agent.py
