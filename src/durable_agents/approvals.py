@@ -1,8 +1,9 @@
 """Human approval bound to the exact call: approve once, run once, never run what was not approved.
 
 The public side of approvals: the digest a decision carries (`approval_digest`),
-what waits for a decision (`pending_approvals`, `PendingApproval`), deciding
-(`approve`, with edited arguments checked against the tool's schema), and the
+what waits for a decision (`pending_approvals`, `PendingApproval`: a session's
+own calls and those of its agent tools' child sessions), deciding (`approve`, with
+edited arguments checked against the tool's schema), and the
 stored events folded into one state per call (`approval_states`). Settling the
 decided calls when the turn goes on is the run loop's (`_turn.approval_settling`).
 How it works, edited approvals, the digest's exact definition and the crash
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _json
+from ._child_sessions import child_session_id
 from .errors import (
     ApprovalAlreadyDecidedError,
     ApprovalDigestMismatchError,
@@ -51,20 +53,29 @@ def approval_digest(session_id: str, tool_call_id: str, tool_name: str, argument
 
 @dataclass(frozen=True, slots=True)
 class PendingApproval:
-    """A call waiting for a person's decision: what to show them, and the digest to send back."""
+    """A call waiting for a person's decision: what to show them, and the digest to send back.
+
+    `session` is None for a call of the session it was listed from (or of the run's own
+    session), else the id of the agent tool's child session (or grandchild's ...) whose
+    call it is: the session its digest is computed with, and where `approve` stores the
+    decision (whether it is given that session or the parent's)."""
 
     tool_call_id: str
     tool_name: str
     arguments: dict[str, Any]
     digest: str
+    session: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "tool_call_id": self.tool_call_id,
             "tool_name": self.tool_name,
             "arguments": self.arguments,
             "digest": self.digest,
         }
+        if self.session is not None:  # a child's call: the wire stays as it was for the rest
+            wire["session"] = self.session
+        return wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,26 +124,85 @@ def _replace(state: ApprovalState, **changes: Any) -> ApprovalState:
 
 
 def waiting_calls(
-    session_id: str, calls: Sequence[ToolCall], states: dict[str, ApprovalState]
+    session_id: str,
+    calls: Sequence[ToolCall],
+    states: dict[str, ApprovalState],
+    *,
+    session: str | None = None,
 ) -> list[PendingApproval]:
-    """The calls among `calls` (unanswered ones) that wait for a decision, in call order."""
+    """The calls among `calls` (unanswered ones) that wait for a decision, in call order,
+    tagged with `session` (a child's id, when listed from its parent)."""
     return [
-        PendingApproval(c.id, c.name, dict(c.arguments), states[c.id].digest)
+        PendingApproval(c.id, c.name, dict(c.arguments), states[c.id].digest, session)
         for c in calls
         if c.id in states and states[c.id].decision is None
     ]
 
 
 async def pending_approvals(store: Store, session_id: str) -> list[PendingApproval]:
-    """The calls of the session that wait for a decision (none, unless the last
-    step asked for approval)."""
+    """The calls that wait for a decision: the session's own (none, unless its last step
+    asked for approval), then those of its agent tools' child sessions, and theirs, whose
+    calls are still unanswered, each tagged with its `session`."""
+    step = await _last_step(store, session_id)
+    own = waiting_calls(session_id, step.calls, step.states)
+    below = await waiting_below(store, step)
+    return [*own, *(p for waiting in below.values() for p in waiting)]
+
+
+@dataclass(frozen=True, slots=True)
+class LastStep:
+    """A session's calls without a result (its last step's), and its approval states."""
+
+    session_id: str
+    calls: list[ToolCall]
+    states: dict[str, ApprovalState]
+
+
+async def _last_step(store: Store, session_id: str) -> LastStep:
     _, history = await store.load_context(session_id)  # the last step is in the tail
-    unanswered = pending_tool_calls(history)
-    if not unanswered:
+    calls = pending_tool_calls(history)
+    if not calls:
+        return LastStep(session_id, [], {})
+    return LastStep(session_id, calls, approval_states(await store.load_approvals(session_id)))
+
+
+async def waiting_below(store: Store, step: LastStep) -> dict[str, list[PendingApproval]]:
+    """By call of `step` that ran an agent tool's child turn: what waits for a decision
+    in the child's session and below it, tagged (a call with none is left out).
+
+    A call waiting for its own decision runs nothing, so only the others can have a
+    child: the session `child_session_name` names for the call, if `store` has it."""
+    below: dict[str, list[PendingApproval]] = {}
+    for top in _child_calls(step):
+        waiting = [
+            p
+            for child in await _steps_below(store, step.session_id, top)
+            for p in waiting_calls(
+                child.session_id, child.calls, child.states, session=child.session_id
+            )
+        ]
+        if waiting:
+            below[top.id] = waiting
+    return below
+
+
+def _child_calls(step: LastStep) -> list[ToolCall]:
+    return [c for c in step.calls if c.id not in step.states]
+
+
+async def _steps_below(store: Store, session_id: str, call: ToolCall) -> list[LastStep]:
+    """The unfinished last steps of the call's child session and of its children, depth
+    first (each call's child turn runs in a session of its own: no session comes twice)."""
+    child = await child_session_id(store, session_id, call.id)
+    if child is None:
         return []
-    return waiting_calls(
-        session_id, unanswered, approval_states(await store.load_approvals(session_id))
-    )
+    step = await _last_step(store, child)
+    if not step.calls:
+        return []
+    steps = [step]
+    for top in _child_calls(step):
+        steps += await _steps_below(store, child, top)
+    return steps
 
 
 async def approve(
@@ -158,6 +228,11 @@ async def approve(
     exactly one wins and the others get this). The turn goes on with
     `run(..., message=None)` once every waiting call of the step is decided.
 
+    A call of an agent tool's child session (`PendingApproval.session`, listed
+    from the parent) is decided from the parent's `session_id` too: the decision
+    is stored in the child session holding the call (the errors name that one),
+    and an edit is checked against the child's agent (pass it as `agent`).
+
     `arguments` (with `approved=True` only, else `ConfigurationError`) are the
     approver's edit of the call: it runs with these instead of the model's.
     They are checked against the tool's input schema first: the one stored with
@@ -173,6 +248,7 @@ async def approve(
             f"approve(..., arguments=...) of call {tool_call_id!r}: only an approval carries "
             "edited arguments; a denial runs nothing"
         )
+    session_id = await _holding_session(store, session_id, tool_call_id, digest)
     states = approval_states(await store.load_approvals(session_id))
     state = states.get(tool_call_id)
     base, history = await store.load_context(session_id)  # the last step is in the tail
@@ -209,6 +285,29 @@ async def approve(
         raise ApprovalAlreadyDecidedError(
             session_id, tool_call_id, (now.decision if now else None) or "decided"
         ) from None
+
+
+async def _holding_session(store: Store, session_id: str, tool_call_id: str, digest: str) -> str:
+    """The session whose call a decision sent to `session_id` is for: its own unanswered
+    call of that id, else one of its child sessions' (or theirs), the one whose digest
+    matches first; else `session_id` itself, whose checks then say why none can be."""
+    step = await _last_step(store, session_id)
+    if tool_call_id in step.states and any(c.id == tool_call_id for c in step.calls):
+        return session_id
+    holders = [
+        below
+        for top in _child_calls(step)
+        for below in await _steps_below(store, session_id, top)
+        if tool_call_id in below.states and any(c.id == tool_call_id for c in below.calls)
+    ]
+    if not holders:
+        return session_id
+    matching = (
+        h
+        for h in holders
+        if hmac.compare_digest(digest.encode(), h.states[tool_call_id].digest.encode())
+    )
+    return next(matching, holders[0]).session_id
 
 
 def _checked_edit(call: ToolCall, arguments: Any, agent: Agent[Any] | None) -> dict[str, Any]:
