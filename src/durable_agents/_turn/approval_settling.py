@@ -110,9 +110,7 @@ class ApprovalSettler:
         """Repair the orphans of a step whose other calls wait for a decision (their own,
         or their child turn's, `below`); what waits below the repaired ones now."""
         plain = [
-            c
-            for c in orphans
-            if (c.id not in states or states[c.id].claimed) and c.id not in below
+            c for c in orphans if (c.id not in states or states[c.id].claimed) and c.id not in below
         ]
         if not plain:
             return []
