@@ -43,7 +43,7 @@ from durable_agents import (
 from durable_agents.agent_tools import child_session_name
 from durable_agents.messages import tool_error
 from durable_agents.stores import Store, memory_store, sqlite_store
-from durable_agents.testing import FunctionLLM
+from durable_agents.testing import FunctionLLM, SimulatedCrash, crash_on_write
 
 
 class RefundArgs(BaseModel):
@@ -249,6 +249,90 @@ async def test_the_parents_own_approvals_and_its_childs_wait_together(
     assert sorted(refunded) == ["42", "7"]
     answers = {m.tool_call_id: m.content for m in tool_results(result.messages)}
     assert answers == {"call_p0": "refunded 7", "call_p1": "done: refunded 42"}
+
+
+async def test_a_child_that_asks_again_keeps_the_parent_waiting(durable_store: Store) -> None:
+    def twice(messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        last = messages[-1]
+        if last.role == "user":
+            return LLMResponse(tool_calls=[ToolCall("call_r1", "refund", {"order": "42"})])
+        if last.tool_call_id == "call_r1":
+            return LLMResponse(tool_calls=[ToolCall("call_r2", "refund", {"order": "43"})])
+        return LLMResponse(text="both refunded")
+
+    family = Family(durable_store)
+    family.agents["refunds"] = LocalAgent(refunds_agent(family.refunded), llm=FunctionLLM(twice))
+    (first,) = (await family.send()).pending
+    await approve(durable_store, "p1", first.tool_call_id, digest=first.digest, approved=True)
+    result = await family.resume()
+    assert result.status == "awaiting_approval"
+    assert [(p.tool_call_id, p.session) for p in result.pending] == [("call_r2", CHILD)]
+    assert family.refunded == ["42"]
+    assert [m.role for m in await durable_store.load_messages("p1")] == ["user", "assistant"]
+    (second,) = result.pending
+    await approve(durable_store, "p1", second.tool_call_id, digest=second.digest, approved=True)
+    result = await family.resume()
+    assert (result.status, result.response) == ("complete", "refunds said: both refunded")
+    assert family.refunded == ["42", "43"]
+
+
+async def test_a_step_beside_a_waiting_child_is_repaired_and_keeps_waiting(
+    durable_store: Store,
+) -> None:
+    notified: list[str] = []
+
+    @tool
+    async def notify(args: RefundArgs, ctx: ToolContext) -> str:
+        """Tell the customer (a side effect)."""
+        notified.append(args.order)
+        return "notified"
+
+    both = Agent("support", "You help.", [notify, agent_tool("refunds", description="x")])
+
+    def model(messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        if messages[-1].role == "user":
+            told = ToolCall("call_n", "notify", {"order": "42"})
+            asked = ToolCall("call_p1", "refunds", {"message": "refund 42"})
+            return LLMResponse(tool_calls=[told, asked])
+        return LLMResponse(text="done")
+
+    refunded: list[str] = []
+    agents = {"refunds": LocalAgent(refunds_agent(refunded), llm=refunding())}
+    go = {"llm": FunctionLLM(model), "session_id": "p1", "agents": agents}
+    crashing = crash_on_write(durable_store, before="result of notify")  # the parent's write #2
+    with pytest.raises(SimulatedCrash):
+        await run(both, message="hi", store=crashing, **go)  # type: ignore[arg-type]
+    assert notified == ["42"]
+    result = await run(both, store=durable_store, **go)  # type: ignore[arg-type]
+    assert (result.status, result.pending) == ("awaiting_approval", [WAITING])
+    (lost,) = tool_results(await durable_store.load_messages("p1"))  # only notify's, repaired
+    assert ToolDurabilityError.from_message(lost) is not None
+    assert notified == ["42"]
+    await approve(durable_store, "p1", "call_r1", digest=WAITING.digest, approved=True)
+    result = await run(both, store=durable_store, **go)  # type: ignore[arg-type]
+    assert result.status == "complete"
+    assert (notified, refunded) == (["42"], ["42"])
+
+
+async def test_a_new_message_that_finds_the_child_coming_to_wait_is_refused(
+    durable_store: Store,
+) -> None:
+    family = Family(durable_store)
+    with pytest.raises(SimulatedCrash):  # the parent's call stored, no child turn yet
+        await run(
+            SUPPORT, llm=family.llm, message="help me", session_id="p1", agents=family.agents,
+            store=crash_on_write(durable_store, after="call of refunds"),
+        )  # fmt: skip
+    # The new message first finishes the turn before: the call runs its child's turn,
+    # which comes to wait for a decision; so the message is refused, and not stored.
+    with pytest.raises(ApprovalPendingError) as refused:
+        await family.send("something else")
+    assert refused.value.tool_call_ids == ["call_r1"]
+    assert [m.role for m in await durable_store.load_messages("p1")] == ["user", "assistant"]
+    assert await pending_approvals(durable_store, "p1") == [WAITING]
+    await approve(durable_store, "p1", "call_r1", digest=WAITING.digest, approved=True)
+    assert (await family.resume()).status == "complete"
+    assert family.refunded == ["42"]
 
 
 async def test_a_grandchilds_approval_is_listed_and_decided_from_the_top(
