@@ -197,7 +197,8 @@ async def run(
     Raises, before any LLM call, `ConfigurationError` (bad agent, tools or
     arguments; `SessionNotFoundError` for `message=None` on an empty session),
     `MessageTooLargeError` (a message over `agent.max_message_bytes`) and
-    `ApprovalPendingError` (a new message while calls wait for approval);
+    `ApprovalPendingError` (a new message while calls wait for approval, the
+    session's own or an agent tool's child's);
     later, `SessionBusyError`, `SessionConflictError` (another run wrote to
     the session first; nothing of this write landed) and `StoreError`. LLM failures do not raise:
     they end the run with status `"error"`. Tool failures are results.
