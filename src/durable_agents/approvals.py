@@ -248,28 +248,29 @@ async def approve(
             f"approve(..., arguments=...) of call {tool_call_id!r}: only an approval carries "
             "edited arguments; a denial runs nothing"
         )
-    session_id = await _holding_session(store, session_id, tool_call_id, digest)
     states = approval_states(await store.load_approvals(session_id))
     state = states.get(tool_call_id)
     base, history = await store.load_context(session_id)  # the last step is in the tail
     if not history:  # never started, or deleted (also while this decision was on its way)
         raise SessionNotFoundError(session_id)
-    if state is None or tool_call_id not in {c.id for c in pending_tool_calls(history)}:
-        if state is not None and state.decision is not None:
-            raise ApprovalAlreadyDecidedError(session_id, tool_call_id, state.decision)
-        raise ApprovalNotFoundError(session_id, tool_call_id)
+    unanswered = pending_tool_calls(history)
+    call = next((c for c in unanswered if c.id == tool_call_id), None)
+    if state is None or call is None:  # not the session's own: a child session's call?
+        step = LastStep(session_id, unanswered, states)
+        holder = await _holding_child(store, step, tool_call_id, digest)
+        if holder is None:
+            if state is not None and state.decision is not None:
+                raise ApprovalAlreadyDecidedError(session_id, tool_call_id, state.decision)
+            raise ApprovalNotFoundError(session_id, tool_call_id)
+        return await approve(
+            store, holder, tool_call_id, digest=digest, approved=approved, reason=reason,
+            arguments=arguments, agent=agent,
+        )  # fmt: skip
     if state.decision is not None:
         raise ApprovalAlreadyDecidedError(session_id, tool_call_id, state.decision)
     if not hmac.compare_digest(digest.encode(), state.digest.encode()):
         raise ApprovalDigestMismatchError(session_id, tool_call_id)
-    edited: dict[str, Any] | None = None
-    edited_digest: str | None = None
-    if arguments is not None:
-        call = next(c for c in pending_tool_calls(history) if c.id == tool_call_id)
-        edited = _checked_edit(call, arguments, agent)
-        edited_digest = approval_digest(session_id, tool_call_id, state.tool_name, edited)
-        if edited_digest == state.digest:  # the model's own arguments: a plain approval
-            edited = edited_digest = None
+    edited, edited_digest = _edit(session_id, call, state, arguments, agent)
     change = ApprovalChange(
         tool_call_id, "approved" if approved else "denied", state.digest, reason=reason,
         arguments=edited, arguments_digest=edited_digest,
@@ -287,27 +288,42 @@ async def approve(
         ) from None
 
 
-async def _holding_session(store: Store, session_id: str, tool_call_id: str, digest: str) -> str:
-    """The session whose call a decision sent to `session_id` is for: its own unanswered
-    call of that id, else one of its child sessions' (or theirs), the one whose digest
-    matches first; else `session_id` itself, whose checks then say why none can be."""
-    step = await _last_step(store, session_id)
-    if tool_call_id in step.states and any(c.id == tool_call_id for c in step.calls):
-        return session_id
+async def _holding_child(
+    store: Store, step: LastStep, tool_call_id: str, digest: str
+) -> str | None:
+    """The child session (or grandchild's ...) below `step` whose unanswered call
+    `tool_call_id` waited for a decision (the one whose digest matches first), if any."""
     holders = [
         below
         for top in _child_calls(step)
-        for below in await _steps_below(store, session_id, top)
+        for below in await _steps_below(store, step.session_id, top)
         if tool_call_id in below.states and any(c.id == tool_call_id for c in below.calls)
     ]
-    if not holders:
-        return session_id
     matching = (
         h
         for h in holders
         if hmac.compare_digest(digest.encode(), h.states[tool_call_id].digest.encode())
     )
-    return next(matching, holders[0]).session_id
+    found = next(matching, holders[0] if holders else None)
+    return None if found is None else found.session_id
+
+
+def _edit(
+    session_id: str,
+    call: ToolCall,
+    state: ApprovalState,
+    arguments: dict[str, Any] | None,
+    agent: Agent[Any] | None,
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The approver's edit of `call` as it is stored, and its digest; (None, None) for no
+    edit, or one equal to the model's arguments (a plain approval)."""
+    if arguments is None:
+        return None, None
+    edited = _checked_edit(call, arguments, agent)
+    edited_digest = approval_digest(session_id, call.id, state.tool_name, edited)
+    if edited_digest == state.digest:
+        return None, None
+    return edited, edited_digest
 
 
 def _checked_edit(call: ToolCall, arguments: Any, agent: Agent[Any] | None) -> dict[str, Any]:
