@@ -44,6 +44,7 @@ KIT_TESTS = frozenset(
         "test_add_package",
         "test_agent_load_errors",
         "test_agent_tools",
+        "test_agent_tools_approvals",
         "test_agent_tools_process",
         "test_approval_edits",
         "test_approvals",

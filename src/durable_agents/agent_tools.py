@@ -15,6 +15,7 @@ the child gives no answer: docs/python-api.md (Agents as tools). The machinery
 
 from __future__ import annotations
 
+from ._child_sessions import child_session_name
 from ._turn.delegation import (
     DEFAULT_MAX_DEPTH,
     AgentRunner,
@@ -23,7 +24,6 @@ from ._turn.delegation import (
     AgentTurnOutcome,
     LocalAgent,
     at_depth,
-    child_session_name,
 )
 from .errors import ConfigurationError
 from .tools import Tool, tool

@@ -1,8 +1,9 @@
 """Human approval bound to the exact call: approve once, run once, never run what was not approved.
 
 The public side of approvals: the digest a decision carries (`approval_digest`),
-what waits for a decision (`pending_approvals`, `PendingApproval`), deciding
-(`approve`, with edited arguments checked against the tool's schema), and the
+what waits for a decision (`pending_approvals`, `PendingApproval`: a session's
+own calls and those of its agent tools' child sessions), deciding (`approve`, with
+edited arguments checked against the tool's schema), and the
 stored events folded into one state per call (`approval_states`). Settling the
 decided calls when the turn goes on is the run loop's (`_turn.approval_settling`).
 How it works, edited approvals, the digest's exact definition and the crash
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _json
+from ._child_sessions import child_session_id
 from .errors import (
     ApprovalAlreadyDecidedError,
     ApprovalDigestMismatchError,
@@ -51,20 +53,29 @@ def approval_digest(session_id: str, tool_call_id: str, tool_name: str, argument
 
 @dataclass(frozen=True, slots=True)
 class PendingApproval:
-    """A call waiting for a person's decision: what to show them, and the digest to send back."""
+    """A call waiting for a person's decision: what to show them, and the digest to send back.
+
+    `session` is None for a call of the session it was listed from (or of the run's own
+    session), else the id of the agent tool's child session (or grandchild's ...) whose
+    call it is: the session its digest is computed with, and where `approve` stores the
+    decision (whether it is given that session or the parent's)."""
 
     tool_call_id: str
     tool_name: str
     arguments: dict[str, Any]
     digest: str
+    session: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "tool_call_id": self.tool_call_id,
             "tool_name": self.tool_name,
             "arguments": self.arguments,
             "digest": self.digest,
         }
+        if self.session is not None:  # a child's call: the wire stays as it was for the rest
+            wire["session"] = self.session
+        return wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,26 +124,85 @@ def _replace(state: ApprovalState, **changes: Any) -> ApprovalState:
 
 
 def waiting_calls(
-    session_id: str, calls: Sequence[ToolCall], states: dict[str, ApprovalState]
+    session_id: str,
+    calls: Sequence[ToolCall],
+    states: dict[str, ApprovalState],
+    *,
+    session: str | None = None,
 ) -> list[PendingApproval]:
-    """The calls among `calls` (unanswered ones) that wait for a decision, in call order."""
+    """The calls among `calls` (unanswered ones) that wait for a decision, in call order,
+    tagged with `session` (a child's id, when listed from its parent)."""
     return [
-        PendingApproval(c.id, c.name, dict(c.arguments), states[c.id].digest)
+        PendingApproval(c.id, c.name, dict(c.arguments), states[c.id].digest, session)
         for c in calls
         if c.id in states and states[c.id].decision is None
     ]
 
 
 async def pending_approvals(store: Store, session_id: str) -> list[PendingApproval]:
-    """The calls of the session that wait for a decision (none, unless the last
-    step asked for approval)."""
+    """The calls that wait for a decision: the session's own (none, unless its last step
+    asked for approval), then those of its agent tools' child sessions, and theirs, whose
+    calls are still unanswered, each tagged with its `session`."""
+    step = await _last_step(store, session_id)
+    own = waiting_calls(session_id, step.calls, step.states)
+    below = await waiting_below(store, step)
+    return [*own, *(p for waiting in below.values() for p in waiting)]
+
+
+@dataclass(frozen=True, slots=True)
+class LastStep:
+    """A session's calls without a result (its last step's), and its approval states."""
+
+    session_id: str
+    calls: list[ToolCall]
+    states: dict[str, ApprovalState]
+
+
+async def _last_step(store: Store, session_id: str) -> LastStep:
     _, history = await store.load_context(session_id)  # the last step is in the tail
-    unanswered = pending_tool_calls(history)
-    if not unanswered:
+    calls = pending_tool_calls(history)
+    if not calls:
+        return LastStep(session_id, [], {})
+    return LastStep(session_id, calls, approval_states(await store.load_approvals(session_id)))
+
+
+async def waiting_below(store: Store, step: LastStep) -> dict[str, list[PendingApproval]]:
+    """By call of `step` that ran an agent tool's child turn: what waits for a decision
+    in the child's session and below it, tagged (a call with none is left out).
+
+    A call waiting for its own decision runs nothing, so only the others can have a
+    child: the session `child_session_name` names for the call, if `store` has it."""
+    below: dict[str, list[PendingApproval]] = {}
+    for top in _child_calls(step):
+        waiting = [
+            p
+            for child in await _steps_below(store, step.session_id, top)
+            for p in waiting_calls(
+                child.session_id, child.calls, child.states, session=child.session_id
+            )
+        ]
+        if waiting:
+            below[top.id] = waiting
+    return below
+
+
+def _child_calls(step: LastStep) -> list[ToolCall]:
+    return [c for c in step.calls if c.id not in step.states]
+
+
+async def _steps_below(store: Store, session_id: str, call: ToolCall) -> list[LastStep]:
+    """The unfinished last steps of the call's child session and of its children, depth
+    first (each call's child turn runs in a session of its own: no session comes twice)."""
+    child = await child_session_id(store, session_id, call.id)
+    if child is None:
         return []
-    return waiting_calls(
-        session_id, unanswered, approval_states(await store.load_approvals(session_id))
-    )
+    step = await _last_step(store, child)
+    if not step.calls:
+        return []
+    steps = [step]
+    for top in _child_calls(step):
+        steps += await _steps_below(store, child, top)
+    return steps
 
 
 async def approve(
@@ -158,6 +228,11 @@ async def approve(
     exactly one wins and the others get this). The turn goes on with
     `run(..., message=None)` once every waiting call of the step is decided.
 
+    A call of an agent tool's child session (`PendingApproval.session`, listed
+    from the parent) is decided from the parent's `session_id` too: the decision
+    is stored in the child session holding the call (the errors name that one),
+    and an edit is checked against the child's agent (pass it as `agent`).
+
     `arguments` (with `approved=True` only, else `ConfigurationError`) are the
     approver's edit of the call: it runs with these instead of the model's.
     They are checked against the tool's input schema first: the one stored with
@@ -178,22 +253,24 @@ async def approve(
     base, history = await store.load_context(session_id)  # the last step is in the tail
     if not history:  # never started, or deleted (also while this decision was on its way)
         raise SessionNotFoundError(session_id)
-    if state is None or tool_call_id not in {c.id for c in pending_tool_calls(history)}:
-        if state is not None and state.decision is not None:
-            raise ApprovalAlreadyDecidedError(session_id, tool_call_id, state.decision)
-        raise ApprovalNotFoundError(session_id, tool_call_id)
+    unanswered = pending_tool_calls(history)
+    call = next((c for c in unanswered if c.id == tool_call_id), None)
+    if state is None or call is None:  # not the session's own: a child session's call?
+        step = LastStep(session_id, unanswered, states)
+        holder = await _holding_child(store, step, tool_call_id, digest)
+        if holder is None:
+            if state is not None and state.decision is not None:
+                raise ApprovalAlreadyDecidedError(session_id, tool_call_id, state.decision)
+            raise ApprovalNotFoundError(session_id, tool_call_id)
+        return await approve(
+            store, holder, tool_call_id, digest=digest, approved=approved, reason=reason,
+            arguments=arguments, agent=agent,
+        )  # fmt: skip
     if state.decision is not None:
         raise ApprovalAlreadyDecidedError(session_id, tool_call_id, state.decision)
     if not hmac.compare_digest(digest.encode(), state.digest.encode()):
         raise ApprovalDigestMismatchError(session_id, tool_call_id)
-    edited: dict[str, Any] | None = None
-    edited_digest: str | None = None
-    if arguments is not None:
-        call = next(c for c in pending_tool_calls(history) if c.id == tool_call_id)
-        edited = _checked_edit(call, arguments, agent)
-        edited_digest = approval_digest(session_id, tool_call_id, state.tool_name, edited)
-        if edited_digest == state.digest:  # the model's own arguments: a plain approval
-            edited = edited_digest = None
+    edited, edited_digest = _edit(session_id, call, state, arguments, agent)
     change = ApprovalChange(
         tool_call_id, "approved" if approved else "denied", state.digest, reason=reason,
         arguments=edited, arguments_digest=edited_digest,
@@ -209,6 +286,44 @@ async def approve(
         raise ApprovalAlreadyDecidedError(
             session_id, tool_call_id, (now.decision if now else None) or "decided"
         ) from None
+
+
+async def _holding_child(
+    store: Store, step: LastStep, tool_call_id: str, digest: str
+) -> str | None:
+    """The child session (or grandchild's ...) below `step` whose unanswered call
+    `tool_call_id` waited for a decision (the one whose digest matches first), if any."""
+    holders = [
+        below
+        for top in _child_calls(step)
+        for below in await _steps_below(store, step.session_id, top)
+        if tool_call_id in below.states and any(c.id == tool_call_id for c in below.calls)
+    ]
+    matching = (
+        h
+        for h in holders
+        if hmac.compare_digest(digest.encode(), h.states[tool_call_id].digest.encode())
+    )
+    found = next(matching, holders[0] if holders else None)
+    return None if found is None else found.session_id
+
+
+def _edit(
+    session_id: str,
+    call: ToolCall,
+    state: ApprovalState,
+    arguments: dict[str, Any] | None,
+    agent: Agent[Any] | None,
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The approver's edit of `call` as it is stored, and its digest; (None, None) for no
+    edit, or one equal to the model's arguments (a plain approval)."""
+    if arguments is None:
+        return None, None
+    edited = _checked_edit(call, arguments, agent)
+    edited_digest = approval_digest(session_id, call.id, state.tool_name, edited)
+    if edited_digest == state.digest:
+        return None, None
+    return edited, edited_digest
 
 
 def _checked_edit(call: ToolCall, arguments: Any, agent: Agent[Any] | None) -> dict[str, Any]:

@@ -219,7 +219,8 @@ class ApprovalAlreadyDecidedError(ApprovalError):
 
 
 class ApprovalPendingError(ApprovalError):
-    """A new message was sent while calls of the session wait for a decision.
+    """A new message was sent while calls of the session wait for a decision (its own,
+    or those of an agent tool's child session: `tool_call_ids` are theirs).
 
     Decide them (`approve`), then continue the turn with `run(..., message=None)`."""
 

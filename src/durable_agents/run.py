@@ -197,7 +197,8 @@ async def run(
     Raises, before any LLM call, `ConfigurationError` (bad agent, tools or
     arguments; `SessionNotFoundError` for `message=None` on an empty session),
     `MessageTooLargeError` (a message over `agent.max_message_bytes`) and
-    `ApprovalPendingError` (a new message while calls wait for approval);
+    `ApprovalPendingError` (a new message while calls wait for approval, the
+    session's own or an agent tool's child's);
     later, `SessionBusyError`, `SessionConflictError` (another run wrote to
     the session first; nothing of this write landed) and `StoreError`. LLM failures do not raise:
     they end the run with status `"error"`. Tool failures are results.
@@ -655,17 +656,24 @@ class _Turn:
         """Run the calls that need no approval and store their results (write #2). A
         result if the turn ends (an accepted answer), waits or is deferred here."""
         deferred: list[ToolCall] = []
+        pending = [
+            PendingApproval(c.id, c.name, dict(c.arguments), gated[c.id].digest)
+            for c in calls
+            if c.id in gated
+        ]
         if free:  # write #2 (of the calls that need no approval, when some do)
             results = await self.executor.dispatch(free, budgeted=True)
             deferred = self.executor.unstarted  # over the invocation's budget: never started
+            pending += self.executor.waiting_of(free)  # their child turns wait for a person
             final = self.output.final_answer()  # an accepted final_result ends the turn here
             gave_up = self.output.exhausted()
-            last = tally.steps >= self.agent.max_steps or bool(gated) or bool(deferred)
-            await self.log.append(
-                [*results, *final],
-                release=last or bool(final) or gave_up,
-                approvals=deferral_events(self.log.session_id, deferred),
-            )
+            last = tally.steps >= self.agent.max_steps or bool(pending) or bool(deferred)
+            stored = [*results, *final]
+            deferrals = deferral_events(self.log.session_id, deferred)
+            if stored or deferrals:  # (nothing when the step's one call waits for its child)
+                await self.log.append(
+                    stored, release=last or bool(final) or gave_up, approvals=deferrals
+                )
             if final:
                 return self.result("complete", final[0].content, tally.steps, tally.usage)
             if gave_up:
@@ -673,15 +681,10 @@ class _Turn:
                 return self.result(
                     "error", "", tally.steps, tally.usage, error, error_code="invalid-output"
                 )
-        if deferred and not gated:
-            return self.result("deferred", "", tally.steps, tally.usage)
-        if gated:
-            pending = [
-                PendingApproval(c.id, c.name, dict(c.arguments), gated[c.id].digest)
-                for c in calls
-                if c.id in gated
-            ]
+        if pending:
             return self.result("awaiting_approval", "", tally.steps, tally.usage, pending=pending)
+        if deferred:
+            return self.result("deferred", "", tally.steps, tally.usage)
         return None
 
     async def ended(

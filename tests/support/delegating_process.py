@@ -1,13 +1,15 @@
 """A real process whose agent calls another agent as a tool, to be SIGKILLed at a chosen point.
 
     python tests/support/delegating_process.py --db PATH --effects PATH --session S
-        [--mode send|resume] [--pause-at POINT]
+        [--mode send|resume] [--pause-at POINT] [--gated]
 
 `support` (the parent) has one tool, `agent_tool("refunds")`; `refunds` (the child)
 has a side-effecting `refund`, whose handler logs its effect to the effects file
 (`history_checks.append_effect`). Both run on one SQLite file, the child through
 `run(agents=)`. The models are functions of the history: the parent asks refunds once
-and passes its answer on; the child refunds order 42 once and says how it went.
+and passes its answer on; the child refunds order 42 once and says how it went. With
+`--gated`, `refund` requires a person's approval: the send ends `awaiting_approval`,
+and the test decides the child's call (from the parent's session) before resuming.
 
 `--mode send` starts the parent's turn; `resume` is `run(message=None)` on it. With
 `--pause-at`, the process prints `paused` at that point and blocks (the whole
@@ -17,6 +19,7 @@ process: nothing more is written) until the test kills it:
     child-call-stored   the child's write #1 landed (its call to refund), no handler ran
     child-handler       refund's effect is logged, its handler still in flight
     child-reply         the child's final reply landed, the parent's write #2 not
+    child-claimed       (--gated, resuming) the child claimed its approved call, no handler ran
 
 Protocol: `ready` once imported, then (unless paused and killed) one JSON line
 `{"status", "response"}`; exit 0 when the turn completed.
@@ -51,12 +54,19 @@ from durable_agents.stores import sqlite_store
 from durable_agents.testing import FunctionLLM
 
 POINTS = ("before-child", "child-call-stored", "child-handler", "child-reply")
+# Where a resume of a parent whose child's approved call was decided meanwhile is killed.
+APPROVAL_POINTS = ("child-claimed", "child-handler", "child-reply")
 PARENT_CALL = "call_support_1"
 ASK = "refund order 42"
 
 _ORDER = {"properties": {"order": {"type": "string"}}, "required": ["order"]}
 REFUND = tool(name="refund", description="Refund an order (a side effect).", input=_ORDER)
 REFUNDS = Agent("refunds", "You refund orders.", [REFUND])
+GATED_REFUND = tool(
+    name="refund", description="Refund an order (a side effect).", input=_ORDER,
+    requires_approval=True,
+)  # fmt: skip
+GATED_REFUNDS = Agent("refunds", "You refund orders.", [GATED_REFUND])
 SUPPORT = Agent(
     "support", "You help customers.", [agent_tool("refunds", description="Refunds orders.")]
 )
@@ -99,11 +109,13 @@ class PausingStore:
         await self.store.append_messages_atomic(session_id, expected_seq, messages, **kw)
         calls = any(m.tool_calls for m in messages)
         replies = any(m.is_final_reply for m in messages)
+        claims = any(a.event == "claimed" for a in kw.get("approvals", ()))
         parent = session_id == self.parent
         if (
             (self.point == "before-child" and parent and calls)
             or (self.point == "child-call-stored" and not parent and calls)
             or (self.point == "child-reply" and not parent and replies)
+            or (self.point == "child-claimed" and not parent and claims)
         ):
             pause()
 
@@ -115,7 +127,8 @@ async def main(args: argparse.Namespace) -> int:
             pause()
         return f"refunded order {order['order']}"
 
-    child = LocalAgent(REFUNDS, llm=FunctionLLM(child_model), tools={"refund": refund})
+    refunds = GATED_REFUNDS if args.gated else REFUNDS
+    child = LocalAgent(refunds, llm=FunctionLLM(child_model), tools={"refund": refund})
     async with sqlite_store(args.db) as base:
         store = PausingStore(base, args.pause_at, args.session)
         result = await run(
@@ -136,7 +149,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--effects", required=True)
     parser.add_argument("--session", required=True)
     parser.add_argument("--mode", choices=["send", "resume"], default="send")
-    parser.add_argument("--pause-at", choices=POINTS)
+    parser.add_argument("--pause-at", choices=sorted({*POINTS, *APPROVAL_POINTS}))
+    parser.add_argument("--gated", action="store_true")
     return parser.parse_args(argv)
 
 

@@ -14,9 +14,11 @@ from typing import Any
 
 from ..approvals import (
     ApprovalState,
+    LastStep,
     PendingApproval,
     approval_digest,
     approval_states,
+    waiting_below,
     waiting_calls,
 )
 from ..budget import InvocationBudget
@@ -70,36 +72,53 @@ class ApprovalSettler:
     async def settle(self, orphans: list[ToolCall], message: str | None) -> list[PendingApproval]:
         """Answer the last step's unanswered calls, or say which wait for a decision.
 
-        An undecided call waits (never an orphan): then only the step's other
-        orphans are repaired, and the waiting calls are returned. Otherwise an
+        An undecided call waits (never an orphan), and so does an agent tool's call
+        whose child turn has calls waiting (its child's, tagged): then only the step's
+        other orphans are repaired, and the waiting calls are returned. Otherwise an
         approved, unclaimed call is claimed (one write) and run; a denied one
         gets its `tool-denied` result; a claimed one (it may have run) and a
         call that needed no approval are repaired as orphans. All of their
-        results land in one write.
+        results land in one write. A repaired agent tool's call whose child turn
+        comes to wait (it asked for another approval) stays without a result: its
+        calls are returned too, and a new `message` is refused then as well.
         """
         session_id = self.log.session_id
-        states = approval_states(await self.log.store.load_approvals(session_id))
-        waiting = waiting_calls(session_id, orphans, states)
+        store = self.log.store
+        states = approval_states(await store.load_approvals(session_id))
+        below = await waiting_below(store, LastStep(session_id, orphans, states))
+        waiting = [
+            *waiting_calls(session_id, orphans, states),
+            *(p for c in orphans for p in below.get(c.id, [])),
+        ]
         if waiting and message is not None:
             raise ApprovalPendingError(session_id, [p.tool_call_id for p in waiting])
         edits = _approved_edits(orphans, states)
         if waiting:
-            await self.repair_beside_waiting(orphans, states, edits)
-            return waiting
-        await self.answer_decided(orphans, states, edits, message)
-        return []
+            return [*waiting, *await self.repair_beside_waiting(orphans, states, edits, below)]
+        now_waiting = await self.answer_decided(orphans, states, edits, message)
+        if now_waiting and message is not None:  # (the turn before's other calls are answered)
+            raise ApprovalPendingError(session_id, [p.tool_call_id for p in now_waiting])
+        return now_waiting
 
     async def repair_beside_waiting(
         self,
         orphans: list[ToolCall],
         states: Mapping[str, ApprovalState],
         edits: Mapping[str, dict[str, Any]],
-    ) -> None:
-        """Repair the orphans of a step whose other calls wait for a decision."""
-        plain = [c for c in orphans if c.id not in states or states[c.id].claimed]
-        if plain:
-            await self.log.append(await self.executor.dispatch(plain, resuming=True, edits=edits))
+        below: Mapping[str, list[PendingApproval]],
+    ) -> list[PendingApproval]:
+        """Repair the orphans of a step whose other calls wait for a decision (their own,
+        or their child turn's, `below`); what waits below the repaired ones now."""
+        plain = [
+            c for c in orphans if (c.id not in states or states[c.id].claimed) and c.id not in below
+        ]
+        if not plain:
+            return []
+        results = await self.executor.dispatch(plain, resuming=True, edits=edits)
+        if results:
+            await self.log.append(results)
             self.output.answer = None  # (final_result is never answered beside waiting calls)
+        return self.executor.waiting_of(plain)
 
     async def answer_decided(
         self,
@@ -107,9 +126,10 @@ class ApprovalSettler:
         states: Mapping[str, ApprovalState],
         edits: Mapping[str, dict[str, Any]],
         message: str | None,
-    ) -> None:
+    ) -> list[PendingApproval]:
         """Claim and run the approved calls (those the invocation can start), answer the
-        denied ones and repair the rest, in one write."""
+        denied ones and repair the rest, in one write; what waits below the repaired
+        agent tools' calls now (they get no result)."""
         decided = {
             c.id: states[c.id] for c in orphans if c.id in states and not states[c.id].claimed
         }
@@ -128,12 +148,16 @@ class ApprovalSettler:
         claimed = {c.id for c in runnable}
         # (Approved calls left for a later invocation stay as they are: no result yet.)
         answer = [c for c in orphans if c not in later]
-        if answer:
-            results = await self.executor.dispatch(
-                answer, resuming=True, decided=decided, run=claimed, edits=edits
-            )
-            await self.log.append([*results, *self.output.final_answer()])
         self.deferred_left = bool(later)
+        if not answer:
+            return []
+        results = await self.executor.dispatch(
+            answer, resuming=True, decided=decided, run=claimed, edits=edits
+        )
+        stored = [*results, *self.output.final_answer()]
+        if stored:  # (nothing when the one call left waits for its child)
+            await self.log.append(stored)
+        return self.executor.waiting_of(answer)
 
     def may_run(self, call: ToolCall, state: ApprovalState) -> bool:
         """Whether a decided call is approved for exactly what is stored: its digest, and

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from .._child_sessions import child_session_name
 from ..agent import Agent
+from ..approvals import PendingApproval
 from ..errors import ConfigurationError
 from ..events import CancelToken, ChildEvent, EventReporter, OnEvent, RunEvent
 from ..llm.base import LLM
@@ -45,7 +46,6 @@ __all__ = [
     "LocalAgent",
     "LocalAgents",
     "at_depth",
-    "child_session_name",
     "current_depth",
     "delegation_for",
 ]
@@ -71,14 +71,6 @@ def at_depth(depth: int) -> Iterator[None]:
         yield
     finally:
         _DEPTH.reset(token)
-
-
-def child_session_name(parent_session_id: str, call_id: str) -> str:
-    """The name of the session a parent's agent-tool call runs its child turn in: stable
-    for the call (a re-invocation after a crash finds the same session), distinct across
-    calls, and a valid session name (`sub-` and 40 hex digits)."""
-    digest = hashlib.sha256(f"{parent_session_id}/{call_id}".encode()).hexdigest()
-    return f"sub-{digest[:40]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +100,16 @@ class AgentTurn:
 class AgentTurnOutcome:
     """How a child turn ended: its status and answer (the final reply's text, or the typed
     output's JSON), its session's id, and the tokens its session has used in all
-    (one session per call, so the whole turn, however many runs it took)."""
+    (one session per call, so the whole turn, however many runs it took). A turn
+    that ended `awaiting_approval` says which calls wait (`RunResult.pending`, as the
+    child's run returned them: its own untagged); the parent's call then waits too."""
 
     status: RunStatus
     answer: str
     usage: Usage
     session_id: str
     error: str | None = None
+    pending: Sequence[PendingApproval] = ()
 
 
 class AgentRunner(Protocol):
@@ -199,8 +194,9 @@ class LocalAgents:
         info = await self.store.get_session(result.session_id)
         usage = result.usage if info is None else Usage(info.input_tokens, info.output_tokens)
         return AgentTurnOutcome(
-            result.status, result.response, usage, result.session_id, result.error
-        )
+            result.status, result.response, usage, result.session_id, result.error,
+            result.pending,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,10 +213,14 @@ class Delegation:
 @dataclass(frozen=True, slots=True)
 class ChildAnswer:
     """What an agent tool's handler returns: the content of the call's result, and the
-    tokens the child used, which the run loop stores on the result message."""
+    tokens the child used, which the run loop stores on the result message. Or, while
+    the child's turn waits for a person's decision, the calls that wait (`waiting`,
+    each tagged with its session): then the call gets no result yet, and the parent's
+    turn waits for them as for its own (`ToolExecutor.waiting_children`)."""
 
     content: str
     usage: Usage
+    waiting: Sequence[PendingApproval] = ()
 
 
 def delegation_for(
@@ -282,6 +282,12 @@ class AgentToolHandler:
             scope.cancel,
         )  # fmt: skip
         outcome = await scope.runner.run_turn(turn)
+        if outcome.status == "awaiting_approval" and outcome.pending:
+            waiting = [
+                p if p.session is not None else replace(p, session=outcome.session_id)
+                for p in outcome.pending
+            ]
+            return ChildAnswer("", outcome.usage, waiting)
         return ChildAnswer(_answer(self.agent, name, outcome), outcome.usage)
 
     def refusal(self, scope: Delegation) -> str | None:
@@ -322,8 +328,9 @@ _UNFINISHED: dict[str, str] = {
     "budget_exceeded": "its session reached its spend limit (max_session_tokens)",
     "cancelled": "its turn was cancelled",
     "max_steps": "its turn stopped after its most LLM calls (max_steps)",
-    "awaiting_approval": "its turn waits for a person's approval of a call",
     "deferred": "its turn was deferred to a later invocation",
+    # (A runner that lists the calls makes the parent's call wait for them instead.)
+    "awaiting_approval": "its turn waits for a person's approval of a call, not listed",
 }
 
 

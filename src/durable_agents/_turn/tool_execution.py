@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import _json, _timeouts
 from ..agent import Agent
-from ..approvals import ApprovalState
+from ..approvals import ApprovalState, PendingApproval
 from ..budget import InvocationBudget
 from ..errors import (
     ModelRetry,
@@ -81,6 +81,9 @@ class ToolExecutor:
         # What an agent tool's child turn used, by call: stored on the call's result.
         self.child_usage: dict[str, Usage] = {}
         self.unstarted: list[ToolCall] = []  # dispatch(budgeted=True) did not start these
+        # By call, of the last dispatch: agent tools' calls whose child turn waits for a
+        # person's decision (those calls, tagged). They get no result: the turn waits.
+        self.waiting_children: dict[str, list[PendingApproval]] = {}
         self.retries: dict[str, int] = {}  # tool -> its calls answered tool-retry this turn
         # Room for more in the session (a durable store's): counted before a handler first runs.
         self.schedule_room: ScheduleRoom | None = None
@@ -119,8 +122,10 @@ class ToolExecutor:
         `budgeted`, inside a Workers invocation (`durable_agents.budget`), a handler
         starts only while the invocation can still fetch (one subrequest counted for
         each handler in flight); the calls never started get no result and are left in
-        `self.unstarted`, in call order."""
+        `self.unstarted`, in call order. An agent tool's call whose child turn waits for
+        a decision gets no result either: it is in `self.waiting_children`."""
         decided, run, edits = decided or {}, run or set(), edits or {}
+        self.waiting_children = {}
         over = self.beyond_cap()
         most = self.agent.tool_concurrency
         # (No semaphore where it could never make a handler wait: most steps.)
@@ -147,6 +152,8 @@ class ToolExecutor:
                     )
                 finally:
                     in_flight -= 1
+                if call.id in self.waiting_children:
+                    return None
                 return content if edited is None else _ran_edited(content, edited)
 
         runs = any(call.id not in decided or call.id in run for call in calls)
@@ -155,12 +162,21 @@ class ToolExecutor:
             self.schedule_room = await room_left(self.log.store, self.log.session_id)
         jobs = [answer(call) for call in calls]
         contents = [await jobs[0]] if len(jobs) == 1 else await _all_or_crash(jobs)
-        self.unstarted = [c for c, text in zip(calls, contents, strict=True) if text is None]
+        self.unstarted = [
+            c
+            for c, text in zip(calls, contents, strict=True)
+            if text is None and c.id not in self.waiting_children
+        ]
         return [
             self.result_message(c, text)
             for c, text in zip(calls, contents, strict=True)
             if text is not None
         ]
+
+    def waiting_of(self, calls: Sequence[ToolCall]) -> list[PendingApproval]:
+        """What waits for a person below `calls` of the last dispatch (their child turns'
+        calls), in call order."""
+        return [p for c in calls for p in self.waiting_children.get(c.id, [])]
 
     def result_message(self, call: ToolCall, content: str) -> Message:
         """The call's result; an agent tool's carries its child turn's usage, so the
@@ -260,6 +276,9 @@ class ToolExecutor:
             if schedules is not None:  # it returned: what it scheduled goes with its result
                 self.log.scheduled += schedules.made
             if isinstance(value, ChildAnswer):  # an agent tool's: its answer, and its cost
+                if value.waiting:  # its child waits for a person: no result (nor cost) yet
+                    self.waiting_children[call.id] = list(value.waiting)
+                    return ""
                 self.child_usage[call.id] = value.usage
                 value = value.content
         except ModelRetry as exc:
