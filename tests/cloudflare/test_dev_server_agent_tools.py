@@ -145,3 +145,31 @@ def test_a_kill_at_any_point_of_the_childs_turn_runs_it_once(
     refunded = {body["order_id"] for _, body in api.refund_requests}
     assert refunded == {"W", "B", "C"}  # never A's: its handler died before the POST
     assert len(refund_keys) == len(set(refund_keys)) == 3  # each refund sent once
+
+
+def test_a_childs_approval_is_listed_and_decided_from_the_parents_session(
+    served: tuple[DevWorker, PaymentsAPI],
+) -> None:
+    worker, api = served
+    asked = worker.post("/agents/support/sessions/g/messages", {"message": "pay G1"})
+    assert asked.status == 200, asked.text
+    assert asked.body["status"] == "awaiting_approval"
+    child = child_session_name(parent_id("g"), "call_payouts")
+    child_id = durable_object_id(f"payouts:{child}")
+    (pending,) = asked.body["pending"]
+    assert (pending["tool_name"], pending["session"]) == ("payout", child_id)
+    # Listed from the parent (tagged with the child's session) and from the child itself.
+    assert worker.get("/agents/support/sessions/g/approvals").body["pending"] == [pending]
+    (own,) = worker.get(f"/agents/payouts/sessions/{child}/approvals").body["pending"]
+    assert own == {k: v for k, v in pending.items() if k != "session"}
+    # A new message to the parent while the child's call waits is refused.
+    refused = worker.post("/agents/support/sessions/g/messages", {"message": "refund G2"})
+    assert (refused.status, refused.body["error"]["code"]) == (409, "approval-pending")
+    assert not [body for _, body in api.refund_requests if body["order_id"] == "G1"]
+
+    decision = {"approved": True, "digest": pending["digest"], "reason": "ok by test"}
+    done = worker.post(f"/agents/support/sessions/g/approvals/{pending['tool_call_id']}", decision)
+    assert done.status == 200, done.text
+    assert (done.body["status"], done.body["response"]) == ("complete", "support: payouts: paid G1")
+    assert [body["order_id"] for _, body in api.refund_requests].count("G1") == 1
+    assert worker.get("/agents/support/sessions/g/approvals").body["pending"] == []

@@ -11,8 +11,10 @@ and answers with it: the child runs once.
 
 A child turn deferred to a later invocation (HTTP 202) is asked for again with
 `Resume` until it ends (the child's object runs one turn at a time: a resume
-waits for its alarm's). Cancelling the parent sends the child `Cancel`. The guide:
-docs/several-agents.md.
+waits for its alarm's). Cancelling the parent sends the child `Cancel`. A child
+waiting for approvals names them in its answer: the parent waits for them too, and
+lists and decides them where the sessions are (`approvals.py`, on the Worker's D1).
+The guide: docs/several-agents.md.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from .. import budget
 from ..agent_tools import AgentTurn, AgentTurnOutcome
+from ..approvals import PendingApproval
 from ..messages import Usage
 from .commands import Cancel, Command, Resume, SendMessage
 from .wire import Reply
@@ -99,4 +102,14 @@ def _outcome(turn: AgentTurn, reply: Reply) -> AgentTurnOutcome:
         usage,
         str(body.get("session_id") or turn.session_name),
         error.get("message") if isinstance(error, dict) else None,
+        [_pending(p) for p in body.get("pending") or () if isinstance(p, dict)],
     )
+
+
+def _pending(wire: dict[str, Any]) -> PendingApproval:
+    """A call the child's turn waits on, as its answer lists it (`PendingApproval.to_dict`):
+    the parent waits for it too, and lists it (`approvals.py`)."""
+    return PendingApproval(
+        str(wire["tool_call_id"]), str(wire["tool_name"]), dict(wire.get("arguments") or {}),
+        str(wire["digest"]), wire.get("session"),
+    )  # fmt: skip

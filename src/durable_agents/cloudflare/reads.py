@@ -15,7 +15,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
-from ..approvals import approval_states, waiting_calls
+from ..approvals import LastStep, approval_states, waiting_below, waiting_calls
 from ..messages import Message
 from ..stores.base import Store
 from .commands import (
@@ -305,7 +305,9 @@ async def _stored(
 async def last_step(store: Store, session_id: str, count: int) -> tuple[Message | None, list[Any]]:
     """The session's last message and the calls waiting for a decision (`pending_approvals`),
     found from the end of its `count` messages: its last assistant message's calls that
-    have no result after it. Read backwards a few messages at a time, never all of them."""
+    have no result after it, and, below those that ran an agent tool's child turn, the
+    calls waiting in the child's session (and its children's), tagged with their session.
+    Read backwards a few messages at a time, never all of them."""
     answered: set[str] = set()
     last: Message | None = None
     end, size = count, 8
@@ -320,8 +322,12 @@ async def last_step(store: Store, session_id: str, count: int) -> tuple[Message 
                 calls = [c for c in message.tool_calls if c.id not in answered]
                 if not calls:
                     return last, []
-                states = approval_states(await store.load_approvals(session_id))
-                return last, waiting_calls(session_id, calls, states)
+                step = LastStep(
+                    session_id, calls, approval_states(await store.load_approvals(session_id))
+                )
+                below = await waiting_below(store, step)
+                own = waiting_calls(session_id, calls, step.states)
+                return last, [*own, *(p for waiting in below.values() for p in waiting)]
             if message.role == "tool" and message.tool_call_id is not None:
                 answered.add(message.tool_call_id)
         end, size = start, min(size * 4, MAX_CHUNK)

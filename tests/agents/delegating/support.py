@@ -2,11 +2,12 @@
 at /agents/support/sessions/... by tests/cloudflare/test_dev_server_agent_tools.py
 (`scripts/dev --agents tests/agents/delegating`).
 
-Its model, offline: "refund <order>" calls the refunds agent with that message; "refund
-<order> and check <other>" also calls `check_order` on <other> in the same step (a read
+Its model, offline: "refund <order>" calls the refunds agent with that message ("pay
+<order>": the payouts agent, whose call waits for approval); "refund <order> and check
+<other>" also calls `check_order` on <other> in the same step (a read
 of the payments API, which the test can hold: the child's turn is then over while the
-step's results are not stored). With the results it answers "support: <the refunds
-agent's answer>".
+step's results are not stored). With the results it answers "support: <the agent's
+answer>".
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ async def check_order(args: OrderRef, ctx: ToolContext[tuple[httpx.AsyncClient, 
 AGENT = Agent(
     "support",
     "You help customers; refunds are the refunds agent's.",
-    [agent_tool("refunds", description="Ask the refunds agent to refund an order."), check_order],
+    [
+        agent_tool("refunds", description="Ask the refunds agent to refund an order."),
+        agent_tool("payouts", description="Ask the payouts agent to pay an order back."),
+        check_order,
+    ],
 )
 
 
@@ -62,11 +67,12 @@ def make_llm(env: Any) -> LLM:
         last = messages[-1]
         if last.role == "user":
             words = asked.content.split()
-            calls = [ToolCall("call_refunds", "refunds", {"message": f"refund {words[1]}"})]
+            agent = "payouts" if words[0] == "pay" else "refunds"
+            calls = [ToolCall(f"call_{agent}", agent, {"message": f"{words[0]} {words[1]}"})]
             if "check" in words:
                 calls.append(ToolCall("call_check", "check_order", {"order_id": words[-1]}))
             return LLMResponse(tool_calls=calls)
-        child = next(m for m in messages if m.role == "tool" and m.tool_name == "refunds")
+        child = next(m for m in messages if m.role == "tool" and m.tool_name != "check_order")
         return LLMResponse(f"support: {child.content}")
 
     return FunctionLLM(answer)
