@@ -89,8 +89,13 @@ def child_event_data(event: ChildEvent) -> dict[str, Any] | None:
             return None
     else:
         return None
-    tagged: dict[str, Any] = {"agent": event.agent, "session": event.session_name,
-              "tool_call_id": event.tool_call_id, "event": kind, "data": data}  # fmt: skip
+    tagged: dict[str, Any] = {
+        "agent": event.agent,
+        "session": event.session_name,
+        "tool_call_id": event.tool_call_id,
+        "event": kind,
+        "data": data,
+    }
     if position is not None:
         tagged["id"] = position
     return tagged
@@ -113,6 +118,7 @@ def decode_event(event: SSEEvent) -> RunEvent | None:
 
 
 def _decoded(kind: str, data: Any, event_id: Any) -> RunEvent | None:
+    """`decode_event` of parsed data: a `child` event's inner one is read the same way."""
     if kind == "delta":
         return TextDelta(str(data["text"]))
     if kind == "message":
