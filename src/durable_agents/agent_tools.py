@@ -31,6 +31,7 @@ from .tools import Tool, tool
 __all__ = [
     "DEFAULT_MAX_DEPTH",
     "AgentRunner",
+    "AgentToolHandler",
     "AgentTurn",
     "AgentTurnOutcome",
     "LocalAgent",

@@ -17,7 +17,9 @@ After the restart nothing is sent to them: each turn finishes by itself (the obj
 alarms), and the refunds agent's turn of each ran once (one user message, with the
 parent call's idempotency key), each refund at most once ("a": none, "b" and "c": one),
 and the parent's history holds the child's answer as the call's result, not a
-tool-durability-error. Needs `scripts/setup-runtime`.
+tool-durability-error. On the same server, a streamed parent carries the child's events,
+tagged, and a reconnect mid-call replays the child's stored messages. Needs
+`scripts/setup-runtime`.
 """
 
 from __future__ import annotations
@@ -173,3 +175,58 @@ def test_a_childs_approval_is_listed_and_decided_from_the_parents_session(
     assert (done.body["status"], done.body["response"]) == ("complete", "support: payouts: paid G1")
     assert [body["order_id"] for _, body in api.refund_requests].count("G1") == 1
     assert worker.get("/agents/support/sessions/g/approvals").body["pending"] == []
+
+
+def test_the_parents_stream_carries_the_childs_events_and_a_reconnect_replays_them(
+    served: tuple[DevWorker, PaymentsAPI],
+) -> None:
+    worker, api = served
+    path = "/agents/support/sessions/{}/messages"
+    with worker.stream("POST", path.format("s"), {"message": "refund S"}) as events:
+        assert events.status == 200, events.json()
+        seen = list(events)
+    assert seen[-1].event == "done", seen
+    assert seen[-1].data["response"] == "support: refunds: refunded S"
+    child = child_session_name(parent_id("s"), CALL)
+    tagged = [e.data for e in seen if e.event == "child"]
+    assert {(d["agent"], d["session"], d["tool_call_id"]) for d in tagged} == {
+        ("refunds", child, CALL)
+    }
+    messages = [(d["id"], d["data"]["role"]) for d in tagged if d["event"] == "message"]
+    assert messages == [(0, "user"), (1, "assistant"), (2, "tool"), (3, "assistant")]
+    order = [(e.event, e.id) for e in seen if e.event in ("message", "child")]
+    assert order[:2] == [("message", "0"), ("message", "1")]  # the parent's call, then the child's
+    assert order[-2:] == [("message", "2"), ("message", "3")]  # the call's result after them all
+
+    # "h": the child's call is stored and its handler waits on a held read; the client
+    # that started the turn is gone, and one reconnects with the parent's last position.
+    api.release.clear()  # set by the test before
+    api.hold_reads = {"H"}
+    held = api.read_received.setdefault("H", threading.Event())
+    try:
+        with worker.stream("POST", path.format("h"), {"message": "refund H"}) as first:
+            assert first.status == 200
+            assert held.wait(90), "H was never read"
+        child = child_session_name(parent_id("h"), CALL)
+        events_path = "/agents/support/sessions/h/events"
+        with worker.stream("GET", events_path, headers={"Last-Event-ID": "1"}) as events:
+            replayed = []
+            for event in events:
+                replayed.append(event)
+                if event.event == "child" and event.data.get("id") == 1:
+                    break  # the child's stored call, replayed from its object
+            api.release.set()
+            live = list(events)
+    finally:
+        api.hold_reads = set()
+        api.release.set()
+    child_messages = [
+        (e.data["id"], e.data["data"]["role"])
+        for e in replayed + live
+        if e.event == "child" and e.data["session"] == child and e.data["event"] == "message"
+    ]
+    assert child_messages == [(0, "user"), (1, "assistant"), (2, "tool"), (3, "assistant")]
+    assert [e.event for e in replayed] == ["child", "child"]
+    assert [e.id for e in live if e.event == "message"] == ["2", "3"]
+    assert live[-1].event == "done"
+    assert live[-1].data["response"] == "support: refunds: refunded H"

@@ -14,21 +14,30 @@ A child turn deferred to a later invocation (HTTP 202) is asked for again with
 waits for its alarm's). Cancelling the parent sends the child `Cancel`. A child
 waiting for approvals names them in its answer: the parent waits for them too, and
 lists and decides them where the sessions are (`approvals.py`, on the Worker's D1).
-The guide: docs/several-agents.md.
+
+While someone watches the parent (`AgentTurn.on_event`), the command asks for the
+child's turn as a stream: each of its events goes to the parent's, and its result is
+its `done` event's. A stream that breaks off (the child's object reset) loses nothing:
+the command is sent again unstreamed, and its request key makes it the same turn.
+`stored_events` replays a child session's stored messages for a parent's `GET
+.../events` (reads.py). The guide: docs/several-agents.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Collection
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
 from .. import budget
 from ..agent_tools import AgentTurn, AgentTurnOutcome
 from ..approvals import PendingApproval
+from ..events import EventReporter, OnEvent, RunEvent
 from ..messages import Usage
-from .commands import Cancel, Command, Resume, SendMessage
+from .commands import Cancel, Command, Events, Resume, SendMessage
+from .live import decode_event, stream_events
 from .wire import Reply
 
 __all__ = ["MAX_RESUMES", "ObjectAgents", "SendToAgent"]
@@ -54,21 +63,51 @@ class ObjectAgents:
         return self._names
 
     async def run_turn(self, turn: AgentTurn) -> AgentTurnOutcome:
+        streamed = turn.on_event is not None
         command: Command = SendMessage(
-            message=turn.message, request_key=turn.request_key, depth=turn.depth
+            message=turn.message, request_key=turn.request_key, depth=turn.depth, stream=streamed
         )
         for _ in range(MAX_RESUMES + 1):
             reply = await self._until_cancelled(turn, command)
             if reply.run_status != "deferred":
                 return _outcome(turn, reply)
-            command = Resume(depth=turn.depth)
+            command = Resume(depth=turn.depth, stream=streamed)
         return _outcome(turn, reply)
+
+    async def stored_events(self, agent: str, session_name: str) -> AsyncIterator[RunEvent]:
+        """The events of the child session's stored messages, as its object replays them
+        (`Events(follow=False)`: a grandchild's, nested, with them), for a parent's `GET
+        .../events` mid-call. Best effort: a child with nothing stored, or whose answer
+        breaks off, replays what came (its live events reach the parent's turn anyway)."""
+        budget.spend(subrequests=1)
+        with contextlib.suppress(Exception):
+            reply = await self._send(agent, session_name, Events(follow=False))
+            if reply.stream is None:  # no such session yet
+                return
+            async for event in stream_events(reply.stream):
+                decoded = decode_event(event)
+                if decoded is not None:
+                    yield decoded
+
+    async def _exchange(self, turn: AgentTurn, command: Command) -> Reply:
+        """The child's reply to `command`; a streamed one's events handed to the parent's
+        `on_event` and its end read as the reply; a stream that breaks off before its end:
+        the command again, unstreamed (the same turn: its request key)."""
+        budget.spend(subrequests=1)  # the parent's invocation's: one fetch to the child
+        reply = await self._send(turn.agent, turn.session_name, command)
+        if reply.stream is None or turn.on_event is None:
+            return reply
+        ended = await _followed(reply.stream, turn.on_event)
+        if ended is not None:
+            return ended
+        budget.spend(subrequests=1)
+        again = command.model_copy(update={"stream": False})
+        return await self._send(turn.agent, turn.session_name, again)
 
     async def _until_cancelled(self, turn: AgentTurn, command: Command) -> Reply:
         """The child's reply to `command`; when the parent is cancelled meanwhile, the
         child is sent `Cancel` and its reply (its turn, stopped) is awaited all the same."""
-        budget.spend(subrequests=1)  # the parent's invocation's: one fetch to the child
-        sent = asyncio.ensure_future(self._send(turn.agent, turn.session_name, command))
+        sent = asyncio.ensure_future(self._exchange(turn, command))
         if turn.cancel is None:
             return await sent
         cancelled = asyncio.ensure_future(turn.cancel.wait())
@@ -80,6 +119,24 @@ class ObjectAgents:
             return await sent
         finally:
             cancelled.cancel()
+
+
+async def _followed(stream: Any, on_event: OnEvent) -> Reply | None:
+    """Read a child's streamed turn: each of its events to `on_event` (a watcher that raises
+    is dropped, as `run()` drops it), and its end as a reply: `done`'s result, or `error`'s
+    body as a 502 (the child's turn failed after its stream began); None if the stream
+    ends or breaks off before either."""
+    events = EventReporter(on_event)
+    try:
+        async for event in stream_events(stream):
+            if event.event in ("done", "error"):
+                return Reply(200 if event.event == "done" else 502, json.loads(event.data))
+            decoded = decode_event(event)
+            if decoded is not None:
+                await events.emit(decoded)
+    except Exception:  # the child's object reset mid-stream: no end will come
+        return None
+    return None
 
 
 def _outcome(turn: AgentTurn, reply: Reply) -> AgentTurnOutcome:

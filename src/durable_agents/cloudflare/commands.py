@@ -208,10 +208,15 @@ class View(Command):
 
 
 class Events(Command):
-    """GET .../events: the stored messages after `after`, then the running turn live."""
+    """GET .../events: the stored messages after `after`, then the running turn live.
+
+    `follow=False` (a parent session's object replaying its agent tool's child session,
+    `agent_calls.py`; the Worker never sets it) ends the stream after the messages stored
+    when asked, with no `done`."""
 
     action: Literal["events"] = "events"
     after: Position | None = None
+    follow: StrictBool = True
 
 
 class ListApprovals(Command):

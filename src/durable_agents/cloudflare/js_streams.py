@@ -2,7 +2,8 @@
 
 `readable_stream(chunks)` turns an async iterator of bytes into a JS
 `ReadableStream` that a `workers.Response` can carry, written chunk by chunk
-as they come (nothing is buffered). `keep_running(ctx, task)` hands a task
+as they come (nothing is buffered); `js_chunks(stream)` reads one back as bytes
+(another object's streamed answer). `keep_running(ctx, task)` hands a task
 to `ctx.waitUntil`, so the Durable Object runs until it ends.
 """
 
@@ -13,7 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-__all__ = ["keep_running", "readable_stream"]
+__all__ = ["js_chunks", "keep_running", "readable_stream"]
 
 _PUMPS: set[asyncio.Task[None]] = set()  # streams being written: kept referenced
 
@@ -50,6 +51,25 @@ def readable_stream(chunks: AsyncIterator[bytes]) -> Any:
     _PUMPS.add(task)
     task.add_done_callback(_PUMPS.discard)
     return pipe.readable
+
+
+async def js_chunks(stream: Any) -> AsyncIterator[bytes]:
+    """The bytes of a JS ReadableStream, chunk by chunk as they come (an agent tool's child
+    object's SSE, read by the parent's). Left before its end, the stream is cancelled:
+    the child's object sees its reader go, as it sees a client's."""
+    reader = stream.getReader()
+    finished = False
+    try:
+        while True:
+            result = await reader.read()
+            if result.done:
+                finished = True
+                return
+            yield bytes(result.value.to_bytes())
+    finally:
+        if not finished:
+            with contextlib.suppress(Exception):
+                await reader.cancel()
 
 
 def keep_running(ctx: Any, task: asyncio.Task[Any]) -> None:

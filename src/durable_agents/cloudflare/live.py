@@ -11,6 +11,11 @@ A turn runs as a task of its own, never as a part of the request that
 started it: a client that disconnects stops only its own stream, the turn
 goes on and is stored. Events are encoded once, as SSE (`sse()`), and
 handed to every follower's queue; nothing here writes to the store.
+
+Both directions of the wire format are here: `run()`'s events to SSE (`on_event`,
+`child_event_data` for an agent tool's child's, tagged) and a turn's SSE back to
+events (`decode_event`, `stream_events`), which a parent's object reads from its
+child's (agent_calls.py). The format: docs/http-api.md#streaming.
 """
 
 from __future__ import annotations
@@ -20,13 +25,26 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
+from .._http.sse import SSEEvent, sse_events, sse_lines
 from .._json import repair_text
 from .._timeouts import timeout
-from ..events import CancelToken, MessageStored, RunEvent
-from ..messages import TextDelta
+from ..events import CancelToken, ChildEvent, MessageStored, RunEvent
+from ..messages import Message, TextDelta
+from .js_streams import js_chunks
 from .wire import Reply
 
-__all__ = ["KEEP_ALIVE_S", "EventQueue", "LiveSession", "LiveTurn", "follow", "sse"]
+__all__ = [
+    "KEEP_ALIVE_S",
+    "EventQueue",
+    "LiveSession",
+    "LiveTurn",
+    "child_event_data",
+    "child_sse",
+    "decode_event",
+    "follow",
+    "sse",
+    "stream_events",
+]
 
 # A comment line this often while nothing else is sent: proxies close idle streams.
 KEEP_ALIVE_S = 15.0
@@ -51,6 +69,74 @@ def end_event(reply_status: int, body: Any) -> bytes:
     (the body is then `{"error": {...}}`)."""
     is_result = isinstance(body, dict) and "status" in body
     return sse("done" if is_result or reply_status < 400 else "error", body)
+
+
+def child_event_data(event: ChildEvent) -> dict[str, Any] | None:
+    """The data of the `child` event that stands for `event`: the child's event as its own
+    stream has it (`event`, `data`, and `id`, its position, for a message), tagged with
+    the child's agent, session and the parent's call. None for what a child's stream does
+    not carry (its `RunFinished`: the call's result says how the child ended)."""
+    inner = event.event
+    position: int | None = None
+    data: dict[str, Any] | None
+    if isinstance(inner, TextDelta):
+        kind, data = "delta", {"text": inner.text}
+    elif isinstance(inner, MessageStored):
+        kind, data, position = "message", inner.message.to_dict(), inner.position
+    elif isinstance(inner, ChildEvent):
+        kind, data = "child", child_event_data(inner)
+        if data is None:
+            return None
+    else:
+        return None
+    tagged: dict[str, Any] = {
+        "agent": event.agent,
+        "session": event.session_name,
+        "tool_call_id": event.tool_call_id,
+        "event": kind,
+        "data": data,
+    }
+    if position is not None:
+        tagged["id"] = position
+    return tagged
+
+
+def child_sse(event: ChildEvent) -> bytes | None:
+    """`event` as a `child` SSE event; no `id:` line (a stream's ids are its session's
+    positions, which a reconnect's Last-Event-ID names); None if no child event stands for it."""
+    data = child_event_data(event)
+    return None if data is None else sse("child", data)
+
+
+def decode_event(event: SSEEvent) -> RunEvent | None:
+    """The `run()` event a turn's SSE event stands for (`message`, `delta`, `child`, nested
+    to any depth); None for the others (`done`, `error`) and for one it cannot read."""
+    try:
+        return _decoded(event.event, json.loads(event.data), event.id)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _decoded(kind: str, data: Any, event_id: Any) -> RunEvent | None:
+    """`decode_event` of parsed data: a `child` event's inner one is read the same way."""
+    if kind == "delta":
+        return TextDelta(str(data["text"]))
+    if kind == "message":
+        return MessageStored(int(event_id), Message.from_dict(data))
+    if kind == "child":
+        inner = _decoded(str(data["event"]), data["data"], data.get("id"))
+        if inner is None:
+            return None
+        tags = (str(data["agent"]), str(data["session"]), str(data["tool_call_id"]))
+        return ChildEvent(*tags, inner)
+    return None
+
+
+def stream_events(stream: Any) -> AsyncIterator[SSEEvent]:
+    """The SSE events of a `Reply.stream`: in a Worker, another object's JS ReadableStream
+    (it has `getReader`); on CPython, an async iterator of bytes."""
+    chunks = js_chunks(stream) if hasattr(stream, "getReader") else stream
+    return sse_events(sse_lines(chunks))
 
 
 class LiveTurn:
@@ -86,6 +172,10 @@ class LiveTurn:
             self.publish(
                 "message", event.position, message_event(event.position, event.message.to_dict())
             )
+        elif isinstance(event, ChildEvent):
+            data = child_sse(event)
+            if data is not None:
+                self.publish("child", None, data)
 
     def end(self, reply: Reply) -> None:
         """The turn is over: its `done` (or `error`) goes to every follower."""

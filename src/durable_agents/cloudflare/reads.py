@@ -15,9 +15,12 @@ import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
+from ..agent_tools import AgentToolHandler, child_session_name
 from ..approvals import LastStep, approval_states, waiting_below, waiting_calls
-from ..messages import Message
+from ..events import ChildEvent
+from ..messages import Message, ToolCall
 from ..stores.base import Store
+from .agent_calls import ObjectAgents
 from .commands import (
     HISTORY_LIMIT,
     MAX_HISTORY_LIMIT,
@@ -28,7 +31,7 @@ from .commands import (
     ListApprovals,
     View,
 )
-from .live import follow, message_event, sse
+from .live import child_sse, follow, message_event, sse
 from .object_context import ObjectContext, handles
 from .wire import HTML_HEADERS, SSE_HEADERS, Reply, error_reply, no_session
 
@@ -232,15 +235,21 @@ async def _results_after(
 async def replay_events(command: Events, ctx: ObjectContext) -> Reply:
     """GET .../events: the stored messages after `command.after`, then the running turn live
     (also a new session's first turn, before anything of it is stored). The replay reads
-    the history a chunk at a time as the client takes it: never all of it at once."""
-    store, session_id, turn = ctx.store, ctx.session_id, ctx.live.current
+    the history a chunk at a time as the client takes it: never all of it at once. While
+    the last step's agent-tool calls have no result, their child sessions' stored messages
+    follow the session's own, as `child` events. `command.follow=False`: the messages
+    stored when asked, and nothing after them."""
+    store, session_id = ctx.store, ctx.session_id
+    turn = ctx.live.current if command.follow else None
     queue = turn.follow() if turn is not None else None  # first: nothing stored later is missed
     try:
         info = await store.get_session(session_id)
         count = 0 if info is None else info.message_count
         if count == 0 and queue is None:
             return no_session(session_id)
-        idle = None if queue is not None else await _idle_state(session_id, store, count)
+        idle = None
+        if queue is None and command.follow:
+            idle = await _idle_state(session_id, store, count)
     except BaseException:
         if turn is not None and queue is not None:
             turn.unfollow(queue)
@@ -252,24 +261,15 @@ async def replay_events(command: Events, ctx: ObjectContext) -> Reply:
         try:
             # No turn running: the messages stored when asked, as `idle` describes them.
             # A turn running: every stored one, then its events (those replayed skipped).
-            piece: list[bytes] = []
-            size = 0
-            async for position, message in _stored(
-                store, session_id, after + 1, count if queue is None else None, count
-            ):
-                event = message_event(position, message.to_dict())
-                piece.append(event)
-                size += len(event)
+            stop = count if queue is None else None
+            async for piece, position in _replayed(store, session_id, after, stop, count):
+                yield piece
                 last = position
-                if size >= SSE_PIECE_BYTES:
-                    yield b"".join(piece)
-                    piece, size = [], 0
-                if (position - after) % REPLAY_SLICE == 0:
-                    await asyncio.sleep(0)  # a long replay must not hold the loop
-            if piece:
-                yield b"".join(piece)
+            async for event in _children_replayed(ctx, count):
+                yield event
             if queue is None:
-                yield sse("done", idle)
+                if idle is not None:
+                    yield sse("done", idle)
                 return
             async for chunk in follow(queue, last):
                 yield chunk
@@ -278,6 +278,47 @@ async def replay_events(command: Events, ctx: ObjectContext) -> Reply:
                 turn.unfollow(queue)
 
     return Reply(200, None, SSE_HEADERS, stream=replay())
+
+
+async def _replayed(
+    store: Store, session_id: str, after: int, stop: int | None, count: int
+) -> AsyncIterator[tuple[bytes, int]]:
+    """The `message` events of the stored messages after `after` (to `stop`, see `_stored`),
+    in pieces of about SSE_PIECE_BYTES, each with the position of its last message."""
+    piece: list[bytes] = []
+    size, position = 0, after
+    async for position, message in _stored(store, session_id, after + 1, stop, count):
+        event = message_event(position, message.to_dict())
+        piece.append(event)
+        size += len(event)
+        if size >= SSE_PIECE_BYTES:
+            yield b"".join(piece), position
+            piece, size = [], 0
+        if (position - after) % REPLAY_SLICE == 0:
+            await asyncio.sleep(0)  # a long replay must not hold the loop
+    if piece:
+        yield b"".join(piece), position
+
+
+async def _children_replayed(ctx: ObjectContext, count: int) -> AsyncIterator[bytes]:
+    """The `child` events of the stored messages of the child sessions of the last step's
+    agent-tool calls that have no result yet (of the session's first `count` messages),
+    each asked of the child's object (`ObjectAgents.stored_events`). A client may have
+    some already: a child's `session` and `id` tell which."""
+    runner = ctx.agents
+    if not isinstance(runner, ObjectAgents) or count == 0:
+        return
+    _, calls = await _last_calls(ctx.store, ctx.session_id, count)
+    handlers = {t.name: t.handler for t in ctx.agent.tools}
+    for call in calls:
+        handler = handlers.get(call.name)
+        if not isinstance(handler, AgentToolHandler):
+            continue
+        name = child_session_name(ctx.session_id, call.id)
+        async for event in runner.stored_events(handler.agent, name):
+            data = child_sse(ChildEvent(handler.agent, name, call.id, event))
+            if data is not None:
+                yield data
 
 
 async def _stored(
@@ -304,10 +345,24 @@ async def _stored(
 
 async def last_step(store: Store, session_id: str, count: int) -> tuple[Message | None, list[Any]]:
     """The session's last message and the calls waiting for a decision (`pending_approvals`),
-    found from the end of its `count` messages: its last assistant message's calls that
-    have no result after it, and, below those that ran an agent tool's child turn, the
-    calls waiting in the child's session (and its children's), tagged with their session.
-    Read backwards a few messages at a time, never all of them."""
+    found from the end of its `count` messages (`_last_calls`): the last step's own, then,
+    below those of its calls that ran an agent tool's child turn, the calls waiting in the
+    child's session (and its children's), tagged with their session."""
+    last, calls = await _last_calls(store, session_id, count)
+    if not calls:
+        return last, []
+    step = LastStep(session_id, calls, approval_states(await store.load_approvals(session_id)))
+    below = await waiting_below(store, step)
+    own = waiting_calls(session_id, calls, step.states)
+    return last, [*own, *(p for waiting in below.values() for p in waiting)]
+
+
+async def _last_calls(
+    store: Store, session_id: str, count: int
+) -> tuple[Message | None, list[ToolCall]]:
+    """The session's last message and its last assistant message's calls that have no
+    result after it, found from the end of its `count` messages: read backwards a few
+    messages at a time, never all of them."""
     answered: set[str] = set()
     last: Message | None = None
     end, size = count, 8
@@ -319,15 +374,7 @@ async def last_step(store: Store, session_id: str, count: int) -> tuple[Message 
         last = last or chunk[-1]
         for message in reversed(chunk):
             if message.role == "assistant":
-                calls = [c for c in message.tool_calls if c.id not in answered]
-                if not calls:
-                    return last, []
-                step = LastStep(
-                    session_id, calls, approval_states(await store.load_approvals(session_id))
-                )
-                below = await waiting_below(store, step)
-                own = waiting_calls(session_id, calls, step.states)
-                return last, [*own, *(p for waiting in below.values() for p in waiting)]
+                return last, [c for c in message.tool_calls if c.id not in answered]
             if message.role == "tool" and message.tool_call_id is not None:
                 answered.add(message.tool_call_id)
         end, size = start, min(size * 4, MAX_CHUNK)
