@@ -52,6 +52,7 @@ KIT_TESTS = frozenset(
         "test_budget",
         "test_bundle",
         "test_check_agent",
+        "test_check_agent_agents",
         "test_check_agent_counts",
         "test_check_agent_mcp",
         "test_cli",

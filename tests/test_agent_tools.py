@@ -38,7 +38,7 @@ from durable_agents import (
     tool,
 )
 from durable_agents.agent_tools import child_session_name
-from durable_agents.messages import tool_error
+from durable_agents.messages import ParentCall, tool_error
 from durable_agents.stores import Store, memory_store, sqlite_store
 from durable_agents.testing import FunctionLLM, ScriptedLLM, SimulatedCrash, crash_on_write
 from durable_agents.worker import Runner, work_once
@@ -110,6 +110,10 @@ async def test_the_child_answers_in_a_session_of_its_own(durable_store: Store) -
     assert [m.role for m in child] == ["user", "assistant", "tool", "assistant"]
     assert child[0].content == "refund order 42"
     assert child[0].request_key == idempotency_key("p1", "call_p1")
+    # The child knows its parent: the call it answers, stored with its first write.
+    assert child[0].parent_call == ParentCall("p1", "call_p1")
+    assert {m.origin for m in child} == {"agent-tool"}
+    assert [m.parent_call for m in child[1:]] == [None, None, None]
     info = await durable_store.get_session(name)
     assert info is not None
     assert info.name == name
@@ -138,6 +142,27 @@ async def test_a_memory_store_runs_the_child_as_a_new_session_of_that_name() -> 
 class Refund(BaseModel):
     order: str
     amount: int
+
+
+def test_a_parent_call_is_kept_in_a_column_it_splits_back_from() -> None:
+    parent = ParentCall("team/alpha", "call_1")
+    assert parent.key == "team/alpha/call_1"
+    assert ParentCall.from_key(parent.key) == parent
+    assert ParentCall.from_key("no-slash") is None
+    message = Message("user", "hi", tool_call_id=parent.key, origin="agent-tool")
+    assert Message.from_dict(message.to_dict()).parent_call == parent
+    # Only a turn an agent tool started carries one.
+    assert Message("user", "hi", tool_call_id=parent.key).parent_call is None
+
+
+async def test_parent_call_goes_with_a_message_and_no_origin(durable_store: Store) -> None:
+    parent = ParentCall("p1", "c1")
+    for wrong in ({"message": None}, {"message": "x", "origin": "scheduled"}):
+        with pytest.raises(ConfigurationError, match="parent_call"):
+            await run(
+                SUPPORT, llm=parent_llm(), session_id="p1", store=durable_store,
+                parent_call=parent, **wrong,
+            )  # fmt: skip
 
 
 async def test_a_typed_child_answers_with_its_output_as_json(durable_store: Store) -> None:

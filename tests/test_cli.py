@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
+from tests.support.delegated_sessions import CALL, CHILD, PARENT, store_delegated_sessions
 from tests.support.worker_fakes import (
     PROJECT,
     START_TIMEOUT_S,
@@ -418,3 +419,35 @@ def digests_of(db: Path) -> dict[str, str]:
         return {e.tool_call_id: e.digest for e in events if e.event == "requested"}
 
     return asyncio.run(read())
+
+
+def test_show_links_a_parent_call_and_its_child_session_both_ways(tmp_path: Path) -> None:
+    db = tmp_path / "delegated.db"
+    asyncio.run(store_delegated_sessions(db))
+    parent = cli("sessions", "show", PARENT, "--db", str(db))
+    assert parent.returncode == 0, parent.stderr
+    assert f"{CALL} -> child session {CHILD}" in parent.stdout
+    assert "parent " not in parent.stdout
+    child = cli("sessions", "show", CHILD, "--db", str(db))
+    assert child.returncode == 0, child.stderr
+    assert f"  parent   session {PARENT} (id {PARENT}), call {CALL}" in child.stdout
+    assert re.search(r'\[agent-tool\] user "refund order 42"', child.stdout)
+    # The child's own call ran no agent: no child session under it.
+    assert "-> child session" not in child.stdout
+
+    parent_json = json.loads(cli("sessions", "show", PARENT, "--db", str(db), "--json").stdout)
+    assert parent_json["parent"] is None
+    assert parent_json["children"] == [{"tool_call_id": CALL, "session_id": CHILD, "name": CHILD}]
+    child_json = json.loads(cli("sessions", "show", CHILD, "--db", str(db), "--json").stdout)
+    assert child_json["parent"] == {"session_id": PARENT, "name": PARENT, "tool_call_id": CALL}
+    assert child_json["children"] == []
+
+    # --html links each page to the other's file, as `show NAME --html NAME.html` writes it.
+    for name in (PARENT, CHILD):
+        out = tmp_path / f"{name}.html"
+        written = cli("sessions", "show", name, "--db", str(db), "--html", str(out))
+        assert written.returncode == 0, written.stderr
+    parent_page = (tmp_path / f"{PARENT}.html").read_text(encoding="utf-8")
+    assert f'class="child-link" href="{CHILD}.html"' in parent_page
+    child_page = (tmp_path / f"{CHILD}.html").read_text(encoding="utf-8")
+    assert f'class="parent-link" href="{PARENT}.html#call-{CALL}"' in child_page

@@ -10,6 +10,8 @@ of a longer session (`TimelinePage`): its positions, the links to the pages arou
 it, a step split by the page's end, in HTML and in chromium. Messages no client wrote
 (`Message.origin`): a scheduled turn, a self-resumed resume and a turn ended by
 `stop_turn`, built on SQLite, their badges and the stop note in HTML and in chromium.
+A parent's agent-tool call and its child session, linked both ways (issue 34 item 3): in
+HTML, from a SQLite store, and followed by clicks in chromium.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser
 from pydantic import BaseModel
+from tests.support.delegated_sessions import CALL, CHILD, PARENT, store_delegated_sessions
 from tests.support.headless_chromium import browser_fixture, chromium_fixture  # noqa: F401 - fixtures
 
 from durable_agents import (
@@ -41,7 +44,8 @@ from durable_agents import (
     tool,
 )
 from durable_agents.errors import ToolDurabilityError
-from durable_agents.messages import ToolErrorKind, tool_error_content
+from durable_agents.messages import ParentCall, ToolErrorKind, tool_error_content
+from durable_agents.session_links import LinkedSession, SessionLinks, find_links, view_href
 from durable_agents.stores import Store, sqlite_store
 from durable_agents.stores.base import ApprovalEvent, SessionInfo
 from durable_agents.testing import ScriptedLLM, SimulatedCrash, crash_on_write
@@ -971,6 +975,124 @@ def test_the_origins_page_in_chromium_without_javascript(
         page.screenshot(path=str(tmp_path / "timeline-origins.png"), full_page=True)
         page.emulate_media(color_scheme="dark")
         page.screenshot(path=str(tmp_path / "timeline-origins-dark.png"), full_page=True)
+        print(f"screenshots: {tmp_path}")
+    finally:
+        context.close()
+
+
+# -- a parent call and its child session, linked both ways ------------------------------------
+
+
+def test_a_call_links_its_child_session_and_the_child_its_parent_call() -> None:
+    call = ToolCall("call_p1", "refunds", {"message": "refund order 42"})
+    child = LinkedSession("sub-1", "sub-1", "call_p1", view_href("sub-1", "refunds"))
+    parent_page = parse(
+        render(
+            [Message.user("refund 42"), Message.assistant("", [call])],
+            links=SessionLinks(children={"call_p1": child}),
+        )
+    )
+    (link,) = parent_page.find_all("a", **{"class": "child-link"})
+    assert link.attrs["href"] == "/agents/refunds/sessions/sub-1/view"
+    assert link.attrs["data-child-session"] == "sub-1"
+    assert link.parent is not None
+    assert link.parent.parent is not None
+    assert link.parent.parent.attrs["id"] == "call-call_p1"
+    record = ParentCall("a" * 64, "call_p1")
+    asked = Message("user", "refund order 42", tool_call_id=record.key, origin="agent-tool")
+    parent = LinkedSession("a" * 64, "support-1", "call_p1", view_href("support-1"))
+    child_page = parse(
+        render([asked, Message.assistant("done")], name="sub-1", links=SessionLinks(parent))
+    )
+    links = child_page.find_all("a", **{"class": "parent-link"})
+    assert [a.attrs["href"] for a in links] == ["/sessions/support-1/view#call-call_p1"] * 2
+    assert {a.attrs["data-parent-call"] for a in links} == {"call_p1"}
+    (asked_by,) = article(child_page, 0).find_all("p", **{"class": "asked-by"})
+    assert "of session support-1" in asked_by.text()
+    assert child_page.find_all(data_origin="agent-tool")
+
+
+def test_a_parent_not_stored_here_is_named_not_linked() -> None:
+    gone = LinkedSession("p-gone", "p-gone", "c9")
+    page = parse(render([Message.assistant("hi")], links=SessionLinks(gone)))
+    (named,) = page.find_all("span", **{"class": "parent-link"})
+    assert named.attrs["data-parent-session"] == "p-gone"
+    assert page.find_all("a", **{"class": "parent-link"}) == []
+
+
+def test_view_hrefs_of_the_default_agent_and_of_a_served_one() -> None:
+    assert view_href("s 1") == "/sessions/s%201/view"
+    assert view_href("s1", "refunds") == "/agents/refunds/sessions/s1/view"
+
+
+@pytest.fixture(scope="module")
+def delegated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("delegated") / "delegated.db"
+    with ThreadPoolExecutor(1) as thread:  # away from the browser's event loop
+        thread.submit(asyncio.run, store_delegated_sessions(db)).result()
+    return db
+
+
+def _linked_page(db: Path, session_id: str, href: Any = view_href) -> str:
+    """The session's page with its links, as the CLI and the Worker render it."""
+    with ThreadPoolExecutor(1) as thread:  # away from the browser's event loop
+        return thread.submit(asyncio.run, _render_linked(db, session_id, href)).result()
+
+
+async def _render_linked(db: Path, session_id: str, href: Any) -> str:
+    async with sqlite_store(db) as store:
+        info = await store.get_session(session_id)
+        assert info is not None
+        entries = await store.load_timeline(session_id)
+        links = await find_links(
+            store, session_id, (m for _, m in entries), href=href, agents={"refunds": "refunds"}
+        )
+        return render_timeline(
+            name=info.name or info.id, session_id=info.id, agent=info.agent_name,
+            entries=entries, session=info, links=links,
+        )  # fmt: skip
+
+
+def test_stored_sessions_link_both_ways(delegated: Path) -> None:
+    parent = parse(_linked_page(delegated, PARENT))
+    (child_link,) = parent.find_all("a", **{"class": "child-link"})
+    assert child_link.attrs["href"] == f"/agents/refunds/sessions/{CHILD}/view"
+    child = parse(_linked_page(delegated, CHILD))
+    hrefs = {a.attrs["href"] for a in child.find_all("a", **{"class": "parent-link"})}
+    assert hrefs == {f"/sessions/{PARENT}/view#call-{CALL}"}
+    # The child's own call (of refund, no agent tool) links to no session.
+    assert child.find_all("a", **{"class": "child-link"}) == []
+
+
+def test_linked_pages_in_chromium_without_javascript(
+    browser: Browser, delegated: Path, tmp_path: Path
+) -> None:
+    def beside(name: str, agent: str | None) -> str:
+        return f"{name}.html"
+
+    for session in (PARENT, CHILD):
+        page_html = _linked_page(delegated, session, beside)
+        (tmp_path / f"{session}.html").write_text(page_html, encoding="utf-8")
+    context = browser.new_context(
+        java_script_enabled=False, viewport={"width": 1000, "height": 800}
+    )
+    try:
+        page = context.new_page()
+        page.goto((tmp_path / f"{PARENT}.html").as_uri())
+        to_child = page.locator("a.child-link")
+        assert to_child.is_visible()
+        assert to_child.inner_text() == f"child session {CHILD} →"
+        page.screenshot(path=str(tmp_path / "timeline-parent.png"), full_page=True)
+        to_child.click()
+        page.wait_for_url(f"**/{CHILD}.html")
+        assert page.locator("h1").inner_text() == CHILD
+        to_parent = page.locator("dl.facts a.parent-link")
+        assert to_parent.is_visible()
+        page.screenshot(path=str(tmp_path / "timeline-child.png"), full_page=True)
+        to_parent.click()
+        page.wait_for_url(f"**/{PARENT}.html#call-{CALL}")
+        assert page.locator("h1").inner_text() == PARENT
+        assert page.locator(f"#call-{CALL}").is_visible()
         print(f"screenshots: {tmp_path}")
     finally:
         context.close()

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from . import worker
 from .approvals import approval_states
@@ -43,6 +44,7 @@ from .errors import (
 )
 from .messages import Message, ToolCall, ToolErrorKind, pending_tool_calls, tool_error
 from .run import DEFERRED_REASON
+from .session_links import SessionLinks, find_links
 from .stores.base import ApprovalEvent, SessionInfo
 from .stores.sqlite import SQLiteStore, sqlite_store
 from .timeline import render_timeline
@@ -314,10 +316,18 @@ async def _list_sessions(store: SQLiteStore, limit: int, cursor: str | None, as_
     return 0
 
 
-async def _load_session(
-    store: SQLiteStore, wanted: str
-) -> tuple[SessionInfo, list[tuple[int, Message]], list[ApprovalEvent]] | None:
-    """The session `wanted` names (an id, else a name: the newest of that name)."""
+Shown = tuple[SessionInfo, list[tuple[int, Message]], list[ApprovalEvent], SessionLinks]
+
+
+def _page_file(name: str, agent: str | None) -> str:
+    """Where `--html` links a session's page: the file `NAME.html` beside it (what
+    `sessions show NAME --html NAME.html` writes)."""
+    return f"{quote(name, safe='')}.html"
+
+
+async def _load_session(store: SQLiteStore, wanted: str) -> Shown | None:
+    """The session `wanted` names (an id, else a name: the newest of that name), with its
+    links to its parent call and child sessions."""
     try:
         info = await store.get_session(wanted)
         if info is None:
@@ -330,7 +340,9 @@ async def _load_session(
                 print(f"durable-agents: {len(named)} sessions are named {_printable(wanted)!r}; "
                       f"showing the newest ({info.id}); the others: {others}",
                       file=sys.stderr)  # fmt: skip
-        return info, await store.load_timeline(info.id), await store.load_approvals(info.id)
+        timeline = await store.load_timeline(info.id)
+        links = await find_links(store, info.id, (m for _, m in timeline), href=_page_file)
+        return info, timeline, await store.load_approvals(info.id), links
     except DurableAgentsError as exc:
         raise CommandError(_store_problem(exc)) from None
     finally:
@@ -342,13 +354,13 @@ def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path
     if found is None:
         print(f"durable-agents: no session {_printable(wanted)!r} (by id or name)", file=sys.stderr)
         return 1
-    info, timeline, approvals = found
+    info, timeline, approvals, links = found
     if html_out is not None:
-        _write_timeline_page(info, timeline, approvals, html_out)
+        _write_timeline_page(info, timeline, approvals, links, html_out)
     elif as_json:
-        _print_session_json(info, timeline, approvals)
+        _print_session_json(info, timeline, approvals, links)
     else:
-        _print_session(info, timeline)
+        _print_session(info, timeline, links)
         _print_approvals(approvals, _tool_calls(timeline))
         _print_waiting(timeline, approvals)
     return 0
@@ -363,13 +375,15 @@ def _write_timeline_page(
     info: SessionInfo,
     timeline: list[tuple[int, Message]],
     approvals: list[ApprovalEvent],
+    links: SessionLinks,
     html_out: Path,
 ) -> None:
-    """`--html OUT`: the session's timeline page, to OUT (`-`: standard output)."""
+    """`--html OUT`: the session's timeline page, to OUT (`-`: standard output); it links
+    a parent and child sessions as the files `NAME.html` beside it."""
     name = info.name or info.id
     page = render_timeline(
         name=name, session_id=info.id, agent=info.agent_name, entries=timeline,
-        approvals=approvals,
+        approvals=approvals, links=links,
     )  # fmt: skip
     if str(html_out) == "-":
         sys.stdout.write(page)
@@ -379,27 +393,50 @@ def _write_timeline_page(
 
 
 def _print_session_json(
-    info: SessionInfo, timeline: list[tuple[int, Message]], approvals: list[ApprovalEvent]
+    info: SessionInfo,
+    timeline: list[tuple[int, Message]],
+    approvals: list[ApprovalEvent],
+    links: SessionLinks,
 ) -> None:
     calls = _tool_calls(timeline)
+    parent = links.parent
     data = {
         **_session_json(info),
+        "parent": None if parent is None else {
+            "session_id": parent.session_id, "name": parent.name, "tool_call_id": parent.call_id,
+        },
+        "children": [
+            {"tool_call_id": c.call_id, "session_id": c.session_id, "name": c.name}
+            for c in links.children.values()
+        ],
         "messages": [m.to_dict() for _, m in timeline],
         "approvals": [_approval_json(e, calls.get(e.tool_call_id)) for e in approvals],
-    }
+    }  # fmt: skip
     print(json.dumps(data, ensure_ascii=False, indent=2))
 
 
-def _print_session(info: SessionInfo, timeline: list[tuple[int, Message]]) -> None:
-    """The session's header, then one line per message."""
+def _print_session(
+    info: SessionInfo, timeline: list[tuple[int, Message]], links: SessionLinks
+) -> None:
+    """The session's header, then one line per message, each call's child session (an
+    agent tool's) on a line of its own."""
     print(f"session {_printable(info.name or info.id)}")
     print(f"  id       {info.id}")
     print(f"  agent    {_printable(info.agent_name or '-')}    state {info.state}")
     print(f"  created  {_time(info.created_at)} UTC    updated {_time(info.updated_at)} UTC")
     print(f"  messages {info.message_count}    tokens {info.input_tokens:,} in / "
           f"{info.output_tokens:,} out")  # fmt: skip
+    parent = links.parent
+    if parent is not None:
+        print(f"  parent   session {_printable(parent.name)} (id {_printable(parent.session_id)}), "
+              f"call {_printable(parent.call_id)}")  # fmt: skip
     for seq, (ms, m) in enumerate(timeline):
         print(f"{seq:>4}  {_time(ms)[11:]}  {_printable(_describe(m))}")
+        for call in m.tool_calls:
+            child = links.children.get(call.id)
+            if child is not None:
+                print(f"                  {_printable(call.id)} -> child session "
+                      f"{_printable(child.name)}")  # fmt: skip
 
 
 def _print_approvals(approvals: list[ApprovalEvent], calls: dict[str, ToolCall]) -> None:
@@ -472,8 +509,9 @@ def _store_problem(exc: DurableAgentsError) -> str:
 
 
 def _describe(message: Message) -> str:
-    """One line for a message; `[scheduled]`, `[self-resumed]` or `[stopped]` first for one
-    no client wrote (a schedule's turn, a resume nobody asked for, the kit's stop note)."""
+    """One line for a message; `[scheduled]`, `[self-resumed]`, `[stopped]` or
+    `[agent-tool]` first for one no client wrote (a schedule's turn, a resume nobody asked
+    for, the kit's stop note, a turn another session's agent tool ran)."""
     text = _describe_content(message)
     return text if message.origin is None else f"[{message.origin}] {text}"
 

@@ -18,8 +18,8 @@ from . import _json
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
-MessageOrigin = Literal["scheduled", "self-resumed", "stopped"]
-ORIGINS: tuple[str, ...] = ("scheduled", "self-resumed", "stopped")
+MessageOrigin = Literal["scheduled", "self-resumed", "stopped", "agent-tool"]
+ORIGINS: tuple[str, ...] = ("scheduled", "self-resumed", "stopped", "agent-tool")
 
 
 OUTPUT_TOOL = "final_result"
@@ -155,6 +155,28 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class ParentCall:
+    """The agent-tool call of another session that a child session's turn answers: the
+    parent's session id and the call's id (what `child_session_name` derives the
+    child's name from). Stored with the child's first write, on the user message that
+    starts its turn (`Message.parent_call`), so a child session knows its parent."""
+
+    session_id: str
+    call_id: str
+
+    @property
+    def key(self) -> str:
+        """How the record is stored: `{session_id}/{call_id}` in the user message's
+        `tool_call_id` (a call id never holds a `/`, so it splits back at the last one)."""
+        return f"{self.session_id}/{self.call_id}"
+
+    @classmethod
+    def from_key(cls, key: str) -> ParentCall | None:
+        session_id, slash, call_id = key.rpartition("/")
+        return cls(session_id, call_id) if slash and session_id and call_id else None
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     """One entry of a conversation.
 
@@ -176,7 +198,9 @@ class Message:
     a client: `"scheduled"` (a schedule's message and its turn), `"self-resumed"`
     (written by a resume nobody asked for: the session's Durable Object alarm or
     the `durable-agents worker`), `"stopped"` (the kit's note that ends a turn
-    whose resumes kept crashing). None for everything else.
+    whose resumes kept crashing), `"agent-tool"` (a turn another session's agent
+    tool ran: its user message records that call, `parent_call`). None for
+    everything else.
 
     `instructions` (on the user message that starts a turn, or on a summary that
     folded it) are the instructions the turn's LLM calls were sent, when the
@@ -239,6 +263,15 @@ class Message:
     @classmethod
     def tool_result(cls, call: ToolCall, content: str) -> Message:
         return cls("tool", content, tool_call_id=call.id, tool_name=call.name)
+
+    @property
+    def parent_call(self) -> ParentCall | None:
+        """The parent's call this message's turn answers: on the user message of a turn
+        an agent tool started (origin "agent-tool"), which keeps it in `tool_call_id`
+        as `ParentCall.key`, a column no other user message uses. None on any other."""
+        if self.role != "user" or self.origin != "agent-tool" or not self.tool_call_id:
+            return None
+        return ParentCall.from_key(self.tool_call_id)
 
     @property
     def is_final_reply(self) -> bool:

@@ -75,6 +75,7 @@ from .messages import (
     LLMResponse,
     Message,
     MessageOrigin,
+    ParentCall,
     ToolCall,
     ToolErrorKind,
     ToolSpec,
@@ -123,6 +124,7 @@ async def run(
     settings: Mapping[str, str] | None = None,
     http: httpx.AsyncClient | None = None,
     agents: AgentRunner | Mapping[str, Agent[Any, Any] | LocalAgent] | None = None,
+    parent_call: ParentCall | None = None,
     _lease_run_id: str | None = None,
 ) -> RunResult[OutputT]:
     """Run one turn of `agent`, durably when given a durable `store` and a `session_id`.
@@ -184,6 +186,9 @@ async def run(
     or `LocalAgent`s (an agent with its own LLM, deps or tools), each child turn a
     `run()` on the same store, the LLM the parent's unless given; or an
     `AgentRunner` that runs them elsewhere. See `durable_agents.agent_tools`.
+    `parent_call` is what an `AgentRunner` passes for a child turn: the parent's call
+    it answers, stored on the turn's user message (`Message.parent_call`), every message
+    of the run marked origin "agent-tool", so the child session links back to it.
 
     `tools` supplies or overrides handlers by tool name. `deps` reaches every
     handler as `ctx.deps`. `new_id` makes session and tool call ids (default:
@@ -204,6 +209,10 @@ async def run(
     they end the run with status `"error"`. Tool failures are results.
     """
     events = EventReporter(on_event)
+    if parent_call is not None:
+        if message is None or origin is not None:
+            raise ConfigurationError("parent_call goes with a message= and no origin=")
+        origin = "agent-tool"
     message = checked_message(agent, session_id, message, request_key, origin)
     if store is None:
         from .stores.memory import memory_store  # a Worker's store is never in memory
@@ -216,7 +225,7 @@ async def run(
     options = _TurnOptions(
         agent, bind_tools(agent, tools or {}), deps, new_id or random_id, events, cancel,
         session_name, origin, clock or time.time,
-        Setup(os.environ if settings is None else settings, client), delegation,
+        Setup(os.environ if settings is None else settings, client), delegation, parent_call,
     )  # fmt: skip
     try:
         result = await _run(
@@ -244,6 +253,7 @@ class _TurnOptions:
     clock: Callable[[], float] = time.time
     setup: Setup = field(default_factory=lambda: Setup(os.environ, RunClient(None)))
     delegation: Delegation | None = None  # for agent tools (`run(agents=)`)
+    parent_call: ParentCall | None = None  # the agent-tool call a child turn answers
 
 
 async def _run(
@@ -485,7 +495,11 @@ class _Turn:
 
     def user_message(self, message: str, request_key: str | None) -> Message:
         """The message that starts the turn, with the instructions made for it."""
-        return Message("user", message, request_key=request_key, instructions=self.instructions)
+        parent = self.options.parent_call
+        return Message(
+            "user", message, tool_call_id=None if parent is None else parent.key,
+            request_key=request_key, instructions=self.instructions,
+        )  # fmt: skip
 
     async def find_request(self, request_key: str, message: str) -> int | None:
         """The position of the user message stored with `request_key`, if any."""

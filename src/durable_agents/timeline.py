@@ -12,7 +12,12 @@ Stable hooks (tests/test_timeline.py asserts on them): each message is an
 `<article id="m<position>">` with `data-position`, `data-role`, `data-kind` and, when
 no client's request wrote it, `data-origin` (`Message.origin`; its turn's section
 has `data-origins`); each call a `.call` with `data-call-id`, `data-tool`,
-`data-kind` and `data-edited` when a person edited its arguments; `.attention` lists
+`data-kind` and `data-edited` when a person edited its arguments, and `id="call-<id>"`;
+a call whose agent tool ran a child session has an `a.child-link` to it with
+`data-child-session`, and a session an agent tool started has an `a.parent-link`
+(in its header's facts and on the user message) to the call, with
+`data-parent-session` and `data-parent-call` (`durable_agents.session_links`);
+`.attention` lists
 what a person must not miss, each item's `data-kind` a `ToolErrorKind` or one of
 pending-approval, approved-not-run, no-result, stopped; a paged view has a
 `<nav class="pages">` above and below with `data-total`, `data-first`, `data-last`.
@@ -34,6 +39,7 @@ from typing import Any
 from ._resources import read_text
 from .approvals import ApprovalState, approval_states
 from .messages import MalformedToolCall, Message, ToolCall, ToolErrorKind, Usage, tool_error
+from .session_links import LinkedSession, SessionLinks
 from .stores.base import ApprovalEvent, SessionInfo
 
 __all__ = ["TimelinePage", "render_timeline"]
@@ -68,16 +74,20 @@ def render_timeline(
     approvals: Sequence[ApprovalEvent] = (),
     page: TimelinePage | None = None,
     session: SessionInfo | None = None,
+    links: SessionLinks | None = None,
 ) -> str:
     """The session's page: `entries` are its stored messages with their
     `created_at` (Unix ms), in order (`store.load_timeline`); `approvals` its
     approval events (`store.load_approvals`; those of calls elsewhere are
     ignored). Without `page`, `entries` are the whole session from position 0;
     with it, one page of it. `session` (`store.get_session`) gives the header
-    the session's own times, message count and usage (else: the entries')."""
+    the session's own times, message count and usage (else: the entries'). `links`
+    (`session_links.find_links`) are the child sessions its agent-tool calls ran and
+    the parent call that ran its turn."""
     return _Page(
-        name, session_id, agent, list(entries), approval_states(approvals), page, session
-    ).render()
+        name, session_id, agent, list(entries), approval_states(approvals), page, session,
+        links or SessionLinks(),
+    ).render()  # fmt: skip
 
 
 # -- what each stored thing means -----------------------------------------------------------
@@ -164,6 +174,7 @@ _ORIGINS: dict[str, str] = {
     "scheduled": "a schedule ran this turn at its time (nobody sent its message then)",
     "self-resumed": "stored by a resume nobody asked for (the session's alarm or the worker)",
     "stopped": "the kit's note ending a turn whose resumes kept crashing",
+    "agent-tool": "another session's agent tool ran this turn (see the parent call)",
 }
 
 
@@ -272,8 +283,10 @@ class _Page:
         states: dict[str, ApprovalState],
         page: TimelinePage | None = None,
         session: SessionInfo | None = None,
+        links: SessionLinks | None = None,
     ) -> None:
         self.name, self.session_id, self.agent = name, session_id, agent
+        self.links_to = links or SessionLinks()
         self.paged = page is not None
         if page is None:
             page = TimelinePage(first=0)
@@ -390,6 +403,11 @@ class _Page:
         facts = [
             ("Session id", f"<code>{_e(self.session_id)}</code>"),
             ("Agent", _e(self.agent or "—")),
+        ]
+        parent = self.links_to.parent
+        if parent is not None:
+            facts.append(("Called by", _parent_link(parent)))
+        facts += [
             ("Created", _time(created) if created is not None else "—"),
             ("Updated", _time(updated) if updated is not None else "—"),
             ("Messages", f"{self.total:,}"),
@@ -490,6 +508,9 @@ class _Page:
             return "summary", who, _text(message.content) + _instructions(message), ""
         if message.role in ("user", "system"):
             inner = _text(message.content) + _instructions(message)
+            parent = self.links_to.parent
+            if message.parent_call is not None and parent is not None:
+                inner = f'<p class="asked-by">Asked by {_parent_link(parent)}</p>' + inner
             return message.role, message.role.capitalize(), inner, ""
         if message.role == "assistant":
             return self._assistant_content(message)
@@ -555,11 +576,11 @@ class _Page:
         kind = flag.kind if flag else "call"
         return (
             f'<div class="call{" tone-" + flag.tone if flag else ""}" data-kind="{_e(kind)}" '
-            f'data-call-id="{_e(call.id)}" data-tool="{_e(call.name)}"{edited}>'
-            f'<p class="callhead"><span class="k">Calls</span> '
+            f'id="call-{_e(call.id)}" data-call-id="{_e(call.id)}" data-tool="{_e(call.name)}"'
+            f'{edited}><p class="callhead"><span class="k">Calls</span> '
             f'<code class="tool">{_e(call.name)}</code>'
             f' <span class="callid">id {_e(call.id)}</span> {_decision(state)} '
-            f"{self._outcome(call, flag)}</p>{status}{args}</div>"
+            f"{self._outcome(call, flag)}{self._child(call)}</p>{status}{args}</div>"
         )
 
     def _outcome(self, call: ToolCall, flag: _Flag | None) -> str:
@@ -576,6 +597,16 @@ class _Page:
             return f'<a class="result-link" href="{_e(newer)}">result: on a later page</a>'
         return ""
 
+    def _child(self, call: ToolCall) -> str:
+        """The link to the child session the call's agent tool ran, if one is stored."""
+        child = self.links_to.children.get(call.id)
+        if child is None or child.href is None:
+            return ""
+        return (
+            f' <a class="child-link" href="{_e(child.href)}" '
+            f'data-child-session="{_e(child.name)}">child session {_e(child.name)} →</a>'
+        )
+
     def _result_summary(self, position: int) -> str:
         flag = self._result_flag_at(position, self.messages[position])
         if flag is None:
@@ -591,6 +622,17 @@ def _arguments(call: ToolCall) -> str:
             f"{_e(call.arguments_error)}</p>{_code(call.raw_arguments)}"
         )
     return _code(json.dumps(call.arguments, ensure_ascii=False, indent=2))
+
+
+def _parent_link(parent: LinkedSession) -> str:
+    """The call of the parent session that ran this session's turn: a link to it on the
+    parent's page (its text alone when the parent is not stored where this page was read)."""
+    text = f"call <code>{_e(parent.call_id)}</code> of session {_e(parent.name)}"
+    marks = f'data-parent-session="{_e(parent.name)}" data-parent-call="{_e(parent.call_id)}"'
+    if parent.href is None:
+        return f'<span class="parent-link" {marks}>{text}</span>'
+    href = f"{parent.href}#call-{parent.call_id}"
+    return f'<a class="parent-link" href="{_e(href)}" {marks}>← {text}</a>'
 
 
 def _decision(state: ApprovalState | None) -> str:

@@ -23,8 +23,10 @@ from durable_agents import (
     ToolContext,
     ToolSpec,
     Usage,
+    agent_tool,
     tool,
 )
+from durable_agents.agent_tools import child_session_name
 from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.app import (
     Command,
@@ -35,6 +37,7 @@ from durable_agents.cloudflare.app import (
     serve_session,
     with_budget,
 )
+from durable_agents.messages import ParentCall
 from durable_agents.stores.d1 import D1Store
 from durable_agents.testing.conformance import ticking_clock
 from durable_agents.testing.fake_d1 import FakeD1Database
@@ -177,6 +180,47 @@ async def test_the_view_is_the_escaped_timeline_page(store: D1Store) -> None:
     assert "<script>alert(1)</script>" not in page.text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
     assert "shown" in page.text
+
+
+class SupportWorker(Worker):
+    """The Worker serving an agent with an agent tool (of the served agent `refunds`)."""
+
+    async def dispatch(self, name: str, command: Command) -> Reply:
+        return await serve_session(
+            Command.from_json(command.to_json()), session_id=f"id-{name}", store=self.store,
+            env=self.env, live=self.lives.setdefault(name, LiveSession()), agent=SUPPORT,
+            make_deps=lambda env, http: None, llm=self.model,
+        )  # fmt: skip
+
+
+SUPPORT = Agent("support", "You help.", [agent_tool("refunds", description="Refunds orders.")])
+
+
+async def test_the_view_links_a_call_and_its_child_session_both_ways(store: D1Store) -> None:
+    call = ToolCall("call_1", "refunds", {"message": "refund 42"})
+    await store.append_messages_atomic(
+        "id-ticket", 0,
+        [Message.user("refund 42"), Message.assistant("", [call]),
+         Message.tool_result(call, "refunded"), Message.assistant("Done.")],
+        agent_name="support", session_name="ticket",
+    )  # fmt: skip
+    child = child_session_name("id-ticket", "call_1")
+    asked = Message(
+        "user", "refund 42", tool_call_id=ParentCall("id-ticket", "call_1").key,
+        origin="agent-tool",
+    )  # fmt: skip
+    await store.append_messages_atomic(
+        f"id-{child}", 0, [asked, Message("assistant", "refunded", origin="agent-tool")],
+        agent_name="refunds", session_name=child,
+    )  # fmt: skip
+    worker = SupportWorker(store)
+    parent_page = await worker("GET", "/sessions/ticket/view")
+    assert parent_page.status == 200, parent_page.body
+    assert parent_page.text is not None
+    assert f'class="child-link" href="/agents/refunds/sessions/{child}/view"' in parent_page.text
+    child_page = await worker("GET", f"/sessions/{child}/view")
+    assert child_page.text is not None
+    assert 'class="parent-link" href="/sessions/ticket/view#call-call_1"' in child_page.text
 
 
 async def test_retention_deletes_only_sessions_idle_past_the_setting(store: D1Store) -> None:

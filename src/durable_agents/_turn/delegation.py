@@ -30,7 +30,7 @@ from ..approvals import PendingApproval
 from ..errors import ConfigurationError
 from ..events import CancelToken, ChildEvent, EventReporter, OnEvent, RunEvent
 from ..llm.base import LLM
-from ..messages import ToolErrorKind, Usage, tool_error_content
+from ..messages import ParentCall, ToolErrorKind, Usage, tool_error_content
 from ..stores.base import Store
 from ..tools import Handler, ToolContext
 from .run_result import RunResult, RunStatus
@@ -82,7 +82,9 @@ class AgentTurn:
     with it, so that asking again finishes (or reads back) the same turn. `depth` is
     the child's (1 under a top-level turn). `on_event` (None when nobody watches the
     parent) takes the child's events, and `cancel` is the parent's token: cancelling
-    the parent cancels the child.
+    the parent cancels the child. A runner passes `parent_session_id` and
+    `tool_call_id` on as the child's `run(parent_call=)`: stored with the child's first
+    write, they link the child session back to the call.
     """
 
     agent: str
@@ -190,6 +192,7 @@ class LocalAgents:
                 on_event=turn.on_event,
                 cancel=turn.cancel,
                 agents=self,  # its own agent tools call the same agents
+                parent_call=ParentCall(turn.parent_session_id, turn.tool_call_id),
             )
         info = await self.store.get_session(result.session_id)
         usage = result.usage if info is None else Usage(info.input_tokens, info.output_tokens)

@@ -160,6 +160,7 @@ async def view(command: View, ctx: ObjectContext) -> Reply:
     """GET .../view: one page of the session's timeline, an HTML page a person reads: the
     latest messages, or those after `command.after` or before `command.before`, with
     links to the pages around it."""
+    from ..session_links import agent_tool_agents, find_links
     from ..timeline import TimelinePage, render_timeline
 
     store, session_id = ctx.store, ctx.session_id
@@ -173,6 +174,10 @@ async def view(command: View, ctx: ObjectContext) -> Reply:
         first, last = rows[0][0], rows[-1][0]
         more = more or last + 1 < count
     following = await _results_after(store, session_id, rows, last) if rows and more else []
+    # A child or parent session the store here holds (D1's one database; a Durable
+    # Object's own storage holds none but its own): linked, by the served agents' URLs.
+    shown = [m for _, (_, m) in rows]
+    links = await find_links(store, session_id, shown, agents=agent_tool_agents(ctx.agent))
     page = render_timeline(
         name=command.name or info.name or session_id,
         session_id=session_id,
@@ -181,6 +186,7 @@ async def view(command: View, ctx: ObjectContext) -> Reply:
         approvals=await store.load_approvals(session_id),
         page=TimelinePage(first, _view_links(rows, first, last, limit, more), following),
         session=info,
+        links=links,
     )
     return Reply(200, None, HTML_HEADERS, text=page)
 

@@ -11,7 +11,8 @@ What it runs, what it asserts and whose rule a failure names (the agent's or the
 kit's): docs/testing.md, "`check_agent`: any agent at every crash point"; the
 per-tool counts and the failure of a side effect that never completed: "The
 report: how far each tool got"; `values=` (TestLLM's values per format):
-"Steering `TestLLM`'s values"; the module's own options: "`CHECK_AGENT`".
+"Steering `TestLLM`'s values"; the module's own options: "`CHECK_AGENT`"; an agent
+with agent tools (`agents=`): "Agents that call agents: `agents=`".
 
 The rooms of this package, for a reader changing one rule:
 
@@ -28,6 +29,8 @@ The rooms of this package, for a reader changing one rule:
     _check_calls          at most once, durability errors, idempotency keys
     _check_approvals      approved, denied and edited calls
     _check_server_calls   MCP calls that reached a toolset's server
+    _children             the agents its agent tools call (agents=), as the check runs them
+    _check_children       each call's child turn: once, its side effects at most once, answered
     _breach               a failure, saying whose rule broke; a side effect never completed
     _report               RecordedRequest, AgentCheckReport, ToolCounts and the counts behind it
 """

@@ -17,6 +17,7 @@ import httpx
 from ..._schema.formats import Steer, steered_formats
 from ...stores.base import Store
 from ._breach import never_completed
+from ._children import AgentsArg
 from ._config import check_setup
 from ._decisions import DecidePolicy, sweeps
 from ._player import Player
@@ -37,6 +38,7 @@ async def check_agent_async(
     decide: DecidePolicy = "all",
     values: Mapping[Any, Any] | None = None,
     expect_incomplete: Collection[str] = (),
+    agents: AgentsArg | None = None,
 ) -> AgentCheckReport:
     """`check_agent`, awaitable (for async tests). Same arguments, same report."""
     started = time.monotonic()
@@ -59,6 +61,7 @@ async def check_agent_async(
                 forward=forward,
                 steers=steers,
                 expect_incomplete=expected,
+                agents=agents,
             )
             await player.list_toolsets()
             for policy, decider in sweeps(player.gated, decide):
@@ -71,13 +74,19 @@ async def check_agent_async(
             close = getattr(backend, "close", None)
             if close is not None:
                 await close()
-    tools = [*setup.agent.tools, *player.listed.values()]
+    children = player.children.values()
+    tools = [
+        *setup.agent.tools,
+        *player.listed.values(),
+        *(t for c in children for t in c.report_tools()),
+    ]
     report = player.tally.report(
         setup.agent.name,
         tools,
         list(player.listed),
         time.monotonic() - started,
         player.expect_incomplete,
+        list(player.children),
     )
     if report.never_completed:
         raise never_completed(report, {t.name: t for t in tools}, player.arguments)
@@ -123,7 +132,7 @@ async def sweep(player: Player, one_per_step: bool, policy: str = "approve") -> 
     await player.check(baseline, history)
     player.tally.requests += len(baseline.requests)
     _assert_every_tool_ran(player, baseline, history)
-    labels = append_labels(baseline.appends, baseline.approval_writes)
+    labels = append_labels(baseline.appends, baseline.approval_writes, baseline.append_sessions)
     for n, label in enumerate(labels, 1):
         for when in SIDES:
             crash = Crash(n, when, label)
@@ -131,11 +140,25 @@ async def sweep(player: Player, one_per_step: bool, policy: str = "approve") -> 
             history = await player.play(scenario, one_per_step)
             await player.check(scenario, history)
             player.tally.crash_points += 1
+            player.tally.child_crash_points += label.startswith("child ")
             player.tally.requests += len(scenario.requests)
 
 
 def _assert_every_tool_ran(player: Player, baseline: Scenario, history: list[Any]) -> None:
-    """Every tool not denied ran in the uncrashed play: else it would go unchecked."""
+    """Every tool not denied ran in the uncrashed play (a child agent's in one of its
+    sessions): else it would go unchecked."""
+    for child in player.children.values():
+        ran_in_child = {i.tool_name for c in baseline.children.values() for i in c.invocations}
+        idle = sorted(set(child.tools) - ran_in_child)
+        if idle:
+            raise player.breach(
+                baseline,
+                f"tools {idle} of agent {child.name!r} (of agents=) never ran in the uncrashed "
+                "play, so they would go unchecked: does an agent tool of the checked agent "
+                "call it, and do its arguments fit?",
+                history,
+                blame="agent",
+            )
     ran = {i.tool_name for i in baseline.invocations}
     denied = {
         c.name for m in history for c in m.tool_calls if not baseline.decisions.get(c.id, True)
@@ -168,6 +191,7 @@ def check_agent(
     decide: DecidePolicy = "all",
     values: Mapping[Any, Any] | None = None,
     expect_incomplete: Collection[str] = (),
+    agents: AgentsArg | None = None,
 ) -> AgentCheckReport:
     """Run an agent module at every crash point and check the at-most-once contract.
 
@@ -193,7 +217,12 @@ def check_agent(
     JSON-schema format, as `TestLLM(values=)` takes them: `{"date-time":
     "future"}` (a week after the check starts), `{"email": "ann@example.org"}`.
     `expect_incomplete`: names of side effects that may never complete in the
-    check (see below).
+    check (see below). `agents`: the agents its agent tools call, as
+    `run(agents=)` takes them (`{"refunds": refunds_agent}` or a `LocalAgent` with
+    its deps and handlers; TestLLM drives them too): their turns run on the same
+    store, every write of theirs is a crash point as the parent's are (a crash
+    there kills the parent's run too), and each call's child turn is checked to
+    have run once, its side effects at most once, its answer the call's result.
 
     Returns an `AgentCheckReport` (`report.tools[name]`: how far each tool's
     calls got); raises `AssertionError` with the crash point, the stored
@@ -227,5 +256,6 @@ def check_agent(
             decide=decide,
             values=values,
             expect_incomplete=expect_incomplete,
+            agents=agents,
         )
     )

@@ -13,19 +13,23 @@ import httpx
 
 from ..._schema.formats import Steer
 from ..._schema.values import example_arguments
+from ...agent_tools import child_session_name
 from ...approvals import approval_states
 from ...errors import ConfigurationError
 from ...llm.offline import TestLLM
 from ...messages import Message
 from ...run import pending_tool_calls, run
+from ...session_links import agent_tool_agents
 from ...stores.base import Store
 from ...tools import Tool
 from ..crash_points import CrashingStore, SimulatedCrash
 from ._breach import AgentBreach, Blame, breach
 from ._check_approvals import assert_approvals
 from ._check_calls import assert_calls
+from ._check_children import assert_children
 from ._check_history import assert_well_formed
 from ._check_server_calls import assert_server_calls
+from ._children import AgentsArg, child_agents
 from ._config import CheckSetup
 from ._decisions import ArgumentEditor, Decider, decide_waiting
 from ._listing import toolset_tools
@@ -59,6 +63,7 @@ class Player:
         forward: httpx.AsyncClient | None = None,
         steers: Mapping[str, Steer] | None = None,
         expect_incomplete: Collection[str] = (),
+        agents: AgentsArg | None = None,
     ) -> None:
         agent = self.agent = setup.agent
         self.stage = Stage()
@@ -98,11 +103,15 @@ class Player:
         self._check_handlers()
         for name, t in self.tools.items():  # made once, checked against the tool's model
             if name not in self.arguments:
-                validate = t.input_model.model_validate if t.input_model else t.parse_arguments
-                self.arguments[name] = self._made(t, validate)
+                self.arguments[name] = self._made_own(t)
         self.handlers = {
             name: recorded_handler(t, self.stage, store) for name, t in self.tools.items()
         }
+        # The agents its agent tools call: their turns run on the same store, crashing too.
+        self.agent_tools = agent_tool_agents(agent)
+        self.children = child_agents(
+            agent, agents, stage=self.stage, store=store, made=self._made_own
+        )
 
     @property
     def gated(self) -> bool:
@@ -122,6 +131,12 @@ class Player:
         return example_arguments(
             t.input_schema, tool_name=t.name, validate=validate, steers=self.steers, now=self.now
         )
+
+    def _made_own(self, t: Tool) -> dict[str, Any]:
+        """TestLLM's arguments for a tool of the agent's own (or a child's): checked
+        against its model."""
+        validate = t.input_model.model_validate if t.input_model else t.parse_arguments
+        return self._made(t, validate)
 
     def _check_given(self) -> None:
         known = set(self.tools) | set(self.listed)
@@ -172,8 +187,9 @@ class Player:
         """Play every turn on the scenario's session, crashing once, resuming until done."""
         self.stage.scenario = scenario
         crashing = RecordingStore(
-            self.store, scenario.crash, scenario.appends, scenario.approval_writes
-        )
+            self.store, scenario.crash, scenario.appends, scenario.approval_writes,
+            scenario.append_sessions,
+        )  # fmt: skip
         for turn, text in enumerate(self.messages):
             scenario.turn = turn
             await self._play_turn(scenario, crashing, text, one_per_step)
@@ -255,6 +271,7 @@ class Player:
                     deps=deps,
                     settings=self.settings,
                     http=http,
+                    agents={n: c.local(one_per_step) for n, c in self.children.items()} or None,
                 )
             except SimulatedCrash:
                 scenario.crashed = True
@@ -269,12 +286,27 @@ class Player:
 
     async def _note_orphans(self, scenario: Scenario) -> None:
         """The calls a crash left without a result and that may have run: a call waiting
-        for a decision, or decided and not claimed yet, is no orphan (it never ran)."""
-        states = approval_states(await self.store.load_approvals(scenario.name))
-        for call in pending_tool_calls(await self.store.load_messages(scenario.name)):
+        for a decision, or decided and not claimed yet, is no orphan (it never ran). The
+        same in the child session of each call of an agent tool (the crash ended its turn
+        too)."""
+        await self._note_orphans_of(scenario, scenario, self.agent_tools)
+
+    async def _note_orphans_of(
+        self, scenario: Scenario, session: Scenario, agent_tools: Mapping[str, str]
+    ) -> None:
+        """`session`'s orphans (the scenario's own, or a child session's), then those of
+        the child sessions its agent-tool calls ran."""
+        states = approval_states(await self.store.load_approvals(session.name))
+        history = await self.store.load_messages(session.name)
+        for call in pending_tool_calls(history):
             state = states.get(call.id)
             if state is None or state.claimed:
-                scenario.orphaned[call.id] = call.name
+                session.orphaned[call.id] = call.name
+        for call in (c for m in history for c in m.tool_calls if c.name in agent_tools):
+            child = scenario.child(child_session_name(session.name, call.id))
+            await self._note_orphans_of(
+                scenario, child, self.children[agent_tools[call.name]].agent_tools
+            )
 
     # -- checking -------------------------------------------------------------------
 
@@ -295,6 +327,9 @@ class Player:
                 self.transport.servers,
                 self.transport.server_tools,
                 self.tally,
+            )
+            await assert_children(
+                scenario, history, self.store, self.children, self.agent_tools, self.tally
             )
         except AgentBreach as exc:
             raise self.breach(scenario, str(exc), history, blame="agent") from None

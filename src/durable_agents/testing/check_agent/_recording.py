@@ -30,10 +30,11 @@ def recorded_handler(t: Tool, stage: Stage, store: Store) -> Handler:
     assert handler is not None
 
     async def recorded(args: Any, ctx: ToolContext) -> Any:
-        scenario = stage.now()
+        scenario = stage.now(ctx.session_id)  # a child agent's tool: its session's own
         invocation = Invocation(
-            scenario.turn, ctx.tool_name, ctx.tool_call_id, ctx.idempotency_key, 0
-        )
+            scenario.turn, ctx.tool_name, ctx.tool_call_id, ctx.idempotency_key, 0,
+            session=ctx.session_id,
+        )  # fmt: skip
         invocation.run_number = 1 + sum(
             1 for i in scenario.invocations if i.call_id == ctx.tool_call_id
         )
@@ -91,7 +92,9 @@ class RecordingToolset:
 
 
 class RecordingStore(CrashingStore):
-    """`crash_on_write`, also keeping what each append carried (to name the crash points)."""
+    """`crash_on_write`, also keeping what each append carried and where (to name the crash
+    points): a child session's appends, which its agent tool's turn makes through the same
+    store, are counted among the parent's, so a crash point can be any of them."""
 
     def __init__(
         self,
@@ -99,14 +102,17 @@ class RecordingStore(CrashingStore):
         crash: Crash | None,
         appends: list[list[Message]],
         approval_writes: list[list[ApprovalChange]],
+        sessions: list[tuple[str, str | None]] | None = None,
     ) -> None:
         super().__init__(store, crash.n if crash else None, crash.when if crash else "before")
         self._log = appends
         self._approval_log = approval_writes
+        self._sessions = [] if sessions is None else sessions
 
     async def append_messages_atomic(
         self, session_id: str, expected_seq: int, messages: Sequence[Message], **kwargs: Any
     ) -> int:
         self._log.append(list(messages))
         self._approval_log.append(list(kwargs.get("approvals", ())))
+        self._sessions.append((session_id, kwargs.get("agent_name")))
         return await super().append_messages_atomic(session_id, expected_seq, messages, **kwargs)

@@ -5,7 +5,7 @@ tool: how far its calls got). docs/testing.md ("The report: how far each tool go
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ...messages import Message, ToolErrorKind, tool_error
@@ -108,9 +108,13 @@ class AgentCheckReport:
     approver's edited arguments. `tools`: each tool's `ToolCounts` by name
     (the agent's own, then its toolsets'), how far its calls got;
     `expect_incomplete`: the tools `check_agent(expect_incomplete=)` let
-    off. `str(report)` is a line of totals, then the tools as a table and a
-    warning for each safe tool that never completed (docs/testing.md, "The
-    report: how far each tool got").
+    off. `agents`: the agents of `check_agent(agents=)` its agent tools ran;
+    `child_turns` the child turns checked (one per call of an agent tool) and
+    `child_crash_points` the crash points among their writes (named "child
+    refunds write #1" in a failure); their tools are in `tools` as
+    `refunds.refund`. `str(report)` is a line of totals, then the tools as a
+    table and a warning for each safe tool that never completed
+    (docs/testing.md, "The report: how far each tool got").
     """
 
     agent: str
@@ -131,6 +135,9 @@ class AgentCheckReport:
     seconds: float = 0.0
     tools: Mapping[str, ToolCounts] = field(default_factory=dict)
     expect_incomplete: tuple[str, ...] = ()
+    agents: tuple[str, ...] = ()
+    child_turns: int = 0
+    child_crash_points: int = 0
 
     @property
     def never_completed(self) -> tuple[str, ...]:
@@ -196,6 +203,12 @@ class AgentCheckReport:
                 f"{self.denied} denied calls of {', '.join(self.approval_tools)}: none ran "
                 "unapproved, none twice, no denied one ran, every edited one with the edit"
             )
+        if self.agents:
+            text += (
+                f"; {self.child_turns} child turns of {', '.join(self.agents)} "
+                f"({self.child_crash_points} of the crash points in their writes): each ran "
+                "once a call, its side effects at most once, and the call got its answer"
+            )
         if self.unkeyed_unsafe_requests:
             text += (
                 "; note: requests of unsafe tools without the call's idempotency key in a "
@@ -250,19 +263,22 @@ class Tally:
     edited: int = 0
     mcp_calls: int = 0
     tools: dict[str, _ToolTally] = field(default_factory=dict)
+    child_turns: int = 0
+    child_crash_points: int = 0
 
     def count_tools(
         self,
         runs: Iterable[tuple[str, str | None, str]],
         decisions: Mapping[str, bool],
         history: Sequence[Message],
+        rename: Callable[[str], str] = str,
     ) -> None:
         """Add how far each tool's calls got in a played scenario: its handler `runs`
         (tool name, outcome, what it ended in), and from the stored `history` its calls,
         the ones refused for their arguments and the `decisions` on them (call id ->
-        approved)."""
+        approved). `rename`: a tool's name in the table (a child agent's: `refunds.refund`)."""
         for name, outcome, detail in runs:
-            counts = self.tools.setdefault(name, _ToolTally())
+            counts = self.tools.setdefault(rename(name), _ToolTally())
             if outcome == "completed":
                 counts.completed += 1
             elif outcome in ("retried", "failed"):
@@ -274,11 +290,11 @@ class Tally:
         names = {}
         for message in history:
             for call in message.tool_calls:
-                names[call.id] = call.name
-                self.tools.setdefault(call.name, _ToolTally()).calls += 1
+                names[call.id] = rename(call.name)
+                self.tools.setdefault(rename(call.name), _ToolTally()).calls += 1
             error = tool_error(message.content) if message.role == "tool" else None
             if error and error.get("kind") == ToolErrorKind.INVALID_ARGUMENTS.value:
-                counts = self.tools.setdefault(message.tool_name or "", _ToolTally())
+                counts = self.tools.setdefault(rename(message.tool_name or ""), _ToolTally())
                 counts.rejected += 1
                 counts.outcomes[f"invalid arguments: {clip(str(error['error']))}"] += 1
         for call_id, approved in decisions.items():
@@ -306,6 +322,7 @@ class Tally:
         toolset_tools: Sequence[str],
         seconds: float,
         expect_incomplete: Collection[str] = (),
+        agents: Sequence[str] = (),
     ) -> AgentCheckReport:
         """The report of a finished check of agent `agent`, whose tools are `tools`."""
         return AgentCheckReport(
@@ -327,6 +344,9 @@ class Tally:
             seconds=seconds,
             tools=self.tool_counts(tools),
             expect_incomplete=tuple(sorted(expect_incomplete)),
+            agents=tuple(agents),
+            child_turns=self.child_turns,
+            child_crash_points=self.child_crash_points,
         )
 
 

@@ -1,5 +1,6 @@
 """One scenario of the check: a session played through its turns with one crash point (or
-none), and everything recorded in it (handler runs, requests, MCP calls, appends)."""
+none), and everything recorded in it (handler runs, requests, MCP calls, appends); the
+child sessions its agent tools ran, each a scenario of its own (`Scenario.children`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Invocation:
     arguments: Any = None  # what the handler was given, as JSON
     outcome: str | None = None  # "completed", "retried" (ModelRetry), "failed"; None: running
     detail: str = ""  # what a run that did not complete ended in: "ModelRetry('...')"
+    session: str | None = None  # the session it ran in (a child's, for a child agent's tool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +75,19 @@ class Scenario:
     orphaned: dict[str, str] = field(default_factory=dict)  # call id -> tool, after a crash
     appends: list[list[Message]] = field(default_factory=list)
     approval_writes: list[list[ApprovalChange]] = field(default_factory=list)
+    # (session id, agent name) of each append: the scenario's own, or a child session's
+    append_sessions: list[tuple[str, str | None]] = field(default_factory=list)
+    children: dict[str, Scenario] = field(default_factory=dict)  # child session id -> its own
     decisions: dict[str, bool] = field(default_factory=dict)  # call id -> approved, as asked
     edits: dict[str, dict[str, Any]] = field(default_factory=dict)  # call id -> edit sent
+
+    def child(self, session_id: str) -> Scenario:
+        """The scenario of a child session an agent tool of this one ran (made when first
+        asked for): its handler runs and requests, checked as the session's own."""
+        found = self.children.get(session_id)
+        if found is None:
+            found = self.children[session_id] = Scenario(session_id, self.mode, None, self.policy)
+        return found
 
     def requests_of(self, tool_name: str, turn: int) -> list[str]:
         """The requests the handler of `tool_name` sent in `turn`, as a failure lists them."""
@@ -87,9 +100,16 @@ class Stage:
 
     scenario: Scenario | None = None
 
-    def now(self) -> Scenario:
+    def now(self, session_id: str | None = None) -> Scenario:
+        """The scenario being played, or that of its child session `session_id`."""
         assert self.scenario is not None, "nothing is being played"
-        return self.scenario
+        if session_id is None or session_id == self.scenario.name:
+            return self.scenario
+        return self.scenario.child(session_id)
+
+    def of(self, invocation: Invocation | None) -> Scenario:
+        """The scenario a handler run belongs to (a request it sends is recorded there)."""
+        return self.now(None if invocation is None else invocation.session)
 
 
 CURRENT: contextvars.ContextVar[Invocation | None] = contextvars.ContextVar(
@@ -100,13 +120,24 @@ handlers keep theirs apart)."""
 
 
 def append_labels(
-    appends: list[list[Message]], approval_writes: Sequence[Sequence[ApprovalChange]] = ()
+    appends: list[list[Message]],
+    approval_writes: Sequence[Sequence[ApprovalChange]] = (),
+    sessions: Sequence[tuple[str, str | None]] = (),
 ) -> list[str]:
-    """Name each append of an uncrashed play: which write of which step of which turn."""
+    """Name each append of an uncrashed play: which write of which step of which turn, or
+    for a child session's (`sessions`: each append's (session id, agent); the first
+    session is the scenario's own) which write of which child: "child refunds write #1"."""
     labels = []
     turn = step = 0
     changes = list(approval_writes) or [[] for _ in appends]
-    for messages, approvals in zip(appends, changes, strict=True):
+    where = list(sessions) or [("", None) for _ in appends]
+    own = where[0][0] if where else ""
+    child_writes: dict[str, int] = {}
+    for messages, approvals, (session, agent) in zip(appends, changes, where, strict=True):
+        if session != own:
+            child_writes[session] = n = child_writes.get(session, 0) + 1
+            labels.append(f"child {agent or session} write #{n}: {_held(messages)}")
+            continue
         if any(m.role == "user" for m in messages):
             turn, step = turn + 1, 0
         if not messages:  # a decision or a claim: approval events only
@@ -125,3 +156,15 @@ def append_labels(
         else:
             labels.append(f"turn {turn}: {last.role} message")
     return labels
+
+
+def _held(messages: Sequence[Message]) -> str:
+    """What a child's write holds, in the words of the parent's labels."""
+    last = messages[-1] if messages else None
+    if last is None:
+        return "approval events"
+    if last.role == "assistant" and last.tool_calls:
+        return "calls " + ", ".join(c.name for c in last.tool_calls)
+    if last.role == "tool":
+        return f"{len(messages)} result(s)"
+    return "the final reply" if last.role == "assistant" else f"{last.role} message"

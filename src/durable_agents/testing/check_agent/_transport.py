@@ -91,8 +91,8 @@ class CheckTransport:
         )
 
     async def answer(self, request: httpx.Request) -> httpx.Response:
-        scenario = self.stage.now()
         invocation = CURRENT.get()
+        scenario = self.stage.of(invocation)  # a child agent's handler's: its session's
         url = str(request.url)
         server = next((base for base in self.servers if is_under(url, base)), None)
         scenario.requests.append(_recorded(scenario, invocation, request, server is not None))
@@ -127,7 +127,7 @@ class CheckTransport:
         message = json_rpc(request.content)
         method = message.get("method") if message is not None else None
         response = await self._stubbed(request, str(request.url))
-        _count_call(self.stage.now(), server, method, message, invocation)
+        _count_call(self.stage.of(invocation), server, method, message, invocation)
         if method == "tools/list" and response.status_code == 200:
             await self._read_listing(server, response.content)
         return response
@@ -139,7 +139,7 @@ class CheckTransport:
         `tools/call` that reached it is counted; a `tools/list` answer is read for the
         tools' annotations (what the server itself says of them)."""
         assert self.forward is not None
-        scenario = self.stage.now()
+        scenario = self.stage.of(invocation)
         message = json_rpc(request.content)
         method = message.get("method") if message is not None else None
         timeout = request.extensions.get("timeout")
