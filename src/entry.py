@@ -66,6 +66,7 @@ def _import_agent() -> Any:
 SERVED = serve_agents(__file__, _import_agent)
 _NONE_LOADED = SERVED.none_loaded
 NOT_LOADED = error_reply(500, "agent-not-loaded", _NONE_LOADED) if _NONE_LOADED else None
+AGENT_NAMES = {m.agent.name: name for name, m in SERVED.named.items()}  # for the pages' links
 
 
 def _response(reply: Reply) -> Any:
@@ -183,7 +184,7 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             alarm=self.alarm_state,
             budget=budget,
             settings=served.settings,
-            agents=ObjectAgents(SERVED.names, self.to_agent),
+            agents=ObjectAgents(SERVED.names, self.to_agent, AGENT_NAMES),
         )
 
     async def to_agent(self, agent: str, name: str, command: Command) -> Reply:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from ._turn.delegation import AgentToolHandler, child_session_name
+from ._child_sessions import child_session_name
+from ._turn.delegation import AgentToolHandler
 from .agent import Agent
 from .messages import Message
 from .stores.base import Store
@@ -64,6 +65,7 @@ async def find_links(
     href: Href = view_href,
     agents: Mapping[str, str] | None = None,
     parent_agent: str | None = None,
+    served_agent: Callable[[str | None], str | None] | None = None,
 ) -> SessionLinks:
     """The links of session `session_id`, of which `messages` are the ones shown: a child
     for each of their calls whose child session `store` holds, and the parent call its
@@ -74,7 +76,8 @@ async def find_links(
     `agent_tool_agents`) limits them to those tools' calls, as the Worker's page does
     within its invocation's budget; None looks every call up (the CLI). They and
     `parent_agent` are the links' agent segment (`href`'s second argument; None: the
-    default agent's URL).
+    default agent's URL); `served_agent`, when given, finds the parent's instead, from
+    the `agent_name` its session is stored with (a Worker serving several agents).
     """
     children: dict[str, LinkedSession] = {}
     for message in messages:
@@ -92,6 +95,8 @@ async def find_links(
     if recorded is not None:
         info = await store.get_session(recorded.session_id)
         name = recorded.session_id if info is None else info.name or info.id
+        if info is not None and served_agent is not None:
+            parent_agent = served_agent(info.agent_name)
         where = None if info is None else href(name, parent_agent)
         parent = LinkedSession(recorded.session_id, name, recorded.call_id, where)
     return SessionLinks(parent, children)

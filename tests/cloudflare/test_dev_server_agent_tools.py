@@ -94,6 +94,17 @@ def test_a_kill_at_any_point_of_the_childs_turn_runs_it_once(
     done = worker.post("/agents/support/sessions/whole/messages", {"message": "refund W"})
     assert done.status == 200, done.text
     assert done.body["response"] == "support: refunds: refunded W"
+    # The child's first write records the call it answers; the pages link both ways.
+    whole = child_session_name(parent_id("whole"), CALL)
+    (first,) = worker.rows(
+        "SELECT origin, tool_call_id FROM agent_messages "
+        f"WHERE session_id = '{durable_object_id('refunds:' + whole)}' AND seq = 0"
+    )
+    assert first == {"origin": "agent-tool", "tool_call_id": f"{parent_id('whole')}/{CALL}"}
+    parent_page = worker.get("/agents/support/sessions/whole/view")
+    assert f'href="/agents/refunds/sessions/{whole}/view"' in parent_page.text
+    child_page = worker.get(f"/agents/refunds/sessions/{whole}/view")
+    assert 'href="/agents/support/sessions/whole/view#call-call_refunds"' in child_page.text
 
     # "c": the child's turn ends; the parent's other call (a read of Z) is held.
     api.hold_reads = {"Z", "A"}

@@ -28,14 +28,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from .. import budget
 from ..agent_tools import AgentTurn, AgentTurnOutcome
 from ..approvals import PendingApproval
 from ..events import EventReporter, OnEvent, RunEvent
-from ..messages import Usage
+from ..messages import ParentCall, Usage
 from .commands import Cancel, Command, Events, Resume, SendMessage
 from .live import decode_event, stream_events
 from .wire import Reply
@@ -54,9 +54,17 @@ class ObjectAgents:
     """The `AgentRunner` of a session's Durable Object: each child turn is a command to the
     child session's object (see the module docstring)."""
 
-    def __init__(self, names: Collection[str], send: SendToAgent) -> None:
+    def __init__(
+        self, names: Collection[str], send: SendToAgent, served: Mapping[str, str] | None = None
+    ) -> None:
         self._names = tuple(names)
         self._send = send
+        self._served = dict(served or {})  # AGENT.name -> the served name, for links
+
+    def served_agent(self, agent_name: str | None) -> str | None:
+        """The served name of the agent whose sessions are stored with `agent_name`
+        (`AGENT.name`); None for the default agent's (or one this Worker does not serve)."""
+        return None if agent_name is None else self._served.get(agent_name)
 
     @property
     def names(self) -> Collection[str]:
@@ -65,8 +73,9 @@ class ObjectAgents:
     async def run_turn(self, turn: AgentTurn) -> AgentTurnOutcome:
         streamed = turn.on_event is not None
         command: Command = SendMessage(
-            message=turn.message, request_key=turn.request_key, depth=turn.depth, stream=streamed
-        )
+            message=turn.message, request_key=turn.request_key, depth=turn.depth,
+            stream=streamed, parent_call=ParentCall(turn.parent_session_id, turn.tool_call_id).key,
+        )  # fmt: skip
         for _ in range(MAX_RESUMES + 1):
             reply = await self._until_cancelled(turn, command)
             if reply.run_status != "deferred":

@@ -156,6 +156,10 @@ class SendMessage(_Turn, MessageBody):
 
     action: Literal["message"] = "message"
     request_key: RequestKey | None = None
+    # Sent with `depth` by a parent session's object only: the agent-tool call this child
+    # turn answers (`ParentCall.key`, "<parent session id>/<call id>"), stored with its
+    # first write so the child session links back to it.
+    parent_call: Annotated[StrictStr, Field(min_length=3, max_length=400)] | None = None
 
 
 class Resume(_Turn):

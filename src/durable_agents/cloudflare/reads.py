@@ -177,7 +177,10 @@ async def view(command: View, ctx: ObjectContext) -> Reply:
     # A child or parent session the store here holds (D1's one database; a Durable
     # Object's own storage holds none but its own): linked, by the served agents' URLs.
     shown = [m for _, (_, m) in rows]
-    links = await find_links(store, session_id, shown, agents=agent_tool_agents(ctx.agent))
+    served = ctx.agents.served_agent if isinstance(ctx.agents, ObjectAgents) else None
+    links = await find_links(
+        store, session_id, shown, agents=agent_tool_agents(ctx.agent), served_agent=served
+    )
     page = render_timeline(
         name=command.name or info.name or session_id,
         session_id=session_id,

@@ -26,7 +26,7 @@ from ..errors import (
 )
 from ..events import CancelToken, OnEvent
 from ..llm.settings import setting
-from ..messages import Usage
+from ..messages import ParentCall, Usage
 from ..run import RunResult, run, stop_turn
 from ..stores.base import Store
 from .alarms import ObjectAlarm, on_alarm
@@ -240,6 +240,7 @@ async def _run_turn(
                 },
                 http=client,
                 agents=ctx.agents,
+                parent_call=_parent_call(command),
             )
         reply = _result_reply(ctx.session_id, result)
         if depth:  # the parent's spend counts all its child session has used
@@ -247,6 +248,12 @@ async def _run_turn(
             if info is not None:
                 reply.body["session_usage"] = Usage(info.input_tokens, info.output_tokens).to_dict()
     return reply
+
+
+def _parent_call(command: SendMessage | Resume) -> ParentCall | None:
+    """The agent-tool call a child turn answers, as its parent's object sent it."""
+    key = command.parent_call if isinstance(command, SendMessage) else None
+    return None if key is None else ParentCall.from_key(key)
 
 
 def _result_reply(session_id: str, result: RunResult) -> Reply:
