@@ -143,7 +143,7 @@ async def pending_approvals(store: Store, session_id: str) -> list[PendingApprov
     """The calls that wait for a decision: the session's own (none, unless its last step
     asked for approval), then those of its agent tools' child sessions, and theirs, whose
     calls are still unanswered, each tagged with its `session`."""
-    step = await _last_step(store, session_id)
+    step = await unanswered_step(store, session_id)
     own = waiting_calls(session_id, step.calls, step.states)
     below = await waiting_below(store, step)
     return [*own, *(p for waiting in below.values() for p in waiting)]
@@ -158,7 +158,8 @@ class LastStep:
     states: dict[str, ApprovalState]
 
 
-async def _last_step(store: Store, session_id: str) -> LastStep:
+async def unanswered_step(store: Store, session_id: str) -> LastStep:
+    """The session's calls without a result (its last step's), and its approval states."""
     _, history = await store.load_context(session_id)  # the last step is in the tail
     calls = pending_tool_calls(history)
     if not calls:
@@ -196,7 +197,7 @@ async def _steps_below(store: Store, session_id: str, call: ToolCall) -> list[La
     child = await child_session_id(store, session_id, call.id)
     if child is None:
         return []
-    step = await _last_step(store, child)
+    step = await unanswered_step(store, child)
     if not step.calls:
         return []
     steps = [step]

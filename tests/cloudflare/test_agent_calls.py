@@ -68,6 +68,9 @@ class Objects:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        # Each object's own store (SESSION_STORE = "durable-object"), when a test sets it:
+        # no object can read another's sessions, as in a Durable Object's own storage.
+        self.own_stores: dict[str, Store] | None = None
         self.refunded: list[str] = []
         self.live: dict[str, LiveSession] = {}
         self.sent: list[tuple[str, str, Command]] = []
@@ -100,8 +103,14 @@ class Objects:
     async def serve(
         self, agent: Agent, name: str, command: Command, llm: Any, budget: Any = None
     ) -> Reply:
+        store = self.store
+        if self.own_stores is not None:
+            if name not in self.own_stores:
+                self.own_stores[name] = d1_store(FakeD1Database())
+                await self.own_stores[name].create_tables()
+            store = self.own_stores[name]
         return await serve_session(
-            command, session_id=self.object_id(name), store=self.store, env={},
+            command, session_id=self.object_id(name), store=store, env={},
             live=self.live.setdefault(name, LiveSession()), agent=agent,
             make_deps=lambda env, http: None, llm=llm, agents=self.runner, budget=budget,
         )  # fmt: skip
@@ -448,3 +457,64 @@ async def test_a_js_stream_is_read_as_bytes_and_cancelled_when_left() -> None:
     assert await anext(chunks) == b"a"
     await chunks.aclose()
     assert left.reader.cancelled
+
+
+class PayoutArgs(BaseModel):
+    order: str
+
+
+@pytest.mark.parametrize("own_stores", [False, True], ids=["one-d1", "each-objects-own"])
+async def test_a_childs_approval_is_listed_and_decided_through_the_parents_object(
+    objects: Objects, own_stores: bool
+) -> None:
+    if own_stores:
+        objects.own_stores = {}
+    paid: list[str] = []
+
+    @tool(requires_approval=True)
+    async def payout(args: PayoutArgs, ctx: ToolContext) -> str:
+        """Pay an order back."""
+        paid.append(args.order)
+        return f"paid {args.order}"
+
+    def payouts_model(messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        last = messages[-1]
+        if last.role == "user":
+            return LLMResponse(tool_calls=[ToolCall("call_pay", "payout", {"order": "7"})])
+        return LLMResponse(text=f"payouts: {last.content}")
+
+    objects.children["payouts"] = (
+        Agent("payouts", "Pays.", [payout]),
+        lambda: FunctionLLM(payouts_model),
+    )
+    objects.runner = ObjectAgents(["refunds", "payouts"], objects.send)
+    parent = Agent("support", "You help.", [agent_tool("payouts", description="Pays orders.")])
+
+    def parent_model(messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        if messages[-1].role == "tool":
+            return LLMResponse(text=f"support: {messages[-1].content}")
+        return LLMResponse(tool_calls=[ToolCall("call_p", "payouts", {"message": "pay 7"})])
+
+    async def to_parent(command: Command) -> Reply:
+        return await objects.serve(parent, "p", command, FunctionLLM(parent_model))
+
+    asked = await to_parent(Command("message", "pay my order"))
+    assert asked.body["status"] == "awaiting_approval", asked.body
+    child = objects.object_id(
+        object_name("payouts", child_session_name(objects.object_id("p"), "call_p"))
+    )
+    (pending,) = asked.body["pending"]
+    assert (pending["tool_call_id"], pending["session"]) == ("call_pay", child)
+    listed = await to_parent(Command("approvals"))
+    assert listed.body["pending"] == [pending]
+
+    wrong = {"tool_call_id": "call_pay", "approved": True, "digest": "0" * 64}
+    refused = await to_parent(Command("approve", decision=wrong))
+    assert (refused.status, refused.error_code) == (409, "approval-digest-mismatch")
+    assert paid == []
+
+    decision = {"tool_call_id": "call_pay", "approved": True, "digest": pending["digest"]}
+    done = await to_parent(Command("approve", decision=decision))
+    assert (done.body["status"], done.body["response"]) == ("complete", "support: payouts: paid 7")
+    assert paid == ["7"]
+    assert (await to_parent(Command("approvals"))).body["pending"] == []

@@ -29,18 +29,30 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import budget
-from ..agent_tools import AgentTurn, AgentTurnOutcome
-from ..approvals import PendingApproval
+from ..agent import Agent
+from ..agent_tools import AgentTurn, AgentTurnOutcome, child_session_name
+from ..approvals import LastStep, PendingApproval
 from ..events import EventReporter, OnEvent, RunEvent
 from ..messages import ParentCall, Usage
-from .commands import Cancel, Command, Events, Resume, SendMessage
+from ..session_links import agent_tool_agents
+from .commands import (
+    Approve,
+    Cancel,
+    Command,
+    Decision,
+    Events,
+    ListApprovals,
+    Resume,
+    SendMessage,
+)
 from .live import decode_event, stream_events
 from .wire import Reply
 
-__all__ = ["MAX_RESUMES", "ObjectAgents", "SendToAgent"]
+__all__ = ["MAX_RESUMES", "ChildObjects", "ObjectAgents", "SendToAgent"]
 
 SendToAgent = Callable[[str, str, Command], Awaitable[Reply]]
 """`send(agent, session_name, command)`: the command to that session's object; its reply."""
@@ -82,6 +94,54 @@ class ObjectAgents:
                 return _outcome(turn, reply)
             command = Resume(depth=turn.depth, stream=streamed)
         return _outcome(turn, reply)
+
+    async def waiting_below(
+        self, step: LastStep, agent_tools: Mapping[str, str]
+    ) -> dict[str, list[PendingApproval]]:
+        """By call of a parent's last `step` that ran an agent tool's child turn (`agent_tools`:
+        tool name -> agent): the calls waiting for a decision in the child's session and
+        below it, as the child's object lists them (`GET .../approvals`: a subrequest each),
+        tagged with their session. Wherever the sessions are stored: a Durable Object's
+        own storage holds no other session (`approvals.waiting_below` reads one store)."""
+        below: dict[str, list[PendingApproval]] = {}
+        for call in step.calls:
+            agent = agent_tools.get(call.name)
+            if agent is None or call.id in step.states:  # not an agent tool's, or its own
+                continue
+            name = child_session_name(step.session_id, call.id)
+            budget.spend(subrequests=1)
+            reply = await self._send(agent, name, ListApprovals())
+            body = reply.body if reply.status == 200 and isinstance(reply.body, dict) else {}
+            child = str(body.get("session_id") or name)
+            waiting = [
+                _tagged(_pending(p), child)
+                for p in body.get("pending") or ()
+                if isinstance(p, dict)
+            ]
+            if waiting:
+                below[call.id] = waiting
+        return below
+
+    async def decide_below(
+        self, step: LastStep, agent_tools: Mapping[str, str], decision: Decision
+    ) -> Reply | None:
+        """A person's decision on a call waiting below the parent's `step` (a child's, or a
+        grandchild's), sent to the object of the child it was listed through, which
+        decides it (and goes on with its turn after its step's last decision): its answer;
+        None when no child of the step has that call waiting."""
+        below = await self.waiting_below(step, agent_tools)
+        holders = [
+            (call_id, p) for call_id, waiting in below.items() for p in waiting
+            if p.tool_call_id == decision.tool_call_id
+        ]  # fmt: skip
+        if not holders:
+            return None
+        # One call id may wait in two children: the digest tells which the person saw.
+        call_id, _ = next(((c, p) for c, p in holders if p.digest == decision.digest), holders[0])
+        call = next(c for c in step.calls if c.id == call_id)
+        name = child_session_name(step.session_id, call_id)
+        budget.spend(subrequests=1)
+        return await self._send(agent_tools[call.name], name, Approve(decision=decision))
 
     async def stored_events(self, agent: str, session_name: str) -> AsyncIterator[RunEvent]:
         """The events of the child session's stored messages, as its object replays them
@@ -170,6 +230,34 @@ def _outcome(turn: AgentTurn, reply: Reply) -> AgentTurnOutcome:
         error.get("message") if isinstance(error, dict) else None,
         [_pending(p) for p in body.get("pending") or () if isinstance(p, dict)],
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ChildObjects:
+    """The child sessions' objects of one session object's agent tools (`agent_tools`: tool
+    name -> agent), for what waits in them: listed (`waiting`) and decided (`decide`)."""
+
+    runner: ObjectAgents
+    agent_tools: Mapping[str, str]
+
+    @classmethod
+    def of(cls, agents: object, agent: Agent[Any, Any]) -> ChildObjects | None:
+        """Those of `agent`'s agent tools, when `agents` (the object's runner) reaches
+        them; None for an agent without agent tools, or off the Workers runtime."""
+        tools = agent_tool_agents(agent)
+        return cls(agents, tools) if isinstance(agents, ObjectAgents) and tools else None
+
+    async def waiting(self, step: LastStep) -> dict[str, list[PendingApproval]]:
+        return await self.runner.waiting_below(step, self.agent_tools)
+
+    async def decide(self, step: LastStep, decision: Decision) -> Reply | None:
+        return await self.runner.decide_below(step, self.agent_tools, decision)
+
+
+def _tagged(pending: PendingApproval, session: str) -> PendingApproval:
+    """`pending` as its parent lists it: tagged with the child session holding it, unless
+    a grandchild's (tagged with its own already)."""
+    return pending if pending.session is not None else replace(pending, session=session)
 
 
 def _pending(wire: dict[str, Any]) -> PendingApproval:

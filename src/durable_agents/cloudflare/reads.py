@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 from ..agent_tools import AgentToolHandler, child_session_name
-from ..approvals import LastStep, approval_states, waiting_below, waiting_calls
+from ..approvals import LastStep, PendingApproval, approval_states, waiting_below, waiting_calls
 from ..events import ChildEvent
 from ..messages import Message, ToolCall
 from ..stores.base import Store
-from .agent_calls import ObjectAgents
+from .agent_calls import ChildObjects, ObjectAgents
 from .commands import (
     HISTORY_LIMIT,
     MAX_HISTORY_LIMIT,
@@ -129,7 +129,7 @@ async def list_approvals(command: ListApprovals, ctx: ObjectContext) -> Reply:
     info = await ctx.store.get_session(ctx.session_id)
     if info is None or info.message_count == 0:
         return no_session(ctx.session_id)
-    _, pending = await last_step(ctx.store, ctx.session_id, info.message_count)
+    _, pending = await last_step(ctx.store, ctx.session_id, info.message_count, _below(ctx))
     return Reply(200, {"session_id": ctx.session_id, "pending": [p.to_dict() for p in pending]})
 
 
@@ -258,7 +258,7 @@ async def replay_events(command: Events, ctx: ObjectContext) -> Reply:
             return no_session(session_id)
         idle = None
         if queue is None and command.follow:
-            idle = await _idle_state(session_id, store, count)
+            idle = await _idle_state(session_id, store, count, _below(ctx))
     except BaseException:
         if turn is not None and queue is not None:
             turn.unfollow(queue)
@@ -352,18 +352,32 @@ async def _stored(
             return
 
 
-async def last_step(store: Store, session_id: str, count: int) -> tuple[Message | None, list[Any]]:
+Below = Callable[[LastStep], Awaitable[dict[str, list[PendingApproval]]]]
+"""What waits below a step's calls that ran an agent tool's child turn, by call."""
+
+
+def _below(ctx: ObjectContext) -> Below | None:
+    """How the object finds what waits in its calls' child sessions: by asking their
+    objects (`ChildObjects`), where it reaches them; else in its store."""
+    children = ChildObjects.of(ctx.agents, ctx.agent)
+    return None if children is None else children.waiting
+
+
+async def last_step(
+    store: Store, session_id: str, count: int, below: Below | None = None
+) -> tuple[Message | None, list[Any]]:
     """The session's last message and the calls waiting for a decision (`pending_approvals`),
     found from the end of its `count` messages (`_last_calls`): the last step's own, then,
     below those of its calls that ran an agent tool's child turn, the calls waiting in the
-    child's session (and its children's), tagged with their session."""
+    child's session (and its children's), tagged with their session (`below`; default:
+    looked up in `store`, `approvals.waiting_below`)."""
     last, calls = await _last_calls(store, session_id, count)
     if not calls:
         return last, []
     step = LastStep(session_id, calls, approval_states(await store.load_approvals(session_id)))
-    below = await waiting_below(store, step)
+    below_calls = await (below(step) if below is not None else waiting_below(store, step))
     own = waiting_calls(session_id, calls, step.states)
-    return last, [*own, *(p for waiting in below.values() for p in waiting)]
+    return last, [*own, *(p for waiting in below_calls.values() for p in waiting)]
 
 
 async def _last_calls(
@@ -390,10 +404,12 @@ async def _last_calls(
     return last, []
 
 
-async def _idle_state(session_id: str, store: Store, count: int) -> dict[str, Any]:
+async def _idle_state(
+    session_id: str, store: Store, count: int, below: Below | None
+) -> dict[str, Any]:
     """What `done` says when no turn runs: how the last turn was left."""
     body: dict[str, Any] = {"session_id": session_id, "running": False, "response": ""}
-    last, pending = await last_step(store, session_id, count)
+    last, pending = await last_step(store, session_id, count, below)
     if last is not None and last.is_final_reply:
         body.update(status="complete", response=last.content)
     elif pending:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .._timeouts import timeout
 from ..agent_tools import at_depth
-from ..approvals import approve, pending_approvals
+from ..approvals import approve, pending_approvals, unanswered_step, waiting_calls
 from ..budget import invocation
 from ..errors import (
     ConfigurationError,
@@ -29,6 +29,7 @@ from ..llm.settings import setting
 from ..messages import ParentCall, Usage
 from ..run import RunResult, run, stop_turn
 from ..stores.base import Store
+from .agent_calls import ChildObjects
 from .alarms import ObjectAlarm, on_alarm
 from .commands import Approve, Cancel, Command, Resume, SendMessage, Stop
 from .config import SessionIndex, tools_client, with_budget
@@ -155,8 +156,19 @@ async def _turn(command: Turn, ctx: ObjectContext, turn: LiveTurn) -> Reply:
 
 async def _decide(command: Approve, ctx: ObjectContext) -> Reply | None:
     """Store the decision; None when it was the step's last (the turn goes on), else what
-    to answer: the calls still waiting, or why the decision was refused."""
+    to answer: the calls still waiting, or why the decision was refused. A call waiting
+    in a child session (listed through this one) is decided by the child's object, which
+    goes on with its turn after its step's last decision."""
     decision = command.decision
+    children = ChildObjects.of(ctx.agents, ctx.agent)
+    if children is not None:
+        step = await unanswered_step(ctx.store, ctx.session_id)
+        if decision.tool_call_id not in step.states:
+            decided = await children.decide(step, decision)
+            if decided is not None and decided.run_status is None:
+                return decided  # refused by the child: a wrong digest, decided already, ...
+            if decided is not None:
+                return await _still_waiting(ctx, children)
     try:
         await approve(
             ctx.store,
@@ -170,7 +182,19 @@ async def _decide(command: Approve, ctx: ObjectContext) -> Reply | None:
         )
     except ToolArgumentsError as exc:
         return _invalid_edit(exc, decision.tool_call_id)
-    rest = await pending_approvals(ctx.store, ctx.session_id)
+    return await _still_waiting(ctx, children)
+
+
+async def _still_waiting(ctx: ObjectContext, children: ChildObjects | None) -> Reply | None:
+    """After a decision: None when nothing waits any more (the turn goes on), else the calls
+    that wait, the session's own and its children's (asked of their objects)."""
+    if children is None:
+        rest = await pending_approvals(ctx.store, ctx.session_id)
+    else:
+        step = await unanswered_step(ctx.store, ctx.session_id)
+        below = await children.waiting(step)
+        own = waiting_calls(ctx.session_id, step.calls, step.states)
+        rest = [*own, *(p for calls in below.values() for p in calls)]
     if not rest:
         return None
     return Reply(
