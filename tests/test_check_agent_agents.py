@@ -294,7 +294,9 @@ def test_an_agent_module_in_agents_is_set_up_as_the_checked_one() -> None:
 def test_an_agent_modules_make_deps_failing_names_it() -> None:
     module = refunds_module()
     module.DEV_STUBS = {}  # type: ignore[attr-defined]
-    with pytest.raises(AssertionError, match=r"make_deps\(env, http\) of agent 'refunds' raised"):
+    with pytest.raises(
+        AssertionError, match=r"make_deps\(env, http\) of agents\['refunds'\] raised"
+    ):
         check_agent(support_module(), config=None, turns=1, agents={"refunds": module})
 
 

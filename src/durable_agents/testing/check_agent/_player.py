@@ -276,7 +276,7 @@ class Player:
         self.tally.runs += 1
         target: Store = self.store if scenario.crashed else crashing
         async with self.transport.client() as http:
-            deps = self._deps(self.agent.name, self.make_deps, self.env, http)
+            deps = self._deps(self.make_deps, self.env, http)
             children = {n: self._local(c, one_per_step, http) for n, c in self.children.items()}
             try:
                 result = await run(
@@ -303,13 +303,14 @@ class Player:
         return result.status, result.error
 
     @staticmethod
-    def _deps(name: str, make_deps: Any, env: Any, http: httpx.AsyncClient) -> Any:
-        """`make_deps(env, http)` of the agent (or of an agent module of `agents=`)."""
+    def _deps(make_deps: Any, env: Any, http: httpx.AsyncClient, child: str | None = None) -> Any:
+        """`make_deps(env, http)` of the agent, or of the agent module `child` of `agents=`."""
         try:
             return make_deps(env, http)
         except Exception as exc:
+            whose = "" if child is None else f" of agents[{child!r}]"
             raise AssertionError(
-                f"your agent broke a rule: make_deps(env, http) of agent {name!r} raised "
+                f"your agent broke a rule: make_deps(env, http){whose} raised "
                 f"{type(exc).__name__}: {exc}\n"
                 f"env: {env!r}; pass the settings it needs as check_agent(..., env={{...}})"
             ) from exc
@@ -319,7 +320,7 @@ class Player:
         run's `http`, as the Worker makes them each turn."""
         deps = child.deps
         if child.make_deps is not None:
-            deps = self._deps(child.name, child.make_deps, child.env, http)
+            deps = self._deps(child.make_deps, child.env, http, child.name)
         return child.local(one_per_step, deps)
 
     async def _child_sessions(self, session_id: str) -> dict[str, ChildAgent]:
