@@ -229,10 +229,14 @@ def check_agent(
     `expect_incomplete`: names of side effects that may never complete in the
     check (see below). `agents`: the agents its agent tools call, as
     `run(agents=)` takes them (`{"refunds": refunds_agent}` or a `LocalAgent` with
-    its deps and handlers; TestLLM drives them too): their turns run on the same
-    store, every write of theirs is a crash point as the parent's are (a crash
-    there kills the parent's run too), and each call's child turn is checked to
-    have run once, its side effects at most once, its answer the call's result.
+    its deps and handlers; TestLLM drives them too), or their agent modules (set
+    up as `module` is: env, dev stubs, `make_deps`); those no agent tool reaches
+    are left out. Their turns run on the same store, every write of theirs is a
+    crash point as the parent's are (a crash there kills the parent's run too),
+    their calls that wait for approval are decided from the parent's session by
+    `decide`, and each call's child turn is checked to have run once, its side
+    effects at most once, its answer (or, after a denial, its model's) the call's
+    result.
 
     Returns an `AgentCheckReport` (`report.tools[name]`: how far each tool's
     calls got); raises `AssertionError` with the crash point, the stored
