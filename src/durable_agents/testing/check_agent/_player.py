@@ -139,25 +139,24 @@ class Player:
                 "module's AGENT must carry its handlers"
             )
 
-    def _made(self, t: Tool, validate: Any) -> dict[str, Any]:
-        """TestLLM's arguments for `t`, made once (and checked) before the check."""
-        return example_arguments(
-            t.input_schema, tool_name=t.name, validate=validate, steers=self.steers, now=self.now
-        )
-
-    def _made_own(self, t: Tool, steers: Mapping[str, Steer] | None = None) -> dict[str, Any]:
-        """TestLLM's arguments for a tool of the agent's own (or a child's, `steers`: its
-        module's values over the check's): checked against its model."""
-        validate = t.input_model.model_validate if t.input_model else t.parse_arguments
-        if not steers:
-            return self._made(t, validate)
+    def _made(
+        self, t: Tool, validate: Any, steers: Mapping[str, Steer] | None = None
+    ) -> dict[str, Any]:
+        """TestLLM's arguments for `t`, made once (and checked) before the check; `steers`:
+        a child module's own values, over the check's."""
         return example_arguments(
             t.input_schema,
             tool_name=t.name,
             validate=validate,
-            steers={**self.steers, **steers},
+            steers={**self.steers, **(steers or {})},
             now=self.now,
         )
+
+    def _made_own(self, t: Tool, steers: Mapping[str, Steer] | None = None) -> dict[str, Any]:
+        """TestLLM's arguments for a tool of the agent's own (or a child's): checked
+        against its model."""
+        validate = t.input_model.model_validate if t.input_model else t.parse_arguments
+        return self._made(t, validate, steers)
 
     def _check_given(self) -> None:
         known = set(self.tools) | set(self.listed)
