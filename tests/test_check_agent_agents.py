@@ -11,11 +11,21 @@ import re
 from types import ModuleType
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import BaseModel
 
-from durable_agents import Agent, ConfigurationError, LocalAgent, ToolContext, agent_tool, tool
+from durable_agents import (
+    Agent,
+    ConfigurationError,
+    LocalAgent,
+    PendingApproval,
+    ToolContext,
+    agent_tool,
+    tool,
+)
 from durable_agents.messages import Message, ToolCall
+from durable_agents.stores.base import ApprovalChange
 from durable_agents.testing import check_agent
 from durable_agents.testing.check_agent._scenario import append_labels
 
@@ -136,10 +146,158 @@ def test_without_agents_it_says_to_pass_them() -> None:
         check_agent(support_module(), config=None)
 
 
-def test_a_child_it_cannot_run_yet_is_refused_plainly() -> None:
-    gated = Agent("refunds", "You refund.", [tool(requires_approval=True)(refund.handler)])
-    with pytest.raises(ConfigurationError, match="tools that need approval"):
-        check_agent(support_module(), config=None, agents={"refunds": gated})
+IN_THE_CHILD = r"the child session sub-\w+ of call refunds#\S+: "
+GATED = Agent("refunds", "You refund.", [tool(requires_approval=True)(refund.handler)])
+
+
+def test_a_childs_approvals_are_decided_from_the_parents_session_and_swept() -> None:
+    asked: list[str | None] = []
+
+    def decide(pending: PendingApproval) -> bool:
+        asked.append(pending.session)
+        return True
+
+    report = check_agent(
+        support_module(), config=None, turns=1, decide=decide, agents={"refunds": GATED}
+    )
+    # Listed from the parent's session, tagged with the child's.
+    assert asked
+    assert all(s is not None and s.startswith("sub-") for s in asked)
+    # Per mode: the parent's write #1, the child's five (its write #1, the decision, the
+    # claim, the refund's result, its reply), the parent's result, then its reply (a
+    # resumed step's results are a write of their own). x2 modes, x2 sides.
+    assert report.crash_points == (3 + 5) * 2 * 2
+    assert report.child_crash_points == 5 * 2 * 2
+    assert report.approved > 0
+    assert report.tools["refunds.refund"].completed > 0
+    assert report.tools["refunds.refund"].approved > 0
+
+
+def test_a_childs_calls_are_approved_denied_and_edited_in_the_sweeps() -> None:
+    report = check_agent(support_module(), config=None, turns=1, agents={"refunds": GATED})
+    counts = report.tools["refunds.refund"]
+    assert counts.approved > 0
+    assert counts.denied > 0
+    assert report.edited > 0  # edited against the child's tool
+    assert "calls of refunds.refund: none ran unapproved" in str(report)
+
+
+def test_crash_points_at_a_childs_approval_writes_are_named_for_it() -> None:
+    call = ToolCall("c1", "refunds", {"message": "refund 1"})
+    child_call = ToolCall("r1", "refund", {"order": "1"})
+    appends = [
+        [Message.user("hi"), Message.assistant("", [call])],
+        [Message.user("refund 1"), Message.assistant("", [child_call])],
+        [],
+        [],
+    ]
+    approvals = [[], [], [ApprovalChange("r1", "approved", "d")],
+                 [ApprovalChange("r1", "claimed", "d")]]  # fmt: skip
+    sessions = [("p", "support"), ("sub-1", "refunds"), ("sub-1", None), ("sub-1", "refunds")]
+    assert append_labels(appends, approvals, sessions)[2:] == [
+        "child refunds write #2: approval write (approved r1)",
+        "child refunds write #3: approval write (claimed r1)",
+    ]
+
+
+def test_fails_if_the_kit_ran_a_childs_denied_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    run_module = importlib.import_module("durable_agents._turn.tool_execution")
+    dispatch = run_module.ToolExecutor.dispatch
+
+    async def obeys_nobody(self: Any, calls: Any, **kw: Any) -> Any:
+        kw["run"] = set(kw.get("decided") or {})  # every decided call runs, denied ones too
+        return await dispatch(self, calls, **kw)
+
+    monkeypatch.setattr(run_module.ToolExecutor, "dispatch", obeys_nobody)
+    unapproved = r"requires_approval tool refund#\S+ \(run 1\) ran without a stored approval"
+    with pytest.raises(AssertionError, match=IN_THE_CHILD + unapproved):
+        check_agent(
+            support_module(), config=None, turns=1, decide="deny", agents={"refunds": GATED}
+        )
+
+
+def test_fails_if_the_kit_ran_a_childs_approved_call_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run_module = importlib.import_module("durable_agents._turn.tool_execution")
+    dispatch = run_module.ToolExecutor.dispatch
+
+    async def twice(self: Any, calls: Any, **kw: Any) -> Any:
+        if kw.get("run"):  # the approved calls just claimed: dispatched twice
+            await dispatch(self, calls, **kw)
+        return await dispatch(self, calls, **kw)
+
+    monkeypatch.setattr(run_module.ToolExecutor, "dispatch", twice)
+    with pytest.raises(
+        AssertionError, match=IN_THE_CHILD + r"approved call refund#\S+ ran 2 times"
+    ):
+        check_agent(
+            support_module(), config=None, turns=1, decide="approve", agents={"refunds": GATED}
+        )
+
+
+class Catalog:
+    """A toolset of the child's own (its tools listed per run)."""
+
+    async def list_tools(self, ctx: Any) -> list[Any]:
+        return []
+
+
+def test_a_child_with_toolsets_is_refused_plainly() -> None:
+    with_toolsets = Agent("refunds", "You refund.", [refund], toolsets=[Catalog()])
+    refused = r"agent 'refunds' of agents= as a child: it has toolsets.*Check it on its own"
+    with pytest.raises(ConfigurationError, match=refused):
+        check_agent(support_module(), config=None, agents={"refunds": with_toolsets})
+
+
+# -- agent modules in agents= -------------------------------------------------------------
+
+POSTED: list[httpx.Request] = []
+
+
+@tool
+async def post_refund(args: Order, ctx: ToolContext[httpx.AsyncClient]) -> str:
+    """POST the refund to the payments API (its URL the module's setting)."""
+    response = await ctx.deps.post(f"{ctx.deps.base_url}refunds", json=args.model_dump(),
+                                   headers={"Idempotency-Key": ctx.idempotency_key})  # fmt: skip
+    return response.text
+
+
+def refunds_module() -> ModuleType:
+    module = ModuleType("refunds_agent")
+    module.AGENT = Agent("refunds", "You refund.", [post_refund])  # type: ignore[attr-defined]
+
+    def make_deps(env: Any, http: httpx.AsyncClient) -> httpx.AsyncClient:
+        http.base_url = httpx.URL(env.PAYMENTS_URL + "/")
+        return http
+
+    def payments(method: str, path: str, body: bytes, headers: Any) -> tuple[int, Any]:
+        return 200, {"refunded": path == "/refunds"}
+
+    module.make_deps = make_deps  # type: ignore[attr-defined]
+    module.DEV_STUBS = {"PAYMENTS_URL": payments}  # type: ignore[attr-defined]
+    return module
+
+
+def test_an_agent_module_in_agents_is_set_up_as_the_checked_one() -> None:
+    researcher = ModuleType("researcher_agent")  # served beside them; no agent tool calls it
+    agents = {"refunds": refunds_module(), "researcher": researcher}
+    report = check_agent(
+        support_module(), config=None, turns=1, env={"PAYMENTS_URL": ""}, agents=agents
+    )
+    assert report.agents == ("refunds",)
+    assert report.requests > 0
+    assert report.tools["refunds.post_refund"].completed > 0
+    assert report.tools["refunds.post_refund"].failed == 0  # its dev stub answered
+
+
+def test_an_agent_modules_make_deps_failing_names_it() -> None:
+    module = refunds_module()
+    module.DEV_STUBS = {}  # type: ignore[attr-defined]
+    with pytest.raises(
+        AssertionError, match=r"make_deps\(env, http\) of agents\['refunds'\] raised"
+    ):
+        check_agent(support_module(), config=None, turns=1, agents={"refunds": module})
 
 
 def test_fails_if_a_resumed_call_starts_a_second_child_turn(

@@ -118,3 +118,45 @@ def test_scripts_check_passes_with_the_unannotated_agent_and_names_what_it_check
     assert "- your tests: tests/test_agent.py" in summary, summary
     assert "- check_agent on your agent (by your tests)" in summary, summary
     assert "- not the Worker (--no-worker)" in summary, summary
+
+
+DESK = """\
+from durable_agents import Agent, agent_tool
+AGENT = Agent("desk", "You help.", [agent_tool("ledger", description="Records refunds.")])
+def make_deps(env, http):
+    return None
+"""
+LEDGER = """\
+from durable_agents import Agent, tool
+@tool
+async def record(ctx, order: str) -> str:
+    \"\"\"Record a refund: a side effect.\"\"\"
+    return "recorded " + order
+AGENT = Agent("ledger", "You record refunds.", [record])
+def make_deps(env, http):
+    return None
+"""
+
+
+def test_scripts_check_runs_check_agent_on_agents_that_call_agents_with_them(
+    project: Path, tmp_path: Path
+) -> None:
+    # No test of yours calls check_agent: scripts/check runs it on each served module, with
+    # the served ones as agents=, so the desk's agent tool runs the ledger's turns.
+    served = tmp_path / "project"
+    shutil.copytree(project, served, symlinks=True)
+    (served / "tests" / "test_agent.py").write_text("def test_nothing():\n    pass\n")
+    (served / "src" / "agents").mkdir()
+    (served / "src" / "agents" / "desk.py").write_text(DESK)
+    (served / "src" / "agents" / "ledger.py").write_text(LEDGER)
+    env = {**os.environ, "DURABLE_AGENTS_SETUP_DONE": "1"}
+    env.pop("DURABLE_AGENTS_VARS", None)
+    checked = subprocess.run(
+        ["scripts/check", "--no-worker"], cwd=served, env=env, capture_output=True,
+        text=True, timeout=300, check=False,
+    )  # fmt: skip
+    said = checked.stdout + checked.stderr
+    assert checked.returncode == 0, said
+    assert "src/agents/desk.py agent 'desk'" in said, said
+    assert "child turns of ledger" in said, said
+    assert "- check_agent on src/agent.py and src/agents/*.py" in said, said

@@ -1,8 +1,10 @@
 """The rules for the child sessions the agent's agent tools ran: each call's child turn ran
 once (one user message, with the call's idempotency key and the call as its parent), its
 history well formed, its side effects at most once (the same rules as the parent's calls,
-`_check_calls`), and the parent's call answered with the child's answer, never a
-tool-durability-error. docs/testing.md ("Agents that call agents")."""
+`_check_calls`), its calls that waited for approval decided (from the parent's session)
+and run as decided (`_check_approvals`), and the parent's call answered with the child's
+answer (after a denial, what its model then said), never a tool-durability-error.
+docs/testing.md ("Agents that call agents")."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from collections.abc import Mapping, Sequence
 
 from ..._turn.ids import idempotency_key
 from ...agent_tools import child_session_name
+from ...approvals import approval_states
 from ...messages import Message, ParentCall, tool_error
 from ...stores.base import Store
+from ._check_approvals import assert_approvals
 from ._check_calls import assert_calls
 from ._check_history import assert_well_formed, format_history, stored_results
 from ._children import ChildAgent
@@ -58,15 +62,18 @@ async def _assert_children_of(
         checked.add(session)
         stored = await store.load_messages(session)
         where = f"the child session {session} of call {call.name}#{call.id}"
+        played = scenario.child(session)
+        states = approval_states(await store.load_approvals(session))
         try:
             _assert_one_turn(session_id, call.id, stored, str(call.arguments.get("message")))
-            assert_calls(scenario.child(session), stored, child.rules, tally)
+            assert_approvals(played, stored, states, child.rules, tally)
+            assert_calls(played, stored, child.rules, tally)
             _assert_answered(results.get(call.id), stored, child)
         except AssertionError as exc:
             raise type(exc)(f"{where}: {exc}\n{where}:\n{format_history(stored)}") from None
         tally.child_turns += 1
-        runs = ((i.tool_name, i.outcome, i.detail) for i in scenario.child(session).invocations)
-        tally.count_tools(runs, {}, stored, rename=child.counted_as)
+        runs = ((i.tool_name, i.outcome, i.detail) for i in played.invocations)
+        tally.count_tools(runs, played.decisions, stored, rename=child.counted_as)
         await _assert_children_of(
             scenario, session, stored, store, children, child.agent_tools, tally, checked
         )

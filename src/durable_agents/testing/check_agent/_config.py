@@ -70,12 +70,16 @@ def check_setup(
     module: ModuleType | str,
     config: str | os.PathLike[str] | None,
     env: Mapping[str, Any] | None,
+    *,
+    child: str | None = None,
 ) -> CheckSetup:
-    """Load the agent module and make the settings its runs get."""
+    """Load the agent module and make the settings its runs get. `child`: its name in
+    `agents=`, for a module the checked agent's agent tools call (its placeholder URLs
+    are its own: two modules' dev stubs for a setting of the same name never meet)."""
     agent, make_deps, stubs, module_file, options = _load(module)
     settings = _settings(config, env, module_file)
     given = dict(settings)
-    placeholders, answering = _fill_placeholders(settings, stubs)
+    placeholders, answering = _fill_placeholders(settings, stubs, child)
     # What the Worker passes run(settings=): the values of the settings the toolsets read
     # (an empty one as it is, unless a dev stub answers at its placeholder).
     run_settings = {
@@ -92,7 +96,7 @@ def check_setup(
 
 
 def _fill_placeholders(
-    settings: dict[str, Any], stubs: Mapping[str, Callable[..., Any]]
+    settings: dict[str, Any], stubs: Mapping[str, Callable[..., Any]], child: str | None
 ) -> tuple[set[str], dict[str, Callable[..., Any]]]:
     """Give an empty `*_URL` setting, or one `DEV_STUBS` names, a placeholder URL (in
     `settings`); the names filled, and the dev stubs by their placeholder."""
@@ -102,7 +106,7 @@ def _fill_placeholders(
         value = settings.get(name, "")
         empty = isinstance(value, str) and not value.strip()
         if empty and (name.endswith("_URL") or name in stubs):
-            settings[name] = _placeholder(name)
+            settings[name] = _placeholder(name, child)
             placeholders.add(name)
             if name in stubs:
                 answering[settings[name]] = stubs[name]
@@ -137,8 +141,10 @@ def _find_config(config: Path, module_file: str | None) -> Path:
     return config
 
 
-def _placeholder(name: str) -> str:
+def _placeholder(name: str, child: str | None) -> str:
     host = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "setting"
+    if child is not None:  # a child agent's: https://payments-api-url.refunds.check.invalid
+        host += "." + (re.sub(r"[^a-z0-9]+", "-", child.lower()).strip("-") or "agent")
     return f"https://{host}.check.invalid"
 
 

@@ -9,12 +9,13 @@ import copy
 import datetime
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..._schema.formats import Steer
 from ..._schema.values import variant_arguments
 from ...agent import Agent
-from ...approvals import PendingApproval, approval_states, approve
+from ...approvals import PendingApproval, approve, pending_approvals
 from ...errors import ConfigurationError, ToolArgumentsError
 from ...messages import Message, ToolCall
 from ...run import pending_tool_calls
@@ -120,41 +121,62 @@ def decision_of(
 Breach = Callable[[Scenario, str, list[Message]], AssertionError]
 
 
+@dataclass(frozen=True, slots=True)
+class Approver:
+    """What deciding the waiting calls of one session takes: the edits of its agent's tools
+    (decide="edit") and that agent, which `approve()` checks an edit against."""
+
+    editor: ArgumentEditor
+    agent: Agent[Any, Any]
+
+
 async def decide_waiting(
     store: Store,
     target: Store,
     scenario: Scenario,
     decide: Decider,
-    editor: ArgumentEditor,
-    agent: Agent,
+    approvers: Mapping[str | None, Approver],
     breach: Breach,
 ) -> Literal["crashed", "decided"]:
-    """Decide every waiting call of the scenario's session with `approve()` on `target`
-    (the crashing store until the crash: a decision is an append, and a crash point);
-    "crashed" if one of those writes crashed. `store` is read; `breach` makes a failure."""
+    """Decide every call `pending_approvals` lists from the scenario's session (its own,
+    then its child agents' calls) with `approve()` on that session, as a person deciding
+    from the parent would, on `target` (the crashing store until the crash: a decision
+    is an append, and a crash point; a child's lands in the child's session); "crashed"
+    if one of those writes crashed. `approvers`: by `PendingApproval.session` (None: the
+    scenario's own). `store` is read; `breach` makes a failure."""
     session_id = scenario.name
-    history = await store.load_messages(session_id)
-    states = approval_states(await store.load_approvals(session_id))
-    for call in pending_tool_calls(history):
-        state = states.get(call.id)
-        if state is None or state.decision is not None:
-            continue
-        pending = PendingApproval(call.id, call.name, dict(call.arguments), state.digest)
-        approved, edit = decision_of(decide, editor, call, pending)
-        scenario.decisions[call.id] = approved
-        if edit is not None and not is_models_own(session_id, call, edit):
-            scenario.edits[call.id] = edit
+    histories: dict[str, list[Message]] = {}
+    for pending in await pending_approvals(store, session_id):
+        holder = pending.session or session_id
+        if holder not in histories:
+            histories[holder] = await store.load_messages(holder)
+        call = next(
+            c for c in pending_tool_calls(histories[holder]) if c.id == pending.tool_call_id
+        )
+        approver = approvers.get(pending.session)
+        if approver is None:
+            raise breach(
+                scenario,
+                f"pending_approvals() listed {call.name}#{call.id} in session {holder!r}, "
+                "which no stored call of an agent tool of the checked agent ran",
+                await store.load_messages(session_id),
+            )
+        approved, edit = decision_of(decide, approver.editor, call, pending)
+        decided = scenario if pending.session is None else scenario.child(pending.session)
+        decided.decisions[call.id] = approved
+        if edit is not None and not is_models_own(holder, call, edit):
+            decided.edits[call.id] = edit
         verdict = "approved" if approved else "denied"
         try:
             await approve(
                 target,
                 session_id,
                 call.id,
-                digest=state.digest,
+                digest=pending.digest,
                 approved=approved,
                 reason=f"check_agent: {verdict}{' with an edit' if edit else ''}",
                 arguments=edit,
-                agent=agent,
+                agent=approver.agent,
             )
         except SimulatedCrash:
             scenario.crashed = True
@@ -168,6 +190,6 @@ async def decide_waiting(
             raise breach(
                 scenario,
                 f"approve() of {call.name}#{call.id} raised {type(exc).__name__}: {exc}",
-                history,
+                await store.load_messages(session_id),
             ) from exc
     return "decided"

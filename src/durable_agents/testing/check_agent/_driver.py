@@ -62,6 +62,8 @@ async def check_agent_async(
                 steers=steers,
                 expect_incomplete=expected,
                 agents=agents,
+                config=config,
+                env=env,
             )
             await player.list_toolsets()
             for policy, decider in sweeps(player.gated, decide):
@@ -130,8 +132,8 @@ async def sweep(player: Player, one_per_step: bool, policy: str = "approve") -> 
     baseline = Scenario(f"{prefix}-baseline", mode, None, policy)
     history = await player.play(baseline, one_per_step)
     await player.check(baseline, history)
-    player.tally.requests += len(baseline.requests)
-    _assert_every_tool_ran(player, baseline, history)
+    player.tally.requests += _requests(baseline)
+    await _assert_every_tool_ran(player, baseline, history)
     labels = append_labels(baseline.appends, baseline.approval_writes, baseline.append_sessions)
     for n, label in enumerate(labels, 1):
         for when in SIDES:
@@ -141,15 +143,23 @@ async def sweep(player: Player, one_per_step: bool, policy: str = "approve") -> 
             await player.check(scenario, history)
             player.tally.crash_points += 1
             player.tally.child_crash_points += label.startswith("child ")
-            player.tally.requests += len(scenario.requests)
+            player.tally.requests += _requests(scenario)
 
 
-def _assert_every_tool_ran(player: Player, baseline: Scenario, history: list[Any]) -> None:
+def _requests(scenario: Scenario) -> int:
+    """The requests sent in a play: by the agent's handlers and by its child agents'."""
+    return len(scenario.requests) + sum(len(c.requests) for c in scenario.children.values())
+
+
+async def _assert_every_tool_ran(player: Player, baseline: Scenario, history: list[Any]) -> None:
     """Every tool not denied ran in the uncrashed play (a child agent's in one of its
     sessions): else it would go unchecked."""
+    covered = {i.tool_name for c in baseline.children.values() for i in c.invocations}
+    for session, played in baseline.children.items():  # a child's denied calls never run
+        for message in await player.store.load_messages(session):
+            covered |= {c.name for c in message.tool_calls if not played.decisions.get(c.id, True)}
     for child in player.children.values():
-        ran_in_child = {i.tool_name for c in baseline.children.values() for i in c.invocations}
-        idle = sorted(set(child.tools) - ran_in_child)
+        idle = sorted(set(child.tools) - covered)
         if idle:
             raise player.breach(
                 baseline,
@@ -219,10 +229,14 @@ def check_agent(
     `expect_incomplete`: names of side effects that may never complete in the
     check (see below). `agents`: the agents its agent tools call, as
     `run(agents=)` takes them (`{"refunds": refunds_agent}` or a `LocalAgent` with
-    its deps and handlers; TestLLM drives them too): their turns run on the same
-    store, every write of theirs is a crash point as the parent's are (a crash
-    there kills the parent's run too), and each call's child turn is checked to
-    have run once, its side effects at most once, its answer the call's result.
+    its deps and handlers; TestLLM drives them too), or their agent modules (set
+    up as `module` is: env, dev stubs, `make_deps`); those no agent tool reaches
+    are left out. Their turns run on the same store, every write of theirs is a
+    crash point as the parent's are (a crash there kills the parent's run too),
+    their calls that wait for approval are decided from the parent's session by
+    `decide`, and each call's child turn is checked to have run once, its side
+    effects at most once, its answer (or, after a denial, its model's) the call's
+    result.
 
     Returns an `AgentCheckReport` (`report.tools[name]`: how far each tool's
     calls got); raises `AssertionError` with the crash point, the stored

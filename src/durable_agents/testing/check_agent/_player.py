@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ import httpx
 
 from ..._schema.formats import Steer
 from ..._schema.values import example_arguments
-from ...agent_tools import child_session_name
+from ...agent_tools import LocalAgent
 from ...approvals import approval_states
 from ...errors import ConfigurationError
 from ...llm.offline import TestLLM
@@ -29,9 +30,9 @@ from ._check_calls import assert_calls
 from ._check_children import assert_children
 from ._check_history import assert_well_formed
 from ._check_server_calls import assert_server_calls
-from ._children import AgentsArg, child_agents
+from ._children import AgentsArg, ChildAgent, ChildSetup, child_agents, child_sessions
 from ._config import CheckSetup
-from ._decisions import ArgumentEditor, Decider, decide_waiting
+from ._decisions import Approver, ArgumentEditor, Decider, decide_waiting
 from ._listing import toolset_tools
 from ._recording import RecordingStore, RecordingToolset, recorded_handler
 from ._report import Tally
@@ -64,7 +65,10 @@ class Player:
         steers: Mapping[str, Steer] | None = None,
         expect_incomplete: Collection[str] = (),
         agents: AgentsArg | None = None,
+        config: str | os.PathLike[str] | None = None,
+        env: Mapping[str, Any] | None = None,
     ) -> None:
+        """`config`, `env`: as check_agent got them, for the agent modules in `agents=`."""
         agent = self.agent = setup.agent
         self.stage = Stage()
         self.store = store
@@ -110,13 +114,22 @@ class Player:
         # The agents its agent tools call: their turns run on the same store, crashing too.
         self.agent_tools = agent_tool_agents(agent)
         self.children = child_agents(
-            agent, agents, stage=self.stage, store=store, made=self._made_own
+            agent, agents, ChildSetup(self.stage, store, self._made_own, config, env)
         )
+        self.approvers = {None: Approver(self.editor, agent)} | {
+            name: Approver(ArgumentEditor(c.rules, self.steers, self.now), c.agent)
+            for name, c in self.children.items()
+        }  # by the name in agents= (None: the agent's own)
+        for child in self.children.values():
+            self.transport.stubs.update(child.stubs)
+            self.expect_incomplete |= child.expect_incomplete
 
     @property
     def gated(self) -> bool:
-        """Whether a tool of the agent (or of its toolsets, as listed) needs approval."""
-        return any(t.requires_approval for t in (*self.tools.values(), *self.listed.values()))
+        """Whether a tool of the agent (of its toolsets, as listed, or of an agent its agent
+        tools call) needs approval."""
+        own = (*self.tools.values(), *self.listed.values())
+        return any(t.requires_approval for t in own) or any(c.gated for c in self.children.values())
 
     def _check_handlers(self) -> None:
         missing = sorted(name for name, t in self.tools.items() if t.handler is None)
@@ -126,17 +139,24 @@ class Player:
                 "module's AGENT must carry its handlers"
             )
 
-    def _made(self, t: Tool, validate: Any) -> dict[str, Any]:
-        """TestLLM's arguments for `t`, made once (and checked) before the check."""
+    def _made(
+        self, t: Tool, validate: Any, steers: Mapping[str, Steer] | None = None
+    ) -> dict[str, Any]:
+        """TestLLM's arguments for `t`, made once (and checked) before the check; `steers`:
+        a child module's own values, over the check's."""
         return example_arguments(
-            t.input_schema, tool_name=t.name, validate=validate, steers=self.steers, now=self.now
+            t.input_schema,
+            tool_name=t.name,
+            validate=validate,
+            steers={**self.steers, **(steers or {})},
+            now=self.now,
         )
 
-    def _made_own(self, t: Tool) -> dict[str, Any]:
+    def _made_own(self, t: Tool, steers: Mapping[str, Steer] | None = None) -> dict[str, Any]:
         """TestLLM's arguments for a tool of the agent's own (or a child's): checked
         against its model."""
         validate = t.input_model.model_validate if t.input_model else t.parse_arguments
-        return self._made(t, validate)
+        return self._made(t, validate, steers)
 
     def _check_given(self) -> None:
         known = set(self.tools) | set(self.listed)
@@ -223,8 +243,12 @@ class Player:
                 return
             elif status == "awaiting_approval":
                 target: Store = self.store if scenario.crashed else crashing
+                approvers = {None: self.approvers[None]} | {
+                    session: self.approvers[child.name]
+                    for session, child in (await self._child_sessions(scenario.name)).items()
+                }
                 decided = await decide_waiting(
-                    self.store, target, scenario, self.decide, self.editor, self.agent, self.breach
+                    self.store, target, scenario, self.decide, approvers, self.breach
                 )
                 if decided == "crashed":
                     await self._note_orphans(scenario)
@@ -251,15 +275,8 @@ class Player:
         self.tally.runs += 1
         target: Store = self.store if scenario.crashed else crashing
         async with self.transport.client() as http:
-            try:
-                deps = self.make_deps(self.env, http)
-            except Exception as exc:
-                raise AssertionError(
-                    f"your agent broke a rule: make_deps(env, http) raised "
-                    f"{type(exc).__name__}: {exc}\n"
-                    f"env: {self.env!r}; pass the settings it needs as "
-                    "check_agent(..., env={...})"
-                ) from exc
+            deps = self._deps(self.make_deps, self.env, http)
+            children = {n: self._local(c, one_per_step, http) for n, c in self.children.items()}
             try:
                 result = await run(
                     self.run_agent,
@@ -271,7 +288,7 @@ class Player:
                     deps=deps,
                     settings=self.settings,
                     http=http,
-                    agents={n: c.local(one_per_step) for n, c in self.children.items()} or None,
+                    agents=children or None,
                 )
             except SimulatedCrash:
                 scenario.crashed = True
@@ -284,29 +301,42 @@ class Player:
                 ) from exc
         return result.status, result.error
 
+    @staticmethod
+    def _deps(make_deps: Any, env: Any, http: httpx.AsyncClient, child: str | None = None) -> Any:
+        """`make_deps(env, http)` of the agent, or of the agent module `child` of `agents=`."""
+        try:
+            return make_deps(env, http)
+        except Exception as exc:
+            whose = "" if child is None else f" of agents[{child!r}]"
+            raise AssertionError(
+                f"your agent broke a rule: make_deps(env, http){whose} raised "
+                f"{type(exc).__name__}: {exc}\n"
+                f"env: {env!r}; pass the settings it needs as check_agent(..., env={{...}})"
+            ) from exc
+
+    def _local(self, child: ChildAgent, one_per_step: bool, http: httpx.AsyncClient) -> LocalAgent:
+        """A child's `LocalAgent` for one run: an agent module's deps made now with the
+        run's `http`, as the Worker makes them each turn."""
+        deps = child.deps
+        if child.make_deps is not None:
+            deps = self._deps(child.make_deps, child.env, http, child.name)
+        return child.local(one_per_step, deps)
+
+    async def _child_sessions(self, session_id: str) -> dict[str, ChildAgent]:
+        return await child_sessions(self.store, session_id, self.agent_tools, self.children)
+
     async def _note_orphans(self, scenario: Scenario) -> None:
         """The calls a crash left without a result and that may have run: a call waiting
         for a decision, or decided and not claimed yet, is no orphan (it never ran). The
         same in the child session of each call of an agent tool (the crash ended its turn
         too)."""
-        await self._note_orphans_of(scenario, scenario, self.agent_tools)
-
-    async def _note_orphans_of(
-        self, scenario: Scenario, session: Scenario, agent_tools: Mapping[str, str]
-    ) -> None:
-        """`session`'s orphans (the scenario's own, or a child session's), then those of
-        the child sessions its agent-tool calls ran."""
-        states = approval_states(await self.store.load_approvals(session.name))
-        history = await self.store.load_messages(session.name)
-        for call in pending_tool_calls(history):
-            state = states.get(call.id)
-            if state is None or state.claimed:
-                session.orphaned[call.id] = call.name
-        for call in (c for m in history for c in m.tool_calls if c.name in agent_tools):
-            child = scenario.child(child_session_name(session.name, call.id))
-            await self._note_orphans_of(
-                scenario, child, self.children[agent_tools[call.name]].agent_tools
-            )
+        sessions = [scenario, *map(scenario.child, await self._child_sessions(scenario.name))]
+        for session in sessions:
+            states = approval_states(await self.store.load_approvals(session.name))
+            for call in pending_tool_calls(await self.store.load_messages(session.name)):
+                state = states.get(call.id)
+                if state is None or state.claimed:
+                    session.orphaned[call.id] = call.name
 
     # -- checking -------------------------------------------------------------------
 

@@ -133,16 +133,17 @@ def append_labels(
     where = list(sessions) or [("", None) for _ in appends]
     own = where[0][0] if where else ""
     child_writes: dict[str, int] = {}
+    child_agents: dict[str, str] = {}  # (a decision, `approve()`'s write, names no agent)
     for messages, approvals, (session, agent) in zip(appends, changes, where, strict=True):
         if session != own:
             child_writes[session] = n = child_writes.get(session, 0) + 1
-            labels.append(f"child {agent or session} write #{n}: {_held(messages)}")
+            name = child_agents.setdefault(session, agent or session)
+            labels.append(f"child {name} write #{n}: {_held(messages, approvals)}")
             continue
         if any(m.role == "user" for m in messages):
             turn, step = turn + 1, 0
         if not messages:  # a decision or a claim: approval events only
-            what = ", ".join(f"{a.event} {a.tool_call_id}" for a in approvals) or "nothing"
-            labels.append(f"turn {turn} step {step}: approval write ({what})")
+            labels.append(f"turn {turn} step {step}: {_approval_write(approvals)}")
             continue
         last = messages[-1]
         if last.role == "assistant" and last.tool_calls:
@@ -158,11 +159,17 @@ def append_labels(
     return labels
 
 
-def _held(messages: Sequence[Message]) -> str:
+def _approval_write(approvals: Sequence[ApprovalChange]) -> str:
+    """A decision's or a claim's write: "approval write (approved call_1)"."""
+    what = ", ".join(f"{a.event} {a.tool_call_id}" for a in approvals) or "nothing"
+    return f"approval write ({what})"
+
+
+def _held(messages: Sequence[Message], approvals: Sequence[ApprovalChange]) -> str:
     """What a child's write holds, in the words of the parent's labels."""
     last = messages[-1] if messages else None
-    if last is None:
-        return "approval events"
+    if last is None:  # a decision (made from the parent's session) or a claim
+        return _approval_write(approvals)
     if last.role == "assistant" and last.tool_calls:
         return "calls " + ", ".join(c.name for c in last.tool_calls)
     if last.role == "tool":
