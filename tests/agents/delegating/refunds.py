@@ -3,9 +3,12 @@ at /agents/refunds/sessions/...
 
 Its model, offline: "refund <order>" calls `refund_order`, a side effect that reads the
 order, then POSTs the refund with the call's idempotency key to the payments API
-(PAYMENTS_API_URL; the test's fake counts them and can hold either request). With the
-result it answers "refunds: refunded <order>", or, when the result was lost in a crash
-(a tool-durability-error), "refunds: the refund of <order> may have gone through".
+(PAYMENTS_API_URL; the test's fake counts them, refunds once per key, and can hold
+either request). The key is the same for every run of the call, so the tool is declared
+`safe_to_retry`: a run that a crash cut short is run again, and the API refunds once.
+With the result it answers "refunds: refunded <order>" (or, for a lost result of a call
+the kit would not run again, a tool-durability-error, "refunds: the refund of <order>
+may have gone through").
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class OrderRef(BaseModel):
     order_id: str
 
 
-@tool
+@tool(safe_to_retry=True)  # the API refunds once per Idempotency-Key
 async def refund_order(args: OrderRef, ctx: ToolContext[tuple[httpx.AsyncClient, str]]) -> Any:
     """Refund an order in full."""
     http, url = ctx.deps
