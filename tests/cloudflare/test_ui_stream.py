@@ -36,17 +36,17 @@ def result(status: str, pending: list[PendingApproval] | None = None) -> RunResu
 
 
 def test_a_streamed_reply_is_one_text_part_in_one_step() -> None:
-    stream = UIMessageStream()
+    stream = UIMessageStream(reply_message_id("u-1"))
     chunks = feed(
         stream,
-        MessageStored(4, Message.user("hi")),
-        TextDelta("Hel"),
+        TextDelta("Hel"),  # a turn's first deltas come before its first write
         TextDelta("lo"),
+        MessageStored(4, Message("user", "hi", request_key="u-1")),
         MessageStored(5, Message.assistant("Hello")),
         RunFinished(result("complete")),
     )
     assert chunks == [
-        {"type": "start", "messageId": "reply-4"},
+        {"type": "start", "messageId": "reply-u-1"},
         {"type": "start-step"},
         {"type": "text-start", "id": "text-0"},
         {"type": "text-delta", "id": "text-0", "delta": "Hel"},
@@ -80,7 +80,7 @@ def test_tool_calls_and_their_results_are_tool_parts() -> None:
     ) + stream.end("complete")
     names = [{"toolCallId": c.id, "toolName": c.name} for c in calls]
     assert chunks[:6] == [
-        {"type": "start", "messageId": "reply-0"},
+        {"type": "start"},
         {"type": "start-step"},
         {"type": "text-start", "id": "text-0"},
         {"type": "text-delta", "id": "text-0", "delta": "Looking."},
@@ -183,11 +183,13 @@ def test_a_replay_sends_what_the_live_stream_sent() -> None:
         Message.tool_result(LOOKUP, "{}"),
         Message.assistant("Done."),
     ]
-    live = UIMessageStream()
+    live = UIMessageStream(reply_message_id(None, 12))
     sent = feed(live, *(MessageStored(10 + i, m) for i, m in enumerate(history[2:], start=2)))
     stream, chunks = replay(history, first_position=10)
     assert chunks == sent
-    assert chunks[0] == {"type": "start", "messageId": reply_message_id(12)}
+    assert chunks[0] == {"type": "start", "messageId": "reply@12"}
+    keyed = [Message("user", "hi", request_key="u-7"), Message.assistant("Hello")]
+    assert replay(keyed)[1][0] == {"type": "start", "messageId": "reply-u-7"}
     assert stream.end("complete") == live.end("complete")
     assert replay([], 0)[1] == [{"type": "start"}]
 

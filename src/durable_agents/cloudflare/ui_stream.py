@@ -58,10 +58,12 @@ def parse_approval_id(value: str) -> tuple[str, str] | None:
     return call_id, digest
 
 
-def reply_message_id(user_position: int) -> str:
-    """The UI message id of the reply to the user message stored at `user_position`: the
-    same whether the turn is streamed live or replayed from the store."""
-    return f"reply-{user_position}"
+def reply_message_id(request_key: str | None, position: int | None = None) -> str:
+    """The UI message id of a turn's reply, the same live and replayed: from its user
+    message's `request_key` (a chat client's message id is its turn's key), else from
+    the user message's position in the session. The turn's first deltas come before its
+    user message is stored, so a live stream knows the key, not the position."""
+    return f"reply-{request_key}" if request_key else f"reply@{position}"
 
 
 def _output(content: str) -> Any:
@@ -74,9 +76,8 @@ def _output(content: str) -> Any:
 
 class UIMessageStream:
     """One UI message's chunks, fed a turn's events in order (`event`, then `end` or
-    `error`). `message_id`: the id `start` gives the message (a continued turn: the id
-    the client holds); None takes `reply_message_id` of the turn's user message when
-    that is the first event, else leaves the id to the client."""
+    `error`). `message_id`: the id `start` gives the message: `reply_message_id` for a
+    new turn, the id the client holds for a continued one; None leaves it to the client."""
 
     def __init__(self, message_id: str | None = None) -> None:
         self.message_id = message_id
@@ -93,7 +94,7 @@ class UIMessageStream:
             result = event.result
             error = result.error if result.status in ("error", "budget_exceeded") else None
             return self.end(result.status, result.pending, error=error)
-        chunks = self._start(event)
+        chunks = self._start()
         if isinstance(event, TextDelta):
             chunks += self._delta(event.text)
         elif isinstance(event, MessageStored):
@@ -140,18 +141,12 @@ class UIMessageStream:
 
     def begin(self) -> list[Chunk]:
         """The `start` chunk, if it was not sent yet (a stream begun before its first event)."""
-        return self._start(None)
+        return self._start()
 
-    def _start(self, first: RunEvent | None) -> list[Chunk]:
+    def _start(self) -> list[Chunk]:
         if self._started:
             return []
         self._started = True
-        if (
-            self.message_id is None
-            and isinstance(first, MessageStored)
-            and first.message.role == "user"
-        ):
-            self.message_id = reply_message_id(first.position)
         if self.message_id is None:
             return [{"type": "start"}]
         return [{"type": "start", "messageId": self.message_id}]
@@ -246,7 +241,9 @@ def replay(
     if last_user is None:
         stream, start = UIMessageStream(), 0
     else:
-        stream, start = UIMessageStream(reply_message_id(first_position + last_user)), last_user + 1
+        user = messages[last_user]
+        reply_id = reply_message_id(user.request_key, first_position + last_user)
+        stream, start = UIMessageStream(reply_id), last_user + 1
     chunks = stream.begin()
     for offset, message in enumerate(messages[start:], start=first_position + start):
         chunks += stream.event(MessageStored(offset, message))
