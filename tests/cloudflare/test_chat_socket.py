@@ -116,8 +116,12 @@ class Object:
             await asyncio.wait(list(self.chat.tasks))
 
 
-def send(request: str, text: str = "note hi", **fields: Any) -> str:
-    user = {"id": f"key-{request}", "role": "user", "parts": [{"type": "text", "text": text}]}
+def send(request: str, text: str = "note hi", key: str | None = None, **fields: Any) -> str:
+    user = {
+        "id": key or f"key-{request}",
+        "role": "user",
+        "parts": [{"type": "text", "text": text}],
+    }
     frame = {
         "type": "send", "requestId": request, "id": "s", "trigger": "submit-message",
         "messages": [user], "headers": AUTH, "body": {}, **fields,
@@ -149,7 +153,7 @@ async def test_a_send_runs_a_turn_and_its_chunks_are_numbered_from_zero(store: D
     chunks = socket.chunks("r1")
     assert [c["sequence"] for c in chunks] == list(range(len(chunks)))
     types = [c["chunk"]["type"] for c in chunks]
-    assert types[0] == "start"
+    assert chunks[0]["chunk"] == {"type": "start", "messageId": "reply-key-r1"}
     assert "tool-input-available" in types
     assert "tool-output-available" in types
     assert chunks[-1]["chunk"] == {"type": "finish", "finishReason": "stop"}
@@ -243,9 +247,16 @@ async def test_frames_it_cannot_serve_are_errors(store: D1Store) -> None:
     await obj.chat.on_frame(socket, send("r", trigger="regenerate-message"))
     await obj.chat.on_frame(socket, send("e", text=""))
     await obj.chat.on_frame(socket, json.dumps({"type": "what", "requestId": "w", "headers": AUTH}))
-    assert [f["requestId"] for f in socket.sent] == ["r", "e", "w"]
+    approving = json.loads(send("a"))
+    approving["messages"].append({"id": "m", "role": "assistant", "parts": []})
+    await obj.chat.on_frame(socket, json.dumps(approving))
+    await obj.chat.on_frame(socket, send("k", key="\u00e9"))
+    assert [f["requestId"] for f in socket.sent] == ["r", "e", "w", "a", "k"]
     assert all(f["type"] == "error" for f in socket.sent)
     assert "append-only" in socket.sent[0]["errorText"]
+    assert socket.sent[1]["errorText"] == "the newest user message has no text part"
+    assert "a tool approval is decided over HTTP" in socket.sent[3]["errorText"]
+    assert "printable ASCII" in socket.sent[4]["errorText"]
     assert await store.load_messages(SESSION_ID) == []
 
 

@@ -147,7 +147,7 @@ def test_a_turn_arrives_as_the_ui_message_the_kit_stored(
         ("tool-post_slack", "output-available", results[1]),
     ]
     assert texts(message) == replies(history)
-    assert message["id"] == "reply-0"
+    assert message["id"] == "reply-u-turn-1"  # its user message id: the turn's key
 
 
 def test_two_sockets_get_the_turn_and_a_resume_by_sequence_misses_nothing(

@@ -31,11 +31,13 @@ from ..events import MessageStored
 from ..messages import Message
 from ..stores.base import Store
 from .auth import MASTER, authorize
+from .bodies import body_of
+from .chat_http import ChatBody
 from .commands import REQUEST_KEY, SESSION_NAME, Cancel, Command, SendMessage
 from .config import ApiSettings
 from .live import LiveSession, decode_event, follow, stream_events
 from .served_agents import ServedAgents, object_name
-from .ui_stream import Chunk, UIMessageStream, replay
+from .ui_stream import Chunk, UIMessageStream, replay, reply_message_id
 from .wire import Reply, error_reply
 
 __all__ = [
@@ -132,16 +134,19 @@ class TurnPump:
     follower's replay (`adopt`) before it goes on with the live events."""
 
     def __init__(
-        self, turn_id: str, sockets: Callable[[], Iterable[ChatSocket]], mid_turn: bool = False
+        self,
+        turn_id: str,
+        sockets: Callable[[], Iterable[ChatSocket]],
+        message_id: str | None = None,
     ) -> None:
-        self.id, self.sockets, self.mid_turn = turn_id, sockets, mid_turn
-        self.stream = UIMessageStream()
+        self.id, self.sockets, self.mid_turn = turn_id, sockets, message_id is None
+        self.stream = UIMessageStream(message_id)
         self.count, self.position = 0, -1
         self.first: int | None = None
         self.ending: list[Chunk] = []
         self.done = False
         self.ready = asyncio.Event()
-        if not mid_turn:
+        if not self.mid_turn:
             self.ready.set()
 
     def adopt(self, stream: UIMessageStream, chunks: list[Chunk], position: int) -> None:
@@ -309,19 +314,18 @@ class ChatSockets:
     def _start(
         self, socket: ChatSocket, state: SocketState, request_id: str, data: Mapping[str, Any]
     ) -> None:
-        if data.get("trigger") != "submit-message":
-            why = "only submit-message: the session's history is append-only, so a reply "
-            _send(socket, frame("error", request_id, errorText=why + "cannot be regenerated"))
+        """`send`: its newest message (a user message, as POST .../chat takes it) runs a
+        turn keyed by the message's id (a resend runs no second one)."""
+        body = body_of(ChatBody, data)
+        why = _unservable(body)
+        if why is not None or isinstance(body, Reply):
+            _send(socket, frame("error", request_id, errorText=why))
             return
-        message = _newest_user_message(data.get("messages"))
-        if message is None:
-            _send(socket, frame("error", request_id, errorText="no user message with text"))
-            return
-        text, message_id = message
-        key = message_id if message_id and REQUEST_KEY.fullmatch(message_id) else None
+        newest = body.messages[-1]
         command = SendMessage(
-            message=text, request_key=key, stream=True, name=state.name, agent=state.agent
-        )
+            message=newest.text, request_key=newest.id, stream=True, name=state.name,
+            agent=state.agent,
+        )  # fmt: skip
         state.request, state.kind, state.turn, state.sequence = request_id, "send", None, -1
         state.keep(socket)
         self._spawn(self._send_turn(socket, request_id, command))
@@ -336,7 +340,7 @@ class ChatSockets:
                 state.request = state.kind = None
                 state.keep(socket)
             return
-        pump = self._pump(request_id)
+        pump = self._pump(request_id, reply_message_id(command.request_key))
         if state.request == request_id:  # not aborted meanwhile
             state.turn = pump.id
             state.keep(socket)
@@ -352,7 +356,7 @@ class ChatSockets:
         pump = next((p for p in reversed(self.pumps.values()) if not p.done), None)
         turn = self.live.current
         if pump is None and turn is not None:
-            pump = self._pump(f"follow-{request_id}", mid_turn=True)
+            pump = self._pump(f"follow-{request_id}")
             self._spawn(pump.run(stream_events(follow(turn.follow(), after=-1))))
         if pump is None:
             _send(socket, frame("no-active", request_id))
@@ -399,10 +403,12 @@ class ChatSockets:
                 return messages[users[-1] :], start + users[-1]
         return messages, start
 
-    def _pump(self, turn_id: str, mid_turn: bool = False) -> TurnPump:
+    def _pump(self, turn_id: str, message_id: str | None = None) -> TurnPump:
+        """A pump for a new turn (its reply's `message_id`), or, without one, for a turn
+        running already (started over HTTP: it goes on from a replay)."""
         for done in [k for k, p in self.pumps.items() if p.done]:
             del self.pumps[done]
-        pump = self.pumps[turn_id] = TurnPump(turn_id, self.sockets, mid_turn)
+        pump = self.pumps[turn_id] = TurnPump(turn_id, self.sockets, message_id)
         return pump
 
     def _spawn(self, work: Awaitable[Any]) -> None:
@@ -414,19 +420,20 @@ class ChatSockets:
             self.keep_alive(task)
 
 
-def _newest_user_message(messages: Any) -> tuple[str, str | None] | None:
-    """The text and id of the newest user message of a `send` frame's `messages` (UI
-    messages: only that one is new, the stored history stays the truth)."""
-    if not isinstance(messages, list):
-        return None
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            parts = message.get("parts")
-            text = "".join(
-                str(p.get("text", ""))
-                for p in (parts if isinstance(parts, list) else [])
-                if isinstance(p, dict) and p.get("type") == "text"
-            )
-            message_id = message.get("id")
-            return (text, message_id if isinstance(message_id, str) else None) if text else None
+def _unservable(body: ChatBody | Reply) -> str | None:
+    """Why a `send` frame runs no turn (what POST .../chat answers with a 4xx), or None."""
+    if isinstance(body, Reply):
+        return str(body.body["error"]["message"])
+    newest = body.messages[-1]
+    if body.trigger != "submit-message":
+        return "a session's history is append-only, so a reply cannot be regenerated"
+    if newest.role != "user":
+        return (
+            "the newest message must be a user message (a tool approval is decided over "
+            "HTTP: POST .../chat or .../approvals/{tool_call_id})"
+        )
+    if not newest.text.strip():
+        return "the newest user message has no text part"
+    if REQUEST_KEY.fullmatch(newest.id) is None:
+        return "a user message's id is its turn's key: 1 to 255 printable ASCII"
     return None
