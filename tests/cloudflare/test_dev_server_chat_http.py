@@ -8,7 +8,8 @@ tests/agents/chat/refunds.py at /agents/refunds/..., its refund going to a payme
   message with a tool part per call (input and output) and the reply's text; the same user
   message sent again (its id is the turn's key) runs no second turn; `regenerate-message`
   is refused.
-- `AbstractChat` (what `useChat` wraps): the refunds turn ends with a tool approval request;
+- `AbstractChat` (what `useChat` wraps), sending only its newest message: the refunds turn
+  ends with a tool approval request;
   `addToolApprovalResponse` makes the Chat send the next request itself, the kit decides the
   call by its digest, and the refund runs once.
 - The wire: the UI message stream's header, `data:` lines, `[DONE]`.
@@ -111,9 +112,11 @@ def test_an_approval_response_runs_the_call_once(
     call_id = pending[1]["tool_calls"][0]["id"]
     assert asked["toolCallId"] == call_id
     assert asked["approval"]["id"].startswith(f"{call_id}:")  # <call id>:<digest>
-    # What the Chat sent to decide it: the assistant message with the response in its part.
+    # What the Chat sent to decide it: the assistant message with the response in its part
+    # (only that message: the client sends its newest, as docs/chat-clients.md advises).
     decided = [s["body"] for s in run_requests(client, "/agents/refunds/")][-1]
-    (part,) = tool_parts(decided["messages"][-1])
+    (newest,) = decided["messages"]
+    (part,) = tool_parts(newest)
     assert part["state"] == "approval-responded"
     assert part["approval"] == {**asked["approval"], "approved": True, "reason": "ann: ok"}
     user, reply = run["messages"]

@@ -5,9 +5,9 @@
 //
 // 1. `DefaultChatTransport` + `readUIMessageStream`: a turn of the template agent (two tool
 //    calls), then the same user message sent again (its id is the turn's key: no new turn).
-// 2. `AbstractChat` (what `useChat` wraps) on the refunds agent: the turn ends with a tool
-//    approval request; `addToolApprovalResponse` answers it and the Chat sends the next
-//    request itself (`sendAutomaticallyWhen`); the call runs and the turn ends.
+// 2. `AbstractChat` (what `useChat` wraps) on the refunds agent, sending its newest message
+//    only: the turn ends with a tool approval request; `addToolApprovalResponse` answers it
+//    and the Chat sends the next request itself (`sendAutomaticallyWhen`); the call runs.
 import {
   AbstractChat,
   DefaultChatTransport,
@@ -18,7 +18,7 @@ import {
 const base = process.argv[2];
 const sent = []; // every request body the transports posted
 
-function transport(path) {
+function transport(path, options = {}) {
   return new DefaultChatTransport({
     api: `${base}${path}`,
     headers: { Authorization: `Bearer ${process.env.CHAT_TOKEN}` },
@@ -26,8 +26,16 @@ function transport(path) {
       sent.push({ path: new URL(url).pathname, body: JSON.parse(init.body) });
       return fetch(url, init);
     },
+    ...options,
   });
 }
+
+// As docs/chat-clients.md advises: the kit keeps the history, so send the newest message only.
+const newestOnly = {
+  prepareSendMessagesRequest: ({ id, messages, trigger, messageId }) => ({
+    body: { id, messages: messages.slice(-1), trigger, messageId },
+  }),
+};
 
 async function lastMessage(stream) {
   let last;
@@ -98,7 +106,7 @@ async function approvalTurn() {
   const chat = new (class extends AbstractChat {})({
     id: "chat-refund",
     state: new State(),
-    transport: transport("/agents/refunds/sessions/chat-refund/chat"),
+    transport: transport("/agents/refunds/sessions/chat-refund/chat", newestOnly),
     sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
     onError: (error) => errors.push(String(error)),
   });
