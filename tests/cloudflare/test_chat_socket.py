@@ -273,6 +273,13 @@ def test_the_upgrade_is_checked_before_the_object() -> None:
 
 
 def test_a_served_agents_socket_goes_to_its_object() -> None:
+    up = {"upgrade": "websocket"}
     served = ServedAgents(named={"refunds": None}, default=None)  # type: ignore[dict-item]
-    target = upgrade_target("/agents/refunds/sessions/x/ws", {"upgrade": "websocket"}, served)
-    assert target == ("refunds:x", "x", "refunds")
+    assert upgrade_target("/agents/refunds/sessions/x/ws", up, served) == (
+        "refunds:x", "x", "refunds",
+    )  # fmt: skip
+    assert upgrade_target("/sessions/ws", up, served) is None  # session "ws"'s history
+    unknown = upgrade_target("/agents/secret/sessions/x/ws", up, served)
+    assert isinstance(unknown, Reply)
+    assert unknown.status == 404
+    assert "refunds" not in unknown.body["error"]["message"]  # no token: no agent named

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -41,7 +42,6 @@ from .ui_stream import Chunk, UIMessageStream, replay, reply_message_id
 from .wire import Reply, error_reply
 
 __all__ = [
-    "SOCKET_PATH",
     "ChatSocket",
     "ChatSockets",
     "Serve",
@@ -50,7 +50,7 @@ __all__ = [
     "upgrade_target",
 ]
 
-SOCKET_PATH = "/ws"  # /sessions/{name}/ws, and under /agents/{agent}
+_SOCKET_PATH = re.compile(r"(?:/agents/(?P<agent>[^/]+))?/sessions/(?P<name>[^/]+)/ws")
 _TAIL_WINDOW = 50  # stored messages read at a time, from the end, to find a turn's start
 
 
@@ -96,20 +96,17 @@ def upgrade_target(
     path: str, headers: Mapping[str, str], served: ServedAgents | None
 ) -> tuple[str, str, str | None] | Reply | None:
     """For a `.../sessions/{name}/ws` path: (the session's object name, name, agent), or
-    what to answer instead (a bad name, an unknown agent, 426 without `Upgrade:
+    what to answer instead (a bad name, an agent not served, 426 without `Upgrade:
     websocket`); None for any other path. No token is asked here: browsers cannot set a
-    handshake's headers, so each `send`/`resume` frame carries it."""
-    if not path.endswith(SOCKET_PATH):
+    handshake's headers, so each `send`/`resume` frame carries it (and so a refusal here
+    names no served agent, as the API's 404 does for a caller with a token)."""
+    found = _SOCKET_PATH.fullmatch(path)
+    if found is None:
         return None
-    agent: str | None = None
-    routed = path
-    if served is not None:
-        addressed = served.address(path)
-        if isinstance(addressed, Reply):
-            return addressed
-        agent, routed = addressed
-    prefix, _, name = routed.removesuffix(SOCKET_PATH).rpartition("/")
-    if prefix != "/sessions":
+    agent, name = found.group("agent"), found.group("name")
+    if served is not None and isinstance(served.address(path), Reply):
+        return error_reply(404, "not-found", f"no chat socket at {path[:200]!r}")
+    if served is None and agent is not None:
         return None
     if SESSION_NAME.fullmatch(name) is None:
         return error_reply(
