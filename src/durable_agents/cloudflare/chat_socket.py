@@ -119,6 +119,7 @@ def upgrade_target(
 
 
 def frame(kind: str, request_id: str, **fields: Any) -> str:
+    """A server frame (`start`, `chunk`, `end`, `error`, `no-active`) of request `request_id`."""
     return json.dumps({"type": kind, "requestId": request_id, **fields}, ensure_ascii=False)
 
 
