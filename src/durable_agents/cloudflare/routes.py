@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import ConfigurationError, DurableAgentsError
 from ..llm.settings import setting
 from ..stores.base import Store
-from . import reads, schedules_api
+from . import chat_http, reads, schedules_api
 from .agent_module import DEV_STUB_PREFIX, DevStub
 from .auth import authorize
 from .bodies import ApprovalBody, BodyReader, MessageBody, ResumeBody, TokenBody
@@ -168,6 +168,7 @@ ROUTES = (
     Route("GET", "/sessions/{name}", read_history, SESSION_TOKEN),
     Route("DELETE", "/sessions/{name}", forwarding(Delete)),
     Route("POST", "/sessions/{name}/messages", post_message, SESSION_TOKEN),
+    Route("POST", "/sessions/{name}/chat", chat_http.post_chat, SESSION_TOKEN),
     Route("POST", "/sessions/{name}/resume", resume, SESSION_TOKEN),
     Route("GET", "/sessions/{name}/approvals", forwarding(ListApprovals), SESSION_TOKEN),
     Route("POST", "/sessions/{name}/approvals/{tool_call_id}", decide, SESSION_TOKEN),
