@@ -11,7 +11,7 @@ tests/agents/chat/refunds.py at /agents/refunds/..., its refund going to a payme
 - `AbstractChat` (what `useChat` wraps), sending only its newest message: the refunds turn
   ends with a tool approval request;
   `addToolApprovalResponse` makes the Chat send the next request itself, the kit decides the
-  call by its digest, and the refund runs once.
+  call by its digest, and the refund runs once; a denied call runs nothing.
 - The wire: the UI message stream's header, `data:` lines, `[DONE]`.
 
 The encoder's chunks exactly: test_ui_stream.py. Needs `scripts/setup-runtime` and npm `ai`.
@@ -114,7 +114,7 @@ def test_an_approval_response_runs_the_call_once(
     assert asked["approval"]["id"].startswith(f"{call_id}:")  # <call id>:<digest>
     # What the Chat sent to decide it: the assistant message with the response in its part
     # (only that message: the client sends its newest, as docs/chat-clients.md advises).
-    decided = [s["body"] for s in run_requests(client, "/agents/refunds/")][-1]
+    decided = [s["body"] for s in run_requests(client, "/agents/refunds/sessions/chat-refund/")][-1]
     (newest,) = decided["messages"]
     (part,) = tool_parts(newest)
     assert part["state"] == "approval-responded"
@@ -126,7 +126,18 @@ def test_an_approval_response_runs_the_call_once(
     assert done["state"] == "output-available"
     assert done["output"]["status"] == "succeeded"
     assert reply["parts"][-1]["text"].startswith("refund answered: ")
-    assert len(payments.refund_requests) == 1
+    assert len(payments.refund_requests) == 1  # and none for the denied call below
+
+
+def test_a_denial_runs_nothing(client: dict[str, Any], payments: PaymentsAPI) -> None:
+    run = client["denial"]
+    assert (run["errors"], run["status"]) == ([], "ready")
+    _, reply = run["messages"]
+    (denied,) = tool_parts(reply)
+    assert denied["state"] == "output-denied"
+    assert denied["approval"]["approved"] is False
+    assert reply["parts"][-1]["text"].startswith("refund answered: ")  # the model was told
+    assert len(payments.refund_requests) == 1  # the approved call's only
 
 
 def run_requests(client: dict[str, Any], prefix: str) -> list[dict[str, Any]]:

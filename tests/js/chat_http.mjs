@@ -8,6 +8,7 @@
 // 2. `AbstractChat` (what `useChat` wraps) on the refunds agent, sending its newest message
 //    only: the turn ends with a tool approval request; `addToolApprovalResponse` answers it
 //    and the Chat sends the next request itself (`sendAutomaticallyWhen`); the call runs.
+//    Then another session's call, denied.
 import {
   AbstractChat,
   DefaultChatTransport,
@@ -101,24 +102,25 @@ async function until(check, what) {
   throw new Error(`timed out waiting for ${what}`);
 }
 
-async function approvalTurn() {
+async function approvalTurn(session, approved) {
   const errors = [];
   const chat = new (class extends AbstractChat {})({
-    id: "chat-refund",
+    id: session,
     state: new State(),
-    transport: transport("/agents/refunds/sessions/chat-refund/chat", newestOnly),
+    transport: transport(`/agents/refunds/sessions/${session}/chat`, newestOnly),
     sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
     onError: (error) => errors.push(String(error)),
   });
   await chat.sendMessage({ text: "refund order A-1" });
   const asked = structuredClone(chat.lastMessage);
   const part = asked.parts.find((p) => p.type === "tool-refund");
-  await chat.addToolApprovalResponse({ id: part.approval.id, approved: true, reason: "ann: ok" });
+  await chat.addToolApprovalResponse({ id: part.approval.id, approved, reason: "ann: ok" });
   const done = () => chat.lastMessage.parts.find((p) => p.type === "tool-refund");
   await until(() => chat.status !== "submitted" && chat.status !== "streaming" && done().state !== "approval-responded", "the approved turn");
   return { asked, messages: chat.messages, status: chat.status, errors };
 }
 
 const template = await templateTurn();
-const approval = await approvalTurn();
-console.log(JSON.stringify({ template, approval, sent }));
+const approval = await approvalTurn("chat-refund", true);
+const denial = await approvalTurn("chat-deny", false);
+console.log(JSON.stringify({ template, approval, denial, sent }));
