@@ -19,8 +19,10 @@ from durable_agents import Agent, LLMResponse, Message, ToolCall, ToolContext, T
 from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.app import ApiSettings, Command, LiveSession, Reply, serve_session
 from durable_agents.cloudflare.chat_socket import ChatSockets, SocketState, upgrade_target
+from durable_agents.cloudflare.commands import SendMessage
 from durable_agents.cloudflare.served_agents import ServedAgents
 from durable_agents.cloudflare.tokens import mint_session_token
+from durable_agents.cloudflare.ui_stream import replay
 from durable_agents.stores.d1 import D1Store
 from durable_agents.testing.fake_d1 import FakeD1Database
 
@@ -187,6 +189,29 @@ async def test_every_following_socket_gets_the_turn_and_a_resume_by_sequence_mis
     for socket, request in ((sender, "r1"), (follower, "f1"), (late, "l1")):
         assert socket.kinds(request)[0] == "start"
         assert socket.kinds(request)[-1] == "end"
+
+
+async def test_a_resume_follows_a_turn_started_over_http_from_the_store(store: D1Store) -> None:
+    model = Model()
+    model.hold = True
+    obj = Object(store, model)
+    posted = asyncio.ensure_future(obj.serve(SendMessage(message="note hi", request_key="k")))
+    await model.waiting.wait()  # no socket started it: no pump yet
+    socket = obj.socket()
+    await obj.chat.on_frame(socket, resume("f"))
+    replayed = len(socket.chunks("f"))
+    assert socket.chunks("f")[0]["chunk"] == {"type": "start", "messageId": "reply-k"}
+    model.release.set()
+    await posted
+    await obj.settle()
+    chunks = socket.chunks("f")
+    assert len(chunks) > replayed
+    assert [c["sequence"] for c in chunks] == list(range(len(chunks)))
+    assert socket.kinds("f")[-1] == "end"
+    stored = await store.load_messages(SESSION_ID)
+    _, again = replay(stored)
+    finish = {"type": "finish-step"}, {"type": "finish", "finishReason": "stop"}
+    assert [c["chunk"] for c in chunks] == [*again, *finish]  # the whole message, once
 
 
 async def test_a_resume_with_no_turn_running_is_no_active(store: D1Store) -> None:
