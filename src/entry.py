@@ -4,6 +4,7 @@
          -> env.SESSIONS.getByName(name)     one Durable Object per session ("<agent>:<name>")
          -> AgentSession.fetch    one turn at a time; run() on D1 (session_object.serve_session);
                                   an agent tool's child turn: a command to the child's object
+            AgentSession.webSocketMessage   a chat socket's frame (GET .../ws, chat_socket.py)
             AgentSession.alarm    resumes a turn a reset cut short, fires schedules
                                   (turns.serve_alarm, see durable_agents.cloudflare.alarms)
 
@@ -25,9 +26,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from workers import DurableObject, Response, WorkerEntrypoint
+from workers import DurableObject, WorkerEntrypoint
 
-from durable_agents.cloudflare import d1_store
+from durable_agents.cloudflare import d1_store, js_sockets
 from durable_agents.cloudflare.agent_calls import ObjectAgents
 from durable_agents.cloudflare.alarms import ObjectAlarm, self_resume_seconds
 from durable_agents.cloudflare.app import (
@@ -45,7 +46,8 @@ from durable_agents.cloudflare.app import (
     session_store_kind,
     session_stores,
 )
-from durable_agents.cloudflare.js_streams import keep_running, readable_stream
+from durable_agents.cloudflare.chat_socket import upgrade_target
+from durable_agents.cloudflare.js_streams import js_response, keep_running
 from durable_agents.cloudflare.served_agents import (
     ObjectAgent,
     object_name,
@@ -69,27 +71,21 @@ NOT_LOADED = error_reply(500, "agent-not-loaded", _NONE_LOADED) if _NONE_LOADED 
 AGENT_NAMES = {m.agent.name: name for name, m in SERVED.named.items()}  # for the pages' links
 
 
-def _response(reply: Reply) -> Any:
-    if reply.stream is not None:  # the object's SSE: a JS stream, or chunks made here
-        body = reply.stream if hasattr(reply.stream, "getReader") else readable_stream(reply.stream)
-        return Response(body, status=reply.status, headers=dict(reply.headers))
-    if reply.text is not None:
-        return Response(reply.text, status=reply.status, headers=dict(reply.headers))
-    return Response(reply.json_text(), status=reply.status, headers=reply.all_headers())
-
-
 class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships no stubs
     """The Worker: checks every request, then forwards it to the session's Durable Object."""
 
     async def fetch(self, request: Any) -> Any:
         if NOT_LOADED is not None:
-            return _response(NOT_LOADED)
+            return js_response(NOT_LOADED)
         # From the JS request itself: the SDK's wrapper strips every header value
         # (a token with a trailing U+00A0 would pass) and knows only the
         # standard methods (any other would be a KeyError, a 500).
         raw = request.js_object
         headers = {str(k).lower(): str(v) for k, v in raw.headers.entries()}
         method = str(raw.method).upper()
+        socket = upgrade_target(urlsplit(str(request.url)).path, headers, SERVED)  # .../ws
+        if socket is not None:  # no token asked: each frame carries it (chat_socket.py)
+            return await js_sockets.forward_upgrade(self.env, socket)
 
         async def read_body() -> bytes:
             return b"" if method in _BODYLESS else bytes(await request.bytes())
@@ -110,7 +106,7 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
             )
         except Exception as exc:  # a bug: still answer JSON
             reply = internal_error(exc, "the Worker")
-        return _response(reply)
+        return js_response(reply)
 
     async def scheduled(self, controller: Any, env: Any = None, ctx: Any = None) -> None:
         """The cron ([triggers]): delete sessions idle past RETENTION_DAYS (env, ctx: None)."""
@@ -129,8 +125,9 @@ class Default(WorkerEntrypoint):  # type: ignore[misc]  # the workers SDK ships 
         return await send_to_object(self.env, name, command)
 
 
-class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ships no stubs
-    """One session: its id is this object's id; its history is in D1."""
+class AgentSession(js_sockets.SocketHandlers, DurableObject):  # type: ignore[misc]  # no SDK stubs
+    """One session: its id is this object's id; its history is in D1; its chat sockets'
+    frames come to the handlers of `js_sockets.SocketHandlers`."""
 
     def __init__(self, ctx: Any, env: Any) -> None:
         super().__init__(ctx, env)
@@ -142,16 +139,22 @@ class AgentSession(DurableObject):  # type: ignore[misc]  # the workers SDK ship
             storage_of=lambda: self.ctx.storage, watch_seconds=self_resume_seconds(env)
         )
         self.agent = ObjectAgent(lambda: self.ctx.storage)  # which agent its alarm serves
+        self.chat = js_sockets.object_chat(ctx, env, self.live, self.command, self.keep_alive)
 
     async def fetch(self, request: Any) -> Any:
+        if js_sockets.is_upgrade(request):  # a chat socket, accepted to hibernate (js_sockets.py)
+            return js_sockets.accept(self.ctx, self.chat, request)
         try:
             command = Command.from_json(await request.text())
         except ValueError as exc:
-            return _response(error_reply(400, "invalid-command", str(exc)))
+            return js_response(error_reply(400, "invalid-command", str(exc)))
+        return js_response(await self.command(command))
+
+    async def command(self, command: Command) -> Reply:
         # A turn the instance before this one left unfinished goes on first.
         await resume_left_turn(self.alarm_state)
         agent = await self.agent.of(command.agent)
-        return _response(await self.serve(command, plan_budget(self.env), agent))
+        return await self.serve(command, plan_budget(self.env), agent)
 
     async def alarm(self, *info: Any) -> None:
         """The object's alarm: resume a turn left unfinished, fire due schedules."""

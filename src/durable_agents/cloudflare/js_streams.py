@@ -14,7 +14,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-__all__ = ["js_chunks", "keep_running", "readable_stream"]
+from .wire import Reply
+
+__all__ = ["js_chunks", "js_response", "keep_running", "readable_stream"]
 
 _PUMPS: set[asyncio.Task[None]] = set()  # streams being written: kept referenced
 
@@ -81,3 +83,16 @@ def keep_running(ctx: Any, task: asyncio.Task[Any]) -> None:
     proxy = create_proxy(task)
     task.add_done_callback(lambda _: proxy.destroy())
     ctx.waitUntil(proxy)
+
+
+def js_response(reply: Reply) -> Any:
+    """`reply` as the `workers.Response` a Worker or Durable Object answers with: its
+    stream (another object's JS stream as it is, or chunks made here), text or JSON."""
+    from workers import Response  # type: ignore[import-not-found, unused-ignore]
+
+    if reply.stream is not None:
+        body = reply.stream if hasattr(reply.stream, "getReader") else readable_stream(reply.stream)
+        return Response(body, status=reply.status, headers=dict(reply.headers))
+    if reply.text is not None:
+        return Response(reply.text, status=reply.status, headers=dict(reply.headers))
+    return Response(reply.json_text(), status=reply.status, headers=reply.all_headers())

@@ -1,0 +1,152 @@
+// The AI SDK's own WebSocket chat client against the kit's GET .../ws (scripts/dev), for
+// tests/cloudflare/test_dev_server_chat_ws.py, which reads the JSON this prints.
+//
+//   node tests/js/chat_ws.mjs <dev server URL> <held issues API URL>   (token: CHAT_TOKEN)
+//
+// The held issues API answers GET /issues/held-N only after POST /release/held-N, so a
+// turn can be caught mid-tool.
+// 1. `WebSocketChatTransport` (with npm `ws`) + `readUIMessageStream`: a turn of the
+//    template agent (two tool calls) on one socket.
+// 2. Mid-turn: client A sends; client B (another socket) follows the running turn with
+//    `reconnectToStream` (a `resume` frame); A's socket goes away after some chunks and a
+//    raw `resume` frame with its last sequence gets the rest; the hold is released. A's
+//    chunks before and after, and B's, make the same message.
+// 3. `abort`: a turn aborted while its tool waits ends cancelled; a follower sees it end.
+import { WebSocketChatTransport, readUIMessageStream } from "ai";
+import WebSocket from "ws";
+
+const [base, issues] = process.argv.slice(2);
+const wsBase = base.replace(/^http/, "ws");
+const headers = { Authorization: `Bearer ${process.env.CHAT_TOKEN}` };
+const out = {};
+
+function transport(session) {
+  return new WebSocketChatTransport({ url: `${wsBase}/sessions/${session}/ws`, headers, webSocket: WebSocket });
+}
+
+function userMessage(id, text) {
+  return { id, role: "user", parts: [{ type: "text", text }] };
+}
+
+function send(chat, session, message, abortSignal) {
+  return chat.sendMessages({
+    chatId: session, messages: [message], trigger: "submit-message", messageId: undefined, abortSignal,
+  });
+}
+
+async function lastMessage(stream) {
+  let last;
+  for await (const message of readUIMessageStream({ stream, terminateOnError: true })) last = message;
+  return last;
+}
+
+function streamOf(chunks) {
+  return new ReadableStream({ start(c) { for (const chunk of chunks) c.enqueue(chunk); c.close(); } });
+}
+
+// Reads `stream` chunk by chunk into `chunks`; resolves `seen` once `until(chunk)` holds.
+function collect(stream, until) {
+  const chunks = [];
+  let markSeen;
+  const seen = new Promise((resolve) => { markSeen = resolve; });
+  const done = (async () => {
+    const reader = stream.getReader();
+    try {
+      for (;;) {
+        const { done: over, value } = await reader.read();
+        if (over) return "end";
+        chunks.push(value);
+        if (until(value)) markSeen();
+      }
+    } catch (error) {
+      return `error: ${error.message}`;
+    } finally {
+      markSeen();
+    }
+  })();
+  return { chunks, seen, done };
+}
+
+const waitsOn = (tool) => (c) => c.type === "tool-input-available" && c.toolName === tool;
+const release = (id) => fetch(`${issues}/release/${id}`, { method: "POST" });
+
+async function oneTurn() {
+  const chat = transport("chat-ws-turn");
+  const stream = await send(chat, "chat-ws-turn", userMessage("u-turn-1", "triage issue 7"));
+  out.turn = await lastMessage(stream);
+  chat.close();
+}
+
+function rawResume(session, lastSequence) {
+  // A client that kept its last sequence: a `resume` frame with it, on a new socket.
+  return new Promise((resolve, reject) => {
+    const socket = new WebSocket(`${wsBase}/sessions/${session}/ws`);
+    const frames = [];
+    socket.on("open", () => socket.send(JSON.stringify({
+      type: "resume", requestId: "raw-resume", id: session, lastSequence, headers, body: {},
+    })));
+    socket.on("message", (data) => {
+      const frame = JSON.parse(data.toString());
+      frames.push(frame);
+      if (frame.type === "end" || frame.type === "error" || frame.type === "no-active") {
+        socket.close(1000, "done");
+        resolve(frames);
+      }
+    });
+    socket.on("error", reject);
+  });
+}
+
+async function midTurn() {
+  const session = "chat-ws-two";
+  const a = transport(session);
+  const b = transport(session);
+  const fromA = collect(await send(a, session, userMessage("u-two-1", "triage #held-1")), waitsOn("get_issue"));
+  await fromA.seen; // get_issue is running, held
+  const followed = await b.reconnectToStream({ chatId: session });
+  const fromB = collect(followed, () => false);
+  a.close(); // A's socket goes away mid-turn, holding chunks 0 .. n-1
+  const held = fromA.chunks.length;
+  const resumed = rawResume(session, held - 1);
+  await new Promise((r) => setTimeout(r, 300)); // the resume is being served
+  await release("held-1");
+  const frames = await resumed;
+  const rest = frames.filter((f) => f.type === "chunk");
+  out.twoClients = {
+    aEnded: await fromA.done,
+    bEnded: await fromB.done,
+    held,
+    resumedSequences: rest.map((f) => f.sequence),
+    resumedFrames: frames.map((f) => f.type),
+    a: await lastMessage(streamOf([...fromA.chunks, ...rest.map((f) => f.chunk)])),
+    b: await lastMessage(streamOf(fromB.chunks)),
+  };
+  b.close();
+}
+
+async function abortTurn() {
+  const session = "chat-ws-abort";
+  const a = transport(session);
+  const b = transport(session);
+  const controller = new AbortController();
+  const fromA = collect(await send(a, session, userMessage("u-abort-1", "triage #held-2"), controller.signal), waitsOn("get_issue"));
+  await fromA.seen;
+  const fromB = collect(await b.reconnectToStream({ chatId: session }), () => false);
+  controller.abort();
+  await new Promise((r) => setTimeout(r, 300)); // the abort frame reaches the object first
+  await release("held-2");
+  await fromB.done;
+  out.abort = { a: await fromA.done, b: await lastMessage(streamOf(fromB.chunks)), bChunks: fromB.chunks };
+  const idle = await transport(session).reconnectToStream({ chatId: session });
+  out.abort.afterwards = idle === null ? "no-active" : "a stream";
+  a.close();
+  b.close();
+}
+
+const started = performance.now();
+await oneTurn();
+await midTurn();
+await abortTurn();
+out.ms = Math.round(performance.now() - started);
+console.log(JSON.stringify(out));
+process.exit(0);
