@@ -60,6 +60,33 @@ async def send_note(args: dict[str, str], ctx: ToolContext[Model]) -> str:
 AGENT = Agent("chat", "You send notes.", [send_note], deps_type=Model)
 
 
+class RefundModel(Model):
+    """Asked anything, refunds order 42 (a call that waits for a person); shown its result,
+    says so. `refunded` counts the refunds that ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refunded: list[str] = []
+
+    async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
+        if messages[-1].role == "tool":
+            return LLMResponse(f"refund answered: {messages[-1].content}")
+        return LLMResponse(tool_calls=[ToolCall("", "refund", {"order": "42"})])
+
+
+@tool(requires_approval=True)
+async def refund(args: dict[str, str], ctx: ToolContext[RefundModel]) -> str:
+    """Refund an order (a side effect a person approves first)."""
+    if ctx.deps.hold:
+        ctx.deps.waiting.set()
+        await ctx.deps.release.wait()
+    ctx.deps.refunded.append(args["order"])
+    return "refunded"
+
+
+REFUNDS = Agent("refunds", "You refund orders.", [refund], deps_type=RefundModel)
+
+
 class FakeSocket:
     """A hibernatable socket: the frames it was sent, its attachment (a string)."""
 
@@ -86,8 +113,8 @@ class FakeSocket:
 class Object:
     """The session object's side: its LiveSession, store, sockets and `ChatSockets`."""
 
-    def __init__(self, store: D1Store, model: Model) -> None:
-        self.store, self.model, self.live = store, model, LiveSession()
+    def __init__(self, store: D1Store, model: Model, agent: Agent[Any] = AGENT) -> None:
+        self.store, self.model, self.live, self.agent = store, model, LiveSession(), agent
         self.sockets: list[FakeSocket] = []
         self.chat = self.new_chat()
 
@@ -104,7 +131,7 @@ class Object:
     async def serve(self, command: Command) -> Reply:
         return await serve_session(
             command, session_id=SESSION_ID, store=self.store, env=ENV, live=self.live,
-            agent=AGENT, make_deps=lambda env, http: self.model, llm=self.model,
+            agent=self.agent, make_deps=lambda env, http: self.model, llm=self.model,
         )  # fmt: skip
 
     def socket(self, name: str = "s") -> FakeSocket:
@@ -135,6 +162,24 @@ def resume(request: str, last: int | None = None, headers: dict[str, str] = AUTH
     frame = {"type": "resume", "requestId": request, "id": "s", "headers": headers, "body": {}}
     if last is not None:
         frame["lastSequence"] = last
+    return json.dumps(frame)
+
+
+def answer(request: str, asked: list[dict[str, Any]], approved: bool, **approval: Any) -> str:
+    """What `addToolApprovalResponse` leaves for the resubmit: the asked assistant message
+    (its `start` chunk's id), its tool part `approval-responded` with the answer."""
+    approval_id = next(c["approvalId"] for c in asked if c["type"] == "tool-approval-request")
+    call_id = next(c["toolCallId"] for c in asked if c["type"] == "tool-approval-request")
+    part = {
+        "type": "tool-refund", "toolCallId": call_id, "state": "approval-responded",
+        "input": {"order": "42"},
+        "approval": {"id": approval_id, "approved": approved, "reason": "ann: ok", **approval},
+    }  # fmt: skip
+    message = {"id": asked[0]["messageId"], "role": "assistant", "parts": [part]}
+    frame = {
+        "type": "send", "requestId": request, "id": "s", "trigger": "submit-message",
+        "messages": [message], "headers": AUTH, "body": {},
+    }  # fmt: skip
     return json.dumps(frame)
 
 
@@ -278,11 +323,87 @@ async def test_frames_it_cannot_serve_are_errors(store: D1Store) -> None:
     await obj.chat.on_frame(socket, send("k", key="\u00e9"))
     assert [f["requestId"] for f in socket.sent] == ["r", "e", "w", "a", "k"]
     assert all(f["type"] == "error" for f in socket.sent)
-    assert "append-only" in socket.sent[0]["errorText"]
-    assert socket.sent[1]["errorText"] == "the newest user message has no text part"
-    assert "a tool approval is decided over HTTP" in socket.sent[3]["errorText"]
+    assert socket.sent[0]["errorText"].startswith("regenerate-not-supported: ")
+    assert socket.sent[1]["errorText"] == "invalid-body: the newest user message has no text part"
+    assert "tool approval responses" in socket.sent[3]["errorText"]
     assert "printable ASCII" in socket.sent[4]["errorText"]
     assert await store.load_messages(SESSION_ID) == []
+
+
+async def asked_for_approval(obj: Object, socket: FakeSocket) -> list[dict[str, Any]]:
+    await obj.chat.on_frame(socket, send("r1", "refund order 42"))
+    await obj.settle()
+    asked = [c["chunk"] for c in socket.chunks("r1")]
+    assert asked[-1] == {"type": "finish", "finishReason": "tool-calls"}
+    return asked
+
+
+async def test_an_approval_response_over_the_socket_runs_the_call_once(store: D1Store) -> None:
+    model = RefundModel()
+    obj = Object(store, model, REFUNDS)
+    sender, follower = obj.socket(), obj.socket()
+    asked = await asked_for_approval(obj, sender)
+    assert not model.refunded
+    model.hold = True
+    await obj.chat.on_frame(sender, answer("r2", asked, approved=True))
+    await model.waiting.wait()  # the approved refund runs, held
+    await obj.chat.on_frame(follower, resume("f2"))  # another tab follows the turn going on
+    model.release.set()
+    await obj.settle()
+    assert model.refunded == ["42"]
+    chunks = sender.chunks("r2")
+    assert [c["sequence"] for c in chunks] == list(range(len(chunks)))
+    went_on = [c["chunk"] for c in chunks]
+    assert went_on[0] == {"type": "start", "messageId": asked[0]["messageId"]}  # the same message
+    assert {"type": "tool-output-available", "toolCallId": asked[3]["toolCallId"],
+            "output": "refunded"} in went_on  # fmt: skip
+    assert went_on[-1] == {"type": "finish", "finishReason": "stop"}
+    # the other tab had nothing of the reply: it gets all of it, from the store, then the rest
+    followed = [c["chunk"] for c in follower.chunks("f2")]
+    assert [c["sequence"] for c in follower.chunks("f2")] == list(range(len(followed)))
+    assert followed[0] == went_on[0]
+    assert followed[-4:] == went_on[-4:]  # the reply's text, `finish`
+    for socket, request in ((sender, "r2"), (follower, "f2")):
+        assert (socket.kinds(request)[0], socket.kinds(request)[-1]) == ("start", "end")
+    again = json.loads(answer("r3", asked, approved=True))
+    await obj.chat.on_frame(sender, json.dumps(again))
+    await obj.settle()
+    (refused,) = [f for f in sender.sent if f["requestId"] == "r3"]
+    assert refused["type"] == "error"
+    assert refused["errorText"].startswith("approval-already-decided: ")
+    assert model.refunded == ["42"]
+
+
+async def test_a_denial_over_the_socket_runs_nothing(store: D1Store) -> None:
+    model = RefundModel()
+    obj = Object(store, model, REFUNDS)
+    socket = obj.socket()
+    asked = await asked_for_approval(obj, socket)
+    await obj.chat.on_frame(socket, answer("r2", asked, approved=False))
+    await obj.settle()
+    went_on = [c["chunk"] for c in socket.chunks("r2")]
+    assert {"type": "tool-output-denied", "toolCallId": asked[3]["toolCallId"]} in went_on
+    assert went_on[-1] == {"type": "finish", "finishReason": "stop"}
+    assert not model.refunded
+
+
+async def test_a_refused_decision_is_an_error_frame_naming_why(store: D1Store) -> None:
+    model = RefundModel()
+    obj = Object(store, model, REFUNDS)
+    socket = obj.socket()
+    asked = await asked_for_approval(obj, socket)
+    wrong = [
+        {**c, "approvalId": f"{c['toolCallId']}:{'0' * 64}"}  # not the call's digest
+        if c["type"] == "tool-approval-request" else c
+        for c in asked
+    ]  # fmt: skip
+    await obj.chat.on_frame(socket, answer("r2", wrong, approved=True))
+    await obj.settle()
+    assert socket.kinds("r2") == ["error"]
+    (refused,) = [f for f in socket.sent if f["requestId"] == "r2"]
+    assert refused["errorText"].startswith("approval-digest-mismatch: ")
+    assert SocketState.of(socket).request is None
+    assert not model.refunded
 
 
 def test_the_upgrade_is_checked_before_the_object() -> None:

@@ -7,7 +7,11 @@ classes, `ws` as Node's WebSocket), its issues API held mid-tool by a fake here.
   `resume` with its last sequence gets exactly the chunks it had not (the message whole);
 - `abort` cancels the running turn (its second tool never runs); a follower sees it end;
 - workerd delivered the frames to the object's hibernatable-socket handler (the count
-  each socket's attachment keeps, logged when it closes).
+  each socket's attachment keeps, logged when it closes);
+- the AI SDK's `Chat` over the socket, on tests/agents/chat/refunds.py (served at
+  /agents/refunds/... by the same dev server): a turn ends with a tool approval request,
+  `addToolApprovalResponse` makes the Chat resubmit over the socket, and the refund runs
+  once (counted at a payments API on 127.0.0.1); a denied one runs nothing.
 
 The frames on CPython: test_chat_socket.py. Needs `scripts/setup-runtime` and npm `ai`.
 """
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.worker_fakes import PaymentsAPI
 
 from durable_agents.testing.worker import DevWorker, find_project
 
@@ -94,9 +99,12 @@ def issues() -> Iterator[HeldIssues]:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory, issues: HeldIssues) -> Iterator[DevWorker]:
+def worker(
+    tmp_path_factory: pytest.TempPathFactory, issues: HeldIssues, payments: PaymentsAPI
+) -> Iterator[DevWorker]:
     state = tmp_path_factory.mktemp("chat-ws-dev-worker")
-    with DevWorker(PROJECT, state, settings={"ISSUES_API_URL": issues.url}) as dev:
+    settings = {"ISSUES_API_URL": issues.url, "PAYMENTS_API_URL": payments.url}
+    with DevWorker(PROJECT, state, settings=settings, agents="tests/agents/chat") as dev:
         yield dev
 
 
@@ -190,3 +198,36 @@ def test_workerd_delivered_the_frames_to_the_hibernatable_handler(
     ]
     assert closed, "\n".join(worker.lines[-30:])
     assert max(closed) >= 1
+
+
+def test_an_approval_response_over_the_socket_runs_the_call_once(
+    worker: DevWorker, clients: dict[str, Any], payments: PaymentsAPI
+) -> None:
+    run = clients["approval"]
+    assert (run["errors"], run["status"]) == ([], "ready")
+    (asked,) = [p for p in run["asked"]["parts"] if p["type"] == "tool-refund"]
+    assert asked["state"] == "approval-requested"
+    history = worker.get("/agents/refunds/sessions/chat-ws-refund").body["messages"]
+    call_id = history[1]["tool_calls"][0]["id"]
+    assert asked["approval"]["id"].startswith(f"{call_id}:")  # <call id>:<digest>
+    user, reply = run["messages"]
+    assert user["role"] == "user"
+    assert reply["id"] == run["asked"]["id"]  # the turn went on in the same UI message
+    (done,) = [p for p in reply["parts"] if p["type"] == "tool-refund"]
+    assert done["state"] == "output-available"
+    assert done["output"]["status"] == "succeeded"
+    assert texts(reply)[-1].startswith("refund answered: ")
+    assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"]
+    assert len(payments.refund_requests) == 1  # once, and none for the denial
+
+
+def test_a_denial_over_the_socket_runs_nothing(
+    clients: dict[str, Any], payments: PaymentsAPI
+) -> None:
+    run = clients["denial"]
+    assert (run["errors"], run["status"]) == ([], "ready")
+    _, reply = run["messages"]
+    (denied,) = [p for p in reply["parts"] if p["type"] == "tool-refund"]
+    assert denied["state"] == "output-denied"
+    assert texts(reply)[-1].startswith("refund answered: ")  # the model was told
+    assert len(payments.refund_requests) == 1  # the approved call's only

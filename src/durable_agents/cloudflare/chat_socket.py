@@ -5,8 +5,10 @@ socket's state, and a turn's chunks for every socket of the session.
                               upgrade to the session's object, which accepts the socket with
                               the hibernation API (js_sockets.py): it may be evicted between
                               turns while its clients stay connected
-    frames -> ChatSockets.on_frame    `send` runs a turn, `abort` cancels it, `resume` replays
-                                      the current reply from the store, then follows the turn
+    frames -> ChatSockets.on_frame    `send` runs a turn or decides tool approvals (as POST
+                                      .../chat: `chat_request.py`), `abort` cancels it,
+                                      `resume` replays the current reply from the store,
+                                      then follows the turn
 
 What a socket has asked lives in its attachment (`SocketState`), never only in the
 object's memory: a new instance after an eviction reads it back. Only a running turn's
@@ -33,12 +35,12 @@ from ..messages import Message
 from ..stores.base import Store
 from .auth import MASTER, authorize
 from .bodies import body_of
-from .chat_http import ChatBody
-from .commands import REQUEST_KEY, SESSION_NAME, Cancel, Command, SendMessage
+from .chat_request import ChatBody, read_chat
+from .commands import SESSION_NAME, Approve, Cancel, Command, SendMessage
 from .config import ApiSettings
 from .live import LiveSession, decode_event, follow, stream_events
 from .served_agents import ServedAgents, object_name
-from .ui_stream import Chunk, UIMessageStream, replay, reply_message_id
+from .ui_stream import Chunk, UIMessageStream, replay
 from .wire import Reply, error_reply
 
 __all__ = [
@@ -127,7 +129,9 @@ class TurnPump:
     """One running turn's UI message, chunk by chunk, to every socket that follows it.
     `stream`/`count`/`position`: the encoder, the chunks made so far (the next one's
     sequence) and the last stored message they include; `first`: the position of the
-    turn's user message, once seen; `ending`: the last chunks, once the turn ended. A
+    turn's user message, once seen; `ending`: the last chunks, once the turn ended;
+    `sent`: the chunks before them (a turn going on after approvals stores no user
+    message, so a replay of it comes from here, not from the store). A
     pump that began mid-turn (`mid_turn`: a turn started over HTTP) waits for its first
     follower's replay (`adopt`) before it goes on with the live events."""
 
@@ -142,6 +146,7 @@ class TurnPump:
         self.count, self.position = 0, -1
         self.first: int | None = None
         self.ending: list[Chunk] = []
+        self.sent: list[Chunk] = []  # before `ending`: a continued turn's replay
         self.done = False
         self.ready = asyncio.Event()
         if not self.mid_turn:
@@ -167,7 +172,9 @@ class TurnPump:
                     self.position = run_event.position
                     if self.first is None and run_event.message.role == "user":
                         self.first = run_event.position
-                    self.publish(self.stream.event(run_event))
+                    chunks = self.stream.event(run_event)
+                    self.sent += chunks
+                    self.publish(chunks)
         finally:
             self.done = True
             self.finish()
@@ -312,33 +319,46 @@ class ChatSockets:
     def _start(
         self, socket: ChatSocket, state: SocketState, request_id: str, data: Mapping[str, Any]
     ) -> None:
-        """`send`: its newest message (a user message, as POST .../chat takes it) runs a
-        turn keyed by the message's id (a resend runs no second one)."""
+        """`send`: what its newest message asks, read as POST .../chat reads it
+        (`read_chat`): a user message's turn, keyed by the message's id (a resend runs no
+        second one), or the client's tool approval responses, each decided, the last one
+        going on with the turn."""
         body = body_of(ChatBody, data)
-        why = _unservable(body)
-        if why is not None or isinstance(body, Reply):
-            _send(socket, frame("error", request_id, errorText=why))
+        asked = body if isinstance(body, Reply) else read_chat(body)
+        if isinstance(asked, Reply):
+            _send(socket, frame("error", request_id, errorText=_why(asked)))
             return
-        newest = body.messages[-1]
-        command = SendMessage(
-            message=newest.text, request_key=newest.id, stream=True, name=state.name,
-            agent=state.agent,
-        )  # fmt: skip
         state.request, state.kind, state.turn, state.sequence = request_id, "send", None, -1
         state.keep(socket)
-        self._spawn(self._send_turn(socket, request_id, command))
+        where = {"name": state.name, "agent": state.agent}
+        commands = [c.model_copy(update=where) for c in asked.commands]
+        self._spawn(self._send_turn(socket, request_id, commands, asked.message_id))
 
-    async def _send_turn(self, socket: ChatSocket, request_id: str, command: SendMessage) -> None:
-        reply = await self.serve(command)
+    async def _send_turn(
+        self,
+        socket: ChatSocket,
+        request_id: str,
+        commands: list[SendMessage | Approve],
+        message_id: str,
+    ) -> None:
+        """The commands through the object's own path; the last one's turn to every
+        follower, as UI message `message_id`."""
+        *before, last = commands
+        refused = None
+        for command in before:  # the other approval responses: decided, nothing to stream
+            decided = await self.serve(command)
+            if decided.status >= 400:
+                refused = decided
+                break
+        reply = refused or await self.serve(last)
         state = SocketState.of(socket)
-        if reply.stream is None:  # refused before it began (a call waiting for approval, ...)
-            error = reply.body.get("error", {}) if isinstance(reply.body, dict) else {}
+        if reply.stream is None:  # refused (a digest mismatch, a call waiting, ...)
             if state.request == request_id:
-                _send(socket, frame("error", request_id, errorText=str(error.get("message"))))
+                _send(socket, frame("error", request_id, errorText=_why(reply)))
                 state.request = state.kind = None
                 state.keep(socket)
             return
-        pump = self._pump(request_id, reply_message_id(command.request_key))
+        pump = self._pump(request_id, message_id)
         if state.request == request_id:  # not aborted meanwhile
             state.turn = pump.id
             state.keep(socket)
@@ -376,8 +396,8 @@ class ChatSockets:
         """The turn's UI message so far, from the stored messages: read again until it
         includes every message the pump has sent (one may land while it is read)."""
         while True:
-            if pump.first is None and not pump.mid_turn:  # nothing of its turn stored yet
-                return UIMessageStream(), [], -1
+            if pump.first is None and not pump.mid_turn:  # no user message: not begun yet,
+                return pump.stream, list(pump.sent), pump.position  # or going on after approvals
             messages, first = await self._current_reply(pump.first)
             position = first + len(messages) - 1
             if position >= pump.position:
@@ -418,20 +438,8 @@ class ChatSockets:
             self.keep_alive(task)
 
 
-def _unservable(body: ChatBody | Reply) -> str | None:
-    """Why a `send` frame runs no turn (what POST .../chat answers with a 4xx), or None."""
-    if isinstance(body, Reply):
-        return str(body.body["error"]["message"])
-    newest = body.messages[-1]
-    if body.trigger != "submit-message":
-        return "a session's history is append-only, so a reply cannot be regenerated"
-    if newest.role != "user":
-        return (
-            "the newest message must be a user message (a tool approval is decided over "
-            "HTTP: POST .../chat or .../approvals/{tool_call_id})"
-        )
-    if not newest.text.strip():
-        return "the newest user message has no text part"
-    if REQUEST_KEY.fullmatch(newest.id) is None:
-        return "a user message's id is its turn's key: 1 to 255 printable ASCII"
-    return None
+def _why(refusal: Reply) -> str:
+    """A refusal's `errorText`: its code, then what to do ("approval-digest-mismatch: ...")."""
+    error = refusal.body.get("error") if isinstance(refusal.body, dict) else None
+    error = error if isinstance(error, dict) else {}
+    return f"{error.get('code', 'error')}: {error.get('message', 'refused')}"

@@ -1,6 +1,7 @@
 """An agent module whose one tool waits for a person: served at /agents/refunds/... by
-tests/cloudflare/test_dev_server_chat_http.py (`scripts/dev --agents tests/agents/chat`),
-where the AI SDK's own `Chat` approves the call through POST .../chat.
+tests/cloudflare/test_dev_server_chat_http.py and test_dev_server_chat_ws.py (`scripts/dev
+--agents tests/agents/chat`), where the AI SDK's own `Chat` approves the call through POST
+.../chat and over the chat socket.
 
 Offline model: asked anything, it calls `refund` (order "A-1", 4999 cents), which
 requires approval; shown the call's result, it says so. `refund` POSTs to
