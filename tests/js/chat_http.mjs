@@ -9,12 +9,8 @@
 //    only: the turn ends with a tool approval request; `addToolApprovalResponse` answers it
 //    and the Chat sends the next request itself (`sendAutomaticallyWhen`); the call runs.
 //    Then another session's call, denied.
-import {
-  AbstractChat,
-  DefaultChatTransport,
-  lastAssistantMessageIsCompleteWithApprovalResponses,
-  readUIMessageStream,
-} from "ai";
+import { DefaultChatTransport, readUIMessageStream } from "ai";
+import { approvalTurn } from "./chat_common.mjs";
 
 const base = process.argv[2];
 const sent = []; // every request body the transports posted
@@ -74,53 +70,8 @@ async function templateTurn() {
   return { first, again, refused };
 }
 
-class State {
-  constructor() {
-    this.status = "ready";
-    this.error = undefined;
-    this.messages = [];
-  }
-  pushMessage(message) {
-    this.messages = [...this.messages, message];
-  }
-  popMessage() {
-    this.messages = this.messages.slice(0, -1);
-  }
-  replaceMessage(index, message) {
-    this.messages = this.messages.map((m, i) => (i === index ? message : m));
-  }
-  snapshot(thing) {
-    return structuredClone(thing);
-  }
-}
-
-async function until(check, what) {
-  for (let waited = 0; waited < 15000; waited += 25) {
-    if (check()) return;
-    await new Promise((resolve) => setTimeout(resolve, 25));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
-async function approvalTurn(session, approved) {
-  const errors = [];
-  const chat = new (class extends AbstractChat {})({
-    id: session,
-    state: new State(),
-    transport: transport(`/agents/refunds/sessions/${session}/chat`, newestOnly),
-    sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
-    onError: (error) => errors.push(String(error)),
-  });
-  await chat.sendMessage({ text: "refund order A-1" });
-  const asked = structuredClone(chat.lastMessage);
-  const part = asked.parts.find((p) => p.type === "tool-refund");
-  await chat.addToolApprovalResponse({ id: part.approval.id, approved, reason: "ann: ok" });
-  const done = () => chat.lastMessage.parts.find((p) => p.type === "tool-refund");
-  await until(() => chat.status !== "submitted" && chat.status !== "streaming" && done().state !== "approval-responded", "the approved turn");
-  return { asked, messages: chat.messages, status: chat.status, errors };
-}
-
 const template = await templateTurn();
-const approval = await approvalTurn("chat-refund", true);
-const denial = await approvalTurn("chat-deny", false);
+const refunds = (session) => transport(`/agents/refunds/sessions/${session}/chat`, newestOnly);
+const approval = await approvalTurn("chat-refund", refunds("chat-refund"), true);
+const denial = await approvalTurn("chat-deny", refunds("chat-deny"), false);
 console.log(JSON.stringify({ template, approval, denial, sent }));

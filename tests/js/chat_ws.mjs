@@ -16,13 +16,9 @@
 //    ends with a tool approval request; `addToolApprovalResponse` answers it and the Chat
 //    resubmits over the same socket (`sendAutomaticallyWhen`); the call runs (once, as the
 //    test counts at its payments API). Then another session's call, denied.
-import {
-  AbstractChat,
-  WebSocketChatTransport,
-  lastAssistantMessageIsCompleteWithApprovalResponses,
-  readUIMessageStream,
-} from "ai";
+import { WebSocketChatTransport, readUIMessageStream } from "ai";
 import WebSocket from "ws";
+import { approvalTurn } from "./chat_common.mjs";
 
 const [base, issues] = process.argv.slice(2);
 const wsBase = base.replace(/^http/, "ws");
@@ -152,53 +148,21 @@ async function abortTurn() {
   b.close();
 }
 
-class State {
-  constructor() {
-    this.status = "ready";
-    this.error = undefined;
-    this.messages = [];
-  }
-  pushMessage(message) { this.messages = [...this.messages, message]; }
-  popMessage() { this.messages = this.messages.slice(0, -1); }
-  replaceMessage(index, message) { this.messages = this.messages.map((m, i) => (i === index ? message : m)); }
-  snapshot(thing) { return structuredClone(thing); }
-}
-
-async function until(check, what) {
-  for (let waited = 0; waited < 15000; waited += 25) {
-    if (check()) return;
-    await new Promise((resolve) => setTimeout(resolve, 25));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
-async function approvalTurn(session, approved) {
-  const errors = [];
-  const socket = transport(session, `/agents/refunds/sessions/${session}/ws`);
-  const chat = new (class extends AbstractChat {})({
-    id: session,
-    state: new State(),
-    transport: socket,
-    sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
-    onError: (error) => errors.push(String(error)),
-  });
-  await chat.sendMessage({ text: "refund order A-1" });
-  const asked = structuredClone(chat.lastMessage);
-  const part = asked.parts.find((p) => p.type === "tool-refund");
-  await chat.addToolApprovalResponse({ id: part.approval.id, approved, reason: "ann: ok" });
-  const done = () => chat.lastMessage.parts.find((p) => p.type === "tool-refund");
-  await until(() => chat.status !== "submitted" && chat.status !== "streaming" && done().state !== "approval-responded", "the turn going on");
-  socket.close();
-  return { asked, messages: chat.messages, status: chat.status, errors };
-}
-
 const started = performance.now();
 await oneTurn();
 await midTurn();
 await abortTurn();
 const approvalsFrom = performance.now();
-out.approval = await approvalTurn("chat-ws-refund", true);
-out.denial = await approvalTurn("chat-ws-deny", false);
+async function refundsTurn(session, approved) {
+  const socket = transport(session, `/agents/refunds/sessions/${session}/ws`);
+  try {
+    return await approvalTurn(session, socket, approved);
+  } finally {
+    socket.close();
+  }
+}
+out.approval = await refundsTurn("chat-ws-refund", true);
+out.denial = await refundsTurn("chat-ws-deny", false);
 out.approvalsMs = Math.round(performance.now() - approvalsFrom);
 out.ms = Math.round(performance.now() - started);
 console.log(JSON.stringify(out));
