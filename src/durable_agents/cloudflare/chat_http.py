@@ -41,12 +41,7 @@ async def post_chat(request: Request) -> Reply:
     asked = read_chat(body)
     if isinstance(asked, Reply):
         return asked
-    *before, last = asked.commands
-    for command in before:  # the other approval responses: decided, nothing to stream
-        decided = await request.forward(command)
-        if decided.status >= 400:
-            return decided
-    answer = await request.forward(last)
+    answer = await asked.send(request.forward)
     return _ui_reply(answer, UIMessageStream(asked.message_id))
 
 

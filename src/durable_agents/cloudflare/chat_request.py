@@ -11,7 +11,7 @@ object is asked. The guide: docs/chat-clients.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -91,6 +91,16 @@ class ChatAsk:
 
     commands: tuple[SendMessage | Approve, ...]
     message_id: str
+
+    async def send(self, send: Callable[[SendMessage | Approve], Awaitable[Reply]]) -> Reply:
+        """The commands through `send`, in order: the answer to the last (its turn), or the
+        first refusal, which stops the rest (the decisions before the last stream nothing)."""
+        *before, last = self.commands
+        for command in before:
+            decided = await send(command)
+            if decided.status >= 400:
+                return decided
+        return await send(last)
 
 
 def read_chat(body: ChatBody) -> ChatAsk | Reply:

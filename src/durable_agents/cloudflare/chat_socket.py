@@ -35,8 +35,8 @@ from ..messages import Message
 from ..stores.base import Store
 from .auth import MASTER, authorize
 from .bodies import body_of
-from .chat_request import ChatBody, read_chat
-from .commands import SESSION_NAME, Approve, Cancel, Command, SendMessage
+from .chat_request import ChatAsk, ChatBody, read_chat
+from .commands import SESSION_NAME, Cancel, Command
 from .config import ApiSettings
 from .live import LiveSession, decode_event, follow, stream_events
 from .served_agents import ServedAgents, object_name
@@ -331,26 +331,18 @@ class ChatSockets:
         state.request, state.kind, state.turn, state.sequence = request_id, "send", None, -1
         state.keep(socket)
         where = {"name": state.name, "agent": state.agent}
-        commands = [c.model_copy(update=where) for c in asked.commands]
-        self._spawn(self._send_turn(socket, request_id, commands, asked.message_id))
+        self._spawn(self._send_turn(socket, request_id, asked, where))
 
     async def _send_turn(
         self,
         socket: ChatSocket,
         request_id: str,
-        commands: list[SendMessage | Approve],
-        message_id: str,
+        asked: ChatAsk,
+        where: Mapping[str, Any],
     ) -> None:
-        """The commands through the object's own path; the last one's turn to every
-        follower, as UI message `message_id`."""
-        *before, last = commands
-        refused = None
-        for command in before:  # the other approval responses: decided, nothing to stream
-            decided = await self.serve(command)
-            if decided.status >= 400:
-                refused = decided
-                break
-        reply = refused or await self.serve(last)
+        """What the `send` asked, through the object's own path (for session `where`); the
+        last command's turn to every follower, as UI message `asked.message_id`."""
+        reply = await asked.send(lambda command: self.serve(command.model_copy(update=where)))
         state = SocketState.of(socket)
         if reply.stream is None:  # refused (a digest mismatch, a call waiting, ...)
             if state.request == request_id:
@@ -358,7 +350,7 @@ class ChatSockets:
                 state.request = state.kind = None
                 state.keep(socket)
             return
-        pump = self._pump(request_id, message_id)
+        pump = self._pump(request_id, asked.message_id)
         if state.request == request_id:  # not aborted meanwhile
             state.turn = pump.id
             state.keep(socket)
