@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,9 +144,14 @@ async def pending_approvals(store: Store, session_id: str) -> list[PendingApprov
     asked for approval), then those of its agent tools' child sessions, and theirs, whose
     calls are still unanswered, each tagged with its `session`."""
     step = await unanswered_step(store, session_id)
-    own = waiting_calls(session_id, step.calls, step.states)
-    below = await waiting_below(store, step)
-    return [*own, *(p for waiting in below.values() for p in waiting)]
+    return waiting_in(step, await waiting_below(store, step))
+
+
+def waiting_in(step: LastStep, below: Mapping[str, list[PendingApproval]]) -> list[PendingApproval]:
+    """What waits for a decision in `step`: its own calls, then, call by call, what waits
+    below them (in their child sessions: `waiting_below`, or a Worker's `ChildObjects`)."""
+    own = waiting_calls(step.session_id, step.calls, step.states)
+    return [*own, *(p for c in step.calls for p in below.get(c.id, ()))]
 
 
 @dataclass(frozen=True, slots=True)

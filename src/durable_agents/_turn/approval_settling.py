@@ -19,7 +19,7 @@ from ..approvals import (
     approval_digest,
     approval_states,
     waiting_below,
-    waiting_calls,
+    waiting_in,
 )
 from ..budget import InvocationBudget
 from ..errors import ApprovalPendingError, SessionBusyError, ToolArgumentsError
@@ -85,11 +85,9 @@ class ApprovalSettler:
         session_id = self.log.session_id
         store = self.log.store
         states = approval_states(await store.load_approvals(session_id))
-        below = await waiting_below(store, LastStep(session_id, orphans, states))
-        waiting = [
-            *waiting_calls(session_id, orphans, states),
-            *(p for c in orphans for p in below.get(c.id, [])),
-        ]
+        step = LastStep(session_id, orphans, states)
+        below = await waiting_below(store, step)
+        waiting = waiting_in(step, below)
         if waiting and message is not None:
             raise ApprovalPendingError(session_id, [p.tool_call_id for p in waiting])
         edits = _approved_edits(orphans, states)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 from ..agent_tools import AgentToolHandler, child_session_name
-from ..approvals import LastStep, PendingApproval, approval_states, waiting_below, waiting_calls
+from ..approvals import LastStep, PendingApproval, approval_states, waiting_below, waiting_in
 from ..events import ChildEvent
 from ..messages import Message, ToolCall
 from ..stores.base import Store
@@ -376,8 +376,7 @@ async def last_step(
         return last, []
     step = LastStep(session_id, calls, approval_states(await store.load_approvals(session_id)))
     below_calls = await (below(step) if below is not None else waiting_below(store, step))
-    own = waiting_calls(session_id, calls, step.states)
-    return last, [*own, *(p for waiting in below_calls.values() for p in waiting)]
+    return last, waiting_in(step, below_calls)
 
 
 async def _last_calls(

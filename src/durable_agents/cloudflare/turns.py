@@ -16,7 +16,7 @@ from typing import Any
 
 from .._timeouts import timeout
 from ..agent_tools import at_depth
-from ..approvals import approve, pending_approvals, unanswered_step, waiting_calls
+from ..approvals import approve, pending_approvals, unanswered_step, waiting_in
 from ..budget import invocation
 from ..errors import (
     ConfigurationError,
@@ -192,9 +192,7 @@ async def _still_waiting(ctx: ObjectContext, children: ChildObjects | None) -> R
         rest = await pending_approvals(ctx.store, ctx.session_id)
     else:
         step = await unanswered_step(ctx.store, ctx.session_id)
-        below = await children.waiting(step)
-        own = waiting_calls(ctx.session_id, step.calls, step.states)
-        rest = [*own, *(p for calls in below.values() for p in calls)]
+        rest = waiting_in(step, await children.waiting(step))
     if not rest:
         return None
     return Reply(
