@@ -15,7 +15,16 @@ from typing import Any
 
 import pytest
 
-from durable_agents import Agent, LLMResponse, Message, ToolCall, ToolContext, ToolSpec, tool
+from durable_agents import (
+    Agent,
+    LLMResponse,
+    Message,
+    TextDelta,
+    ToolCall,
+    ToolContext,
+    ToolSpec,
+    tool,
+)
 from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.app import ApiSettings, Command, LiveSession, Reply, serve_session
 from durable_agents.cloudflare.chat_socket import ChatSockets, SocketState, upgrade_target
@@ -44,7 +53,7 @@ class Model:
 
     async def chat(self, messages: list[Message], tools: list[ToolSpec]) -> LLMResponse:
         if messages[-1].role == "tool":
-            return LLMResponse("The note is sent.")
+            return LLMResponse(FINAL)
         return LLMResponse("Sending it.", [ToolCall("", "send_note", {"text": "hi"})])
 
 
@@ -85,6 +94,29 @@ async def refund(args: dict[str, str], ctx: ToolContext[RefundModel]) -> str:
 
 
 REFUNDS = Agent("refunds", "You refund orders.", [refund], deps_type=RefundModel)
+
+FINAL = "The note is sent: it went to the whole team, and everyone has it now."
+
+
+class StreamingModel(Model):
+    """`Model`, its final reply written as deltas; while `hold_text` is set, it waits for
+    `go_on` halfway through them (after setting `writing`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold_text = False
+        self.writing = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def stream(self, messages: list[Message], tools: list[ToolSpec]) -> Any:
+        response = await self.chat(messages, tools)
+        text = response.text
+        for index in range(0, len(text), 5):
+            if index == 35 and self.hold_text:
+                self.writing.set()
+                await self.go_on.wait()
+            yield TextDelta(text[index : index + 5])
+        yield response
 
 
 class FakeSocket:
@@ -234,6 +266,56 @@ async def test_every_following_socket_gets_the_turn_and_a_resume_by_sequence_mis
     for socket, request in ((sender, "r1"), (follower, "f1"), (late, "l1")):
         assert socket.kinds(request)[0] == "start"
         assert socket.kinds(request)[-1] == "end"
+
+
+async def test_a_reply_streams_in_text_pieces_and_a_resume_mid_reply_gets_the_rest(
+    store: D1Store,
+) -> None:
+    model = StreamingModel()
+    model.hold_text = True
+    obj = Object(store, model)
+    sender, late = obj.socket(), obj.socket()
+    await obj.chat.on_frame(sender, send("r1"))
+    await model.writing.wait()  # the final reply is half written
+    had = sender.chunks("r1")
+    assert had[-1]["chunk"]["type"] == "text-delta"  # pieces of it went out already
+    await obj.chat.on_frame(late, resume("l1", last=had[-2]["sequence"]))
+    assert [c["sequence"] for c in late.chunks("l1")] == [had[-1]["sequence"]]
+    model.go_on.set()
+    await obj.settle()
+    whole = [c["chunk"] for c in sender.chunks("r1")]
+    assert [c["chunk"] for c in late.chunks("l1")] == whole[len(had) - 1 :]
+    pieces = [c["delta"] for c in whole if c["type"] == "text-delta"]
+    assert len(pieces) > 2
+    assert "".join(pieces) == "Sending it." + FINAL
+    # The live chunks are the stored reply's replay, one for one (after its `finish`).
+    _, stored = replay(await store.load_messages(SESSION_ID))
+    assert whole[: len(stored)] == stored
+    finish = [{"type": "finish-step"}, {"type": "finish", "finishReason": "stop"}]
+    assert whole[len(stored) :] == finish
+
+
+@pytest.mark.parametrize("accepted", [True, False], ids=["accepted", "being-asked"])
+async def test_abort_of_a_send_waiting_behind_another_turn_stops_only_its_own(
+    store: D1Store, accepted: bool
+) -> None:
+    model = Model()
+    model.hold = True
+    obj = Object(store, model)
+    first, second = obj.socket(), obj.socket()
+    await obj.chat.on_frame(first, send("r1"))
+    await model.waiting.wait()  # r1's note is being sent, held
+    await obj.chat.on_frame(second, send("r2", text="note again"))
+    while accepted and not obj.live.waiting:  # noqa: ASYNC110 (the object's own state)
+        await asyncio.sleep(0)  # r2's turn is accepted, waiting for the lock
+    await obj.chat.on_frame(second, json.dumps({"type": "abort", "requestId": "r2"}))
+    model.release.set()
+    await obj.settle()
+    assert first.chunks("r1")[-1]["chunk"] == {"type": "finish", "finishReason": "stop"}
+    assert first.kinds("r1")[-1] == "end"
+    history = await store.load_messages(SESSION_ID)
+    assert [m.content for m in history if m.role == "tool"] == ["sent"]  # r2 sent no note
+    assert history[-1].role != "tool"
 
 
 async def test_a_resume_follows_a_turn_started_over_http_from_the_store(store: D1Store) -> None:

@@ -3,6 +3,7 @@
 classes, `ws` as Node's WebSocket), its issues API held mid-tool by a fake here.
 
 - a turn's tool calls arrive as parts of the UI message, which matches what the kit stored;
+  its text comes in pieces as the model writes it (`text-delta`s), not whole once stored;
 - two sockets on one session both get a running turn's chunks; one leaves mid-turn and a
   `resume` with its last sequence gets exactly the chunks it had not (the message whole);
 - `abort` cancels the running turn (its second tool never runs); a follower sees it end;
@@ -156,6 +157,9 @@ def test_a_turn_arrives_as_the_ui_message_the_kit_stored(
     ]
     assert texts(message) == replies(history)
     assert message["id"] == "reply-u-turn-1"  # its user message id: the turn's key
+    # The replies' text came as the model wrote it, in pieces, not whole once stored.
+    assert len(clients["turnPieces"]) == len(replies(history))
+    assert max(clients["turnPieces"]) > 1, clients["turnPieces"]
 
 
 def test_two_sockets_get_the_turn_and_a_resume_by_sequence_misses_nothing(

@@ -10,11 +10,13 @@ import json
 
 from durable_agents import Message, PendingApproval, RunResult, TextDelta, ToolCall, Usage
 from durable_agents.cloudflare.ui_stream import (
+    TEXT_PIECE_MAX,
     UIMessageStream,
     approval_id,
     parse_approval_id,
     replay,
     reply_message_id,
+    text_pieces,
 )
 from durable_agents.events import ChildEvent, MessageStored, RunFinished
 from durable_agents.messages import ToolErrorKind, tool_error_content
@@ -39,22 +41,62 @@ def test_a_streamed_reply_is_one_text_part_in_one_step() -> None:
     stream = UIMessageStream(reply_message_id("u-1"))
     chunks = feed(
         stream,
-        TextDelta("Hel"),  # a turn's first deltas come before its first write
-        TextDelta("lo"),
+        TextDelta("The refund for"),  # a turn's first deltas come before its first write
+        TextDelta(" order A-1 is on"),
+        TextDelta(" its way."),
         MessageStored(4, Message("user", "hi", request_key="u-1")),
-        MessageStored(5, Message.assistant("Hello")),
+        MessageStored(5, Message.assistant("The refund for order A-1 is on its way.")),
         RunFinished(result("complete")),
     )
     assert chunks == [
         {"type": "start", "messageId": "reply-u-1"},
         {"type": "start-step"},
         {"type": "text-start", "id": "text-0"},
-        {"type": "text-delta", "id": "text-0", "delta": "Hel"},
-        {"type": "text-delta", "id": "text-0", "delta": "lo"},
+        {"type": "text-delta", "id": "text-0", "delta": "The refund for "},
+        {"type": "text-delta", "id": "text-0", "delta": "order A-1 is "},
+        {"type": "text-delta", "id": "text-0", "delta": "on its way."},
         {"type": "text-end", "id": "text-0"},
         {"type": "finish-step"},
         {"type": "finish", "finishReason": "stop"},
     ]
+
+
+REPLY = (
+    "Your refund for order A-1 (49.99 EUR) is on its way; the receipt is at "
+    "https://example.com/receipts/" + "a1b2c3d4" * 20 + " and\n\nthe   money arrives in 3 days."
+)
+
+
+def streamed(deltas: list[str], stored: str) -> list[dict[str, object]]:
+    """The chunks after `start` of a reply streamed as `deltas`, then stored as `stored`."""
+    stream = UIMessageStream("m")
+    events = [TextDelta(d) for d in deltas]
+    return feed(stream, *events, MessageStored(1, Message.assistant(stored)))[1:]
+
+
+def test_text_pieces_are_cut_by_the_text_alone_so_live_and_replay_agree() -> None:
+    pieces = text_pieces(REPLY)
+    assert "".join(pieces) == REPLY
+    assert all(len(piece) <= TEXT_PIECE_MAX for piece in pieces)
+    assert max(len(piece) for piece in pieces) == TEXT_PIECE_MAX  # the long URL is cut
+    replayed = replay([Message.user("refund A-1"), Message.assistant(REPLY)])[1][1:]
+    # However the model's deltas fall (every cut in two, every 9th cut in three), the
+    # chunks are the replay's, one for one: a resume by sequence lands on the same chunk.
+    cuts = range(1, len(REPLY))
+    for first in cuts:
+        assert streamed([REPLY[:first], REPLY[first:]], REPLY) == replayed
+    for first in cuts[::9]:
+        for second in range(first + 1, len(REPLY), 9):
+            parts = [REPLY[:first], REPLY[first:second], REPLY[second:]]
+            assert streamed(parts, REPLY) == replayed
+    assert streamed([REPLY], REPLY) == streamed([*REPLY], REPLY) == replayed
+
+
+def test_a_stored_reply_that_does_not_go_on_from_its_preview_adds_nothing() -> None:
+    # A retried LLM call whose text diverged: the preview stays, the stored text is the truth.
+    chunks = streamed(["Hello there, how", " are you"], "Goodbye.")
+    assert [c.get("delta") for c in chunks if c["type"] == "text-delta"] == ["Hello there, "]
+    assert chunks[-1] == {"type": "text-end", "id": "text-0"}
 
 
 def test_tool_calls_and_their_results_are_tool_parts() -> None:
@@ -160,13 +202,14 @@ def test_a_continued_turn_keeps_the_clients_message_id() -> None:
 
 def test_an_error_without_a_result_still_finishes_the_message() -> None:
     stream = UIMessageStream()
-    assert stream.event(TextDelta("Hel")) == [
+    assert stream.event(TextDelta("Hello, I am looking")) == [
         {"type": "start"},
         {"type": "start-step"},
         {"type": "text-start", "id": "text-0"},
-        {"type": "text-delta", "id": "text-0", "delta": "Hel"},
+        {"type": "text-delta", "id": "text-0", "delta": "Hello, I am "},
     ]
-    assert stream.error("store down") == [
+    assert stream.error("store down") == [  # the text held for a whole piece goes first
+        {"type": "text-delta", "id": "text-0", "delta": "looking"},
         {"type": "text-end", "id": "text-0"},
         {"type": "error", "errorText": "store down"},
         {"type": "finish-step"},

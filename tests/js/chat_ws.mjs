@@ -6,7 +6,7 @@
 // The held issues API answers GET /issues/held-N only after POST /release/held-N, so a
 // turn can be caught mid-tool.
 // 1. `WebSocketChatTransport` (with npm `ws`) + `readUIMessageStream`: a turn of the
-//    template agent (two tool calls) on one socket.
+//    template agent (two tool calls) on one socket; its text arrives in pieces.
 // 2. Mid-turn: client A sends; client B (another socket) follows the running turn with
 //    `reconnectToStream` (a `resume` frame); A's socket goes away after some chunks and a
 //    raw `resume` frame with its last sequence gets the rest; the hold is released. A's
@@ -78,7 +78,14 @@ const release = (id) => fetch(`${issues}/release/${id}`, { method: "POST" });
 async function oneTurn() {
   const chat = transport("chat-ws-turn");
   const stream = await send(chat, "chat-ws-turn", userMessage("u-turn-1", "triage issue 7"));
-  out.turn = await lastMessage(stream);
+  const [forMessage, raw] = stream.tee();
+  const read = collect(raw, () => false);
+  out.turn = await lastMessage(forMessage);
+  await read.done;
+  // How many `text-delta` pieces each text part came in (the reply as the model writes it).
+  out.turnPieces = Object.values(Object.groupBy(
+    read.chunks.filter((c) => c.type === "text-delta"), (c) => c.id,
+  )).map((pieces) => pieces.length);
   chat.close();
 }
 

@@ -7,16 +7,17 @@ socket's state, and a turn's chunks for every socket of the session.
                               turns while its clients stay connected
     frames -> ChatSockets.on_frame    `send` runs a turn or decides tool approvals (as POST
                                       .../chat: `chat_request.py`), `abort` cancels it,
-                                      `resume` replays the current reply from the store,
-                                      then follows the turn
+                                      `resume` replays the current reply, then follows
+                                      the turn
 
 What a socket has asked lives in its attachment (`SocketState`), never only in the
 object's memory: a new instance after an eviction reads it back. Only a running turn's
 pump (`TurnPump`) is memory, as the turn itself is. A chunk's `sequence` is its index in
-the turn's UI message, the same for every socket and for a replay from the stored
-messages (`ui_stream.replay`): so the chunks are made from stored messages only (a
-reply's text comes whole, when it is stored), and a client that comes back with its last
-sequence gets exactly what it missed. The guide: docs/chat-clients.md.
+the turn's UI message, the same for every socket: a client that comes back with its last
+sequence gets exactly what it missed, from the pump's chunks. A reply's text goes out as
+the model writes it, in pieces cut by the text alone (`ui_stream.text_pieces`), so the
+same reply replayed from the stored messages (a pump that joins a turn started over
+HTTP) is the same chunks. The guide: docs/chat-clients.md.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from ..events import MessageStored
-from ..messages import Message
+from ..events import MessageStored, RunEvent
+from ..messages import Message, TextDelta
 from ..stores.base import Store
 from .auth import MASTER, authorize
 from .bodies import body_of
 from .chat_request import ChatAsk, ChatBody, read_chat
-from .commands import SESSION_NAME, Cancel, Command
+from .commands import SESSION_NAME, Command
 from .config import ApiSettings
 from .live import LiveSession, decode_event, follow, stream_events
 from .served_agents import ServedAgents, object_name
@@ -70,8 +71,9 @@ class ChatSocket(Protocol):
 class SocketState:
     """What a socket asked, kept in its attachment (a JSON string): the session it is of,
     whether a frame of it carried a valid token (an `abort` carries none), the request it
-    follows (`request`, of the turn pump `turn`), the last `sequence` it was sent, and how
-    many frames it sent (`frames`: workerd delivered them to the hibernatable handler)."""
+    follows (`request`, of the turn pump `turn`; a `send`'s turn's `key`), the last
+    `sequence` it was sent, and how many frames it sent (`frames`: workerd delivered them
+    to the hibernatable handler)."""
 
     name: str
     agent: str | None = None
@@ -79,6 +81,7 @@ class SocketState:
     request: str | None = None
     kind: str | None = None  # "send" or "resume"
     turn: str | None = None
+    key: str | None = None  # the `send`'s turn's `turn_key`: what `abort` stops
     sequence: int = -1
     replaying: bool = False
     frames: int = 0
@@ -127,13 +130,13 @@ def frame(kind: str, request_id: str, **fields: Any) -> str:
 
 class TurnPump:
     """One running turn's UI message, chunk by chunk, to every socket that follows it.
-    `stream`/`count`/`position`: the encoder, the chunks made so far (the next one's
-    sequence) and the last stored message they include; `first`: the position of the
-    turn's user message, once seen; `ending`: the last chunks, once the turn ended;
-    `sent`: the chunks before them (a turn going on after approvals stores no user
-    message, so a replay of it comes from here, not from the store). A
-    pump that began mid-turn (`mid_turn`: a turn started over HTTP) waits for its first
-    follower's replay (`adopt`) before it goes on with the live events."""
+    `stream`/`sent`/`position`: the encoder, every chunk made so far (a chunk's sequence
+    is its index here: a resume is served from this list, exactly) and the last stored
+    message they include; `first`: the position of the turn's user message, once seen;
+    `done`: the turn ended (`sent` ends with its last chunks). A pump that began mid-turn
+    (`mid_turn`: a turn started over HTTP) waits for its first follower's replay from
+    the store (`adopt`) before it goes on with the live events; the reply it joined
+    halfway comes whole when it is stored (`joined`: its deltas are skipped till then)."""
 
     def __init__(
         self,
@@ -143,11 +146,10 @@ class TurnPump:
     ) -> None:
         self.id, self.sockets, self.mid_turn = turn_id, sockets, message_id is None
         self.stream = UIMessageStream(message_id)
-        self.count, self.position = 0, -1
+        self.sent: list[Chunk] = []
+        self.position = -1
         self.first: int | None = None
-        self.ending: list[Chunk] = []
-        self.sent: list[Chunk] = []  # before `ending`: a continued turn's replay
-        self.done = False
+        self.joined = self.done = False
         self.ready = asyncio.Event()
         if not self.mid_turn:
             self.ready.set()
@@ -155,7 +157,8 @@ class TurnPump:
     def adopt(self, stream: UIMessageStream, chunks: list[Chunk], position: int) -> None:
         """Go on from a replay of the stored messages through `position`."""
         if not self.ready.is_set():
-            self.stream, self.count, self.position = stream, len(chunks), position
+            self.stream, self.sent, self.position = stream, list(chunks), position
+            self.joined = True
             self.ready.set()
 
     async def run(self, events: AsyncIterator[Any]) -> None:
@@ -164,20 +167,23 @@ class TurnPump:
             await self.ready.wait()
             async for event in events:
                 if event.event in ("done", "error"):
-                    self.ending = self._ending(event.event, json.loads(event.data))
-                    self.publish(self.ending)
+                    self.publish(self._ending(event.event, json.loads(event.data)))
                     break
-                run_event = decode_event(event)
-                if isinstance(run_event, MessageStored) and run_event.position > self.position:
-                    self.position = run_event.position
-                    if self.first is None and run_event.message.role == "user":
-                        self.first = run_event.position
-                    chunks = self.stream.event(run_event)
-                    self.sent += chunks
-                    self.publish(chunks)
+                self.publish(self._chunks(decode_event(event)))
         finally:
             self.done = True
             self.finish()
+
+    def _chunks(self, event: RunEvent | None) -> list[Chunk]:
+        """The chunks of one live event: a stored message not sent yet, or a delta."""
+        if isinstance(event, TextDelta):
+            return [] if self.joined else self.stream.event(event)
+        if not isinstance(event, MessageStored) or event.position <= self.position:
+            return []
+        self.position, self.joined = event.position, False
+        if self.first is None and event.message.role == "user":
+            self.first = event.position
+        return self.stream.event(event)
 
     def _ending(self, kind: str, body: Any) -> list[Chunk]:
         if kind == "error" or not isinstance(body, dict) or "status" not in body:
@@ -188,7 +194,8 @@ class TurnPump:
         return self.stream.end(str(body["status"]), body.get("pending") or (), error=text)
 
     def publish(self, chunks: list[Chunk]) -> None:
-        first, self.count = self.count, self.count + len(chunks)
+        first = len(self.sent)
+        self.sent += chunks
         for socket, state in self._followers():
             send_chunks(socket, state, chunks, first)
 
@@ -218,7 +225,7 @@ def send_chunks(socket: ChatSocket, state: SocketState, chunks: list[Chunk], fir
 def end(socket: ChatSocket, state: SocketState) -> None:
     """The request's `end`: the socket follows nothing any more."""
     _send(socket, frame("end", state.request or ""))
-    state.request = state.turn = state.kind = None
+    state.request = state.turn = state.kind = state.key = None
     state.keep(socket)
 
 
@@ -307,13 +314,14 @@ class ChatSockets:
         return None
 
     def _abort(self, socket: ChatSocket, state: SocketState, request_id: str) -> None:
-        """`abort`: a `send`'s turn is cancelled (as POST .../cancel does, at its next step
-        boundary); a `resume` only stops following it."""
+        """`abort`: a `send`'s own turn is cancelled (as POST .../cancel does, at its next
+        step boundary), also while it waits behind another socket's turn, which goes on; a
+        `resume` only stops following."""
         if state.request != request_id:
             return
-        if state.kind == "send" and state.authorized and self.live.current is not None:
-            self._spawn(self.serve(Cancel(name=state.name, agent=state.agent)))
-        state.request = state.turn = state.kind = None
+        if state.kind == "send" and state.authorized and state.key is not None:
+            self.live.stop(state.key, "aborted by the chat client")
+        state.request = state.turn = state.kind = state.key = None
         state.keep(socket)
 
     def _start(
@@ -329,6 +337,7 @@ class ChatSockets:
             _send(socket, frame("error", request_id, errorText=_why(asked)))
             return
         state.request, state.kind, state.turn, state.sequence = request_id, "send", None, -1
+        state.key = asked.commands[-1].turn_key()
         state.keep(socket)
         where = {"name": state.name, "agent": state.agent}
         self._spawn(self._send_turn(socket, request_id, asked, where))
@@ -343,6 +352,9 @@ class ChatSockets:
         """What the `send` asked, through the object's own path (for session `where`); the
         last command's turn to every follower, as UI message `asked.message_id`."""
         reply = await asked.send(lambda command: self.serve(command.model_copy(update=where)))
+        key = asked.commands[-1].turn_key()
+        if key is not None:  # an `abort` that came before the turn was accepted has hit it
+            self.live.forget(key)
         state = SocketState.of(socket)
         if reply.stream is None:  # refused (a digest mismatch, a call waiting, ...)
             if state.request == request_id:
@@ -375,26 +387,21 @@ class ChatSockets:
         state.sequence = last if isinstance(last, int) and last >= 0 else -1
         state.keep(socket)
         _send(socket, frame("start", request_id))
-        stream, chunks, position = await self._replay(pump)
-        pump.adopt(stream, chunks, position)
+        if not pump.ready.is_set():  # a pump that began mid-turn: its first replay
+            pump.adopt(*await self._replay(pump))
         state = SocketState.of(socket)
         state.replaying = False
-        send_chunks(socket, state, chunks, 0)
-        if pump.done:  # it ended while the store was read: its last chunks, then `end`
-            send_chunks(socket, state, pump.ending, len(chunks))
+        send_chunks(socket, state, pump.sent, 0)
+        if pump.done:  # it ended while the store was read: `sent` holds its last chunks
             end(socket, state)
 
     async def _replay(self, pump: TurnPump) -> tuple[UIMessageStream, list[Chunk], int]:
-        """The turn's UI message so far, from the stored messages: read again until it
-        includes every message the pump has sent (one may land while it is read)."""
-        while True:
-            if pump.first is None and not pump.mid_turn:  # no user message: not begun yet,
-                return pump.stream, list(pump.sent), pump.position  # or going on after approvals
-            messages, first = await self._current_reply(pump.first)
-            position = first + len(messages) - 1
-            if position >= pump.position:
-                stream, chunks = replay(messages, first)
-                return stream, chunks, position
+        """The turn's UI message so far from the stored messages, for a pump that began
+        mid-turn (what is stored after the read waits in its queue: `run` skips what the
+        replay holds)."""
+        messages, first = await self._current_reply(pump.first)
+        stream, chunks = replay(messages, first)
+        return stream, chunks, first + len(messages) - 1
 
     async def _current_reply(self, first: int | None) -> tuple[list[Message], int]:
         """The stored messages from the turn's user message (at `first`; None: the newest

@@ -150,6 +150,11 @@ class _Turn(Command):
     # top-level turn), and its answer carries the child session's usage.
     depth: Annotated[StrictInt, Field(ge=1, le=MAX_AGENT_DEPTH)] | None = None
 
+    def turn_key(self) -> str | None:
+        """What names this command's turn while it waits or runs (`LiveSession.find`), so a
+        chat client can stop its own turn and no other: none for most."""
+        return None
+
 
 class SendMessage(_Turn, MessageBody):
     """POST .../messages: run a turn with `message`; `request_key` is its Idempotency-Key."""
@@ -160,6 +165,9 @@ class SendMessage(_Turn, MessageBody):
     # turn answers (`ParentCall.key`, "<parent session id>/<call id>"), stored with its
     # first write so the child session links back to it.
     parent_call: Annotated[StrictStr, Field(min_length=3, max_length=400)] | None = None
+
+    def turn_key(self) -> str | None:
+        return None if self.request_key is None else f"message:{self.request_key}"
 
 
 class Resume(_Turn):
@@ -186,6 +194,9 @@ class Approve(_Turn):
 
     action: Literal["approve"] = "approve"
     decision: Decision
+
+    def turn_key(self) -> str | None:
+        return f"approve:{self.decision.tool_call_id}"
 
 
 class History(Command):

@@ -140,9 +140,11 @@ def stream_events(stream: Any) -> AsyncIterator[SSEEvent]:
 
 
 class LiveTurn:
-    """One turn while it runs: its events, fanned out to every follower."""
+    """One turn while it runs: its events, fanned out to every follower. `key`: what
+    names it (its command's `turn_key`), if anything does."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: str | None = None) -> None:
+        self.key = key
         self.cancel = CancelToken()
         self.followers: set[EventQueue] = set()
         self.ended = asyncio.Event()
@@ -193,6 +195,7 @@ class LiveSession:
         self.turn: LiveTurn | None = None  # the turn holding the lock
         self.waiting: list[LiveTurn] = []  # accepted turns waiting for the lock, in order
         self.tasks: set[asyncio.Task[Any]] = set()  # turns still running: kept referenced
+        self.stopped: set[str] = set()  # keys of turns cancelled before they were accepted
 
     @property
     def current(self) -> LiveTurn | None:
@@ -200,6 +203,27 @@ class LiveSession:
         accepted one (a request is a turn from the moment it is accepted, before its
         first write: a new session's first turn has nothing stored yet)."""
         return self.turn or (self.waiting[0] if self.waiting else None)
+
+    def accept(self, turn: LiveTurn) -> None:
+        """A turn is accepted: it waits for the lock (cancelled at once if `stop` named it)."""
+        self.waiting.append(turn)
+        if turn.key is not None and turn.key in self.stopped:
+            self.stopped.discard(turn.key)
+            turn.cancel.cancel("cancelled before it began")
+
+    def stop(self, key: str, reason: str) -> None:
+        """Cancel the turn running or waiting whose `key` is `key`; if none is, the one
+        with that key accepted next (a request on its way: `forget` the key once it is
+        answered)."""
+        turns = [self.turn, *self.waiting] if self.turn is not None else self.waiting
+        turn = next((turn for turn in turns if turn.key == key), None)
+        if turn is None:
+            self.stopped.add(key)
+        else:
+            turn.cancel.cancel(reason)
+
+    def forget(self, key: str) -> None:
+        self.stopped.discard(key)
 
 
 async def follow(

@@ -64,9 +64,9 @@ async def start_turn(command: Turn, ctx: ObjectContext) -> Reply:
     """Run `command`'s turn as a task of its own (handed to `ctx.keep_alive`, the object's
     `waitUntil`), so a client that goes away does not stop it; answer with its result,
     or, for `command.stream`, with its events as they come."""
-    turn = LiveTurn()
+    turn = LiveTurn(command.turn_key())
     queue = turn.follow() if command.stream else None
-    ctx.live.waiting.append(turn)
+    ctx.live.accept(turn)
     with invocation(ctx.budget):  # the turn's task (and what it starts) counts on it
         task = asyncio.ensure_future(_one_turn(command, ctx, turn))
     ctx.live.tasks.add(task)

@@ -28,6 +28,7 @@ __all__ = [
     "parse_approval_id",
     "replay",
     "reply_message_id",
+    "text_pieces",
 ]
 
 Chunk = dict[str, Any]
@@ -41,6 +42,28 @@ FINISH_REASONS: Mapping[str, str] = {
     "error": "error",
 }
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+# A text piece: whole words, a few of them; one with no whitespace is cut at the maximum.
+TEXT_PIECE_MIN = 12
+TEXT_PIECE_MAX = 120
+
+
+def _cut(text: str) -> int | None:
+    """Where `text`'s first piece ends, or None while more text could still move it."""
+    for index in range(TEXT_PIECE_MIN - 1, min(len(text), TEXT_PIECE_MAX)):
+        if text[index].isspace():
+            return index + 1
+    return TEXT_PIECE_MAX if len(text) >= TEXT_PIECE_MAX else None
+
+
+def text_pieces(text: str) -> list[str]:
+    """`text` cut into the pieces its `text-delta` chunks carry: the same for a reply
+    streamed (pieces cut as its text grows, the rest when it is stored) and replayed."""
+    pieces = []
+    while text:
+        cut = _cut(text) or len(text)
+        pieces.append(text[:cut])
+        text = text[cut:]
+    return pieces
 
 
 def approval_id(tool_call_id: str, digest: str) -> str:
@@ -86,6 +109,8 @@ class UIMessageStream:
         self._reply_stored = False  # the open step's assistant message has landed
         self._text_id: str | None = None  # the text part being streamed
         self._texts = 0
+        self._shown_text = ""  # the open step's text sent so far, in whole pieces
+        self._held_text = ""  # its deltas since: not a whole piece yet
         self._shown: set[str] = set()  # calls whose tool part this stream sent
 
     def event(self, event: RunEvent) -> list[Chunk]:
@@ -110,7 +135,7 @@ class UIMessageStream:
     ) -> list[Chunk]:
         """The last chunks of a turn that ended with `status` (`RunResult.status`): a
         `tool-approval-request` per call in `pending`, the turn's `error` if any, `finish`."""
-        chunks = self.begin() + self._close_text()
+        chunks = self.begin() + self._flush_text() + self._close_text()
         for call in pending:
             wire = call.to_dict() if isinstance(call, PendingApproval) else dict(call)
             call_id = str(wire["tool_call_id"])
@@ -134,8 +159,8 @@ class UIMessageStream:
 
     def error(self, text: str) -> list[Chunk]:
         """The last chunks of a turn that failed without a result (a refused request, a
-        store down): `error`, then `finish`."""
-        chunks = self.begin() + self._close_text()
+        store down): `error`, then `finish`. Text held for a whole piece goes out first."""
+        chunks = self.begin() + self._flush_text() + self._close_text()
         chunks.append({"type": "error", "errorText": text})
         return chunks + self._finish("error")
 
@@ -157,6 +182,7 @@ class UIMessageStream:
             return []
         chunks = self._close_step()
         self._step_open, self._reply_stored = True, False
+        self._shown_text = self._held_text = ""
         return [*chunks, {"type": "start-step"}]
 
     def _close_step(self) -> list[Chunk]:
@@ -177,12 +203,26 @@ class UIMessageStream:
         return [{"type": "text-start", "id": self._text_id}], self._text_id
 
     def _delta(self, text: str) -> list[Chunk]:
+        """A model's delta: the whole pieces it completes (`text_pieces`)."""
         chunks = self._open_step()
+        self._held_text += text
+        while (cut := _cut(self._held_text)) is not None:
+            piece, self._held_text = self._held_text[:cut], self._held_text[cut:]
+            chunks += self._piece(piece)
+        return chunks
+
+    def _piece(self, piece: str) -> list[Chunk]:
+        chunks: list[Chunk] = []
         text_id = self._text_id
         if text_id is None:
-            opened, text_id = self._new_text()
-            chunks += opened
-        return [*chunks, {"type": "text-delta", "id": text_id, "delta": text}]
+            chunks, text_id = self._new_text()
+        self._shown_text += piece
+        return [*chunks, {"type": "text-delta", "id": text_id, "delta": piece}]
+
+    def _flush_text(self) -> list[Chunk]:
+        """A turn that ends mid-reply: the text held for a whole piece, as one."""
+        held, self._held_text = self._held_text, ""
+        return self._piece(held) if held else []
 
     def _stored(self, message: Message) -> list[Chunk]:
         if message.role == "assistant":
@@ -192,15 +232,16 @@ class UIMessageStream:
         return []  # the user's message (the client has it), a summary
 
     def _reply(self, message: Message) -> list[Chunk]:
-        """An LLM reply, stored: its text (unless it was streamed as deltas: the deltas were
-        a preview of it), then a tool part per call."""
+        """An LLM reply, stored: the pieces of its text not sent yet (its deltas were a
+        preview of it: if the stored text does not go on from what was sent, nothing more
+        of it is), then a tool part per call."""
         chunks = self._open_step()
-        if self._text_id is not None:
-            chunks += self._close_text()
-        elif message.content:
-            opened, text_id = self._new_text()
-            chunks += [*opened, {"type": "text-delta", "id": text_id, "delta": message.content}]
-            chunks += self._close_text()
+        shown, text = self._shown_text, message.content
+        rest = text[len(shown) :] if text.startswith(shown) else ""
+        for piece in text_pieces(rest):
+            chunks += self._piece(piece)
+        chunks += self._close_text()
+        self._held_text = ""
         for call in message.tool_calls:
             chunks += self._tool_input(call)
         self._reply_stored = True
