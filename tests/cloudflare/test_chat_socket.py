@@ -382,14 +382,19 @@ async def test_tokens_ride_on_the_frames(store: D1Store) -> None:
     assert [f["type"] for f in socket.sent[3:]] == ["no-active", "no-active"]
 
 
-async def test_what_a_socket_asked_survives_an_evicted_object(store: D1Store) -> None:
+async def test_what_a_socket_asked_survives_an_evicted_object(
+    store: D1Store, capsys: pytest.CaptureFixture[str]
+) -> None:
     obj = Object(store, Model())
     socket = obj.socket()
     await obj.chat.on_frame(socket, resume("a"))
+    assert "new instance" not in capsys.readouterr().out
     obj.chat = obj.new_chat()  # a new instance: nothing in memory, the attachment kept
     await obj.chat.on_frame(socket, resume("b", headers={}))
     assert socket.kinds("b") == ["no-active"]
     assert SocketState.of(socket).frames == 2
+    said = capsys.readouterr().out  # the dev server's log says so (and the workerd test reads it)
+    assert "a new instance of session 's''s object took a chat socket's frame" in said
 
 
 async def test_frames_it_cannot_serve_are_errors(store: D1Store) -> None:

@@ -9,6 +9,9 @@ classes, `ws` as Node's WebSocket), its issues API held mid-tool by a fake here.
 - `abort` cancels the running turn (its second tool never runs); a follower sees it end;
 - workerd delivered the frames to the object's hibernatable-socket handler (the count
   each socket's attachment keeps, logged when it closes);
+- workerd evicts an object idle past its 10 s inactivity timeout and keeps its socket: the
+  next frame comes to a new instance (it logs so), which takes a frame without a token
+  because the socket's attachment says it showed one, and runs the next turn;
 - the AI SDK's `Chat` over the socket, on tests/agents/chat/refunds.py (served at
   /agents/refunds/... by the same dev server): a turn ends with a tool approval request,
   `addToolApprovalResponse` makes the Chat resubmit over the socket, and the refund runs
@@ -202,6 +205,25 @@ def test_workerd_delivered_the_frames_to_the_hibernatable_handler(
     ]
     assert closed, "\n".join(worker.lines[-30:])
     assert max(closed) >= 1
+
+
+def test_an_evicted_object_takes_its_hibernated_sockets_frames_as_they_were(
+    worker: DevWorker, clients: dict[str, Any]
+) -> None:
+    seen = clients["eviction"]
+    assert seen["first"] == ["start", "end"]
+    assert seen["idleMs"] >= 12_000  # past workerd's 10 s inactivity timeout
+    # Frames with no token, taken because the socket's attachment says it showed one.
+    assert seen["resumed"] == ["no-active"]
+    assert seen["second"] == ["start", "end"]
+    assert seen["secondChunks"] > 0
+    woke = [line for line in worker.lines if "new instance of session 'chat-ws-evict'" in line]
+    assert woke, "\n".join(worker.lines[-30:])  # workerd evicted the object, kept the socket
+    assert "(its attachment: 1 frame(s) before)" in woke[0]
+    history = stored(worker, "chat-ws-evict")
+    assert [m["content"] for m in history if m["role"] == "user"] == [
+        "triage issue 8", "triage issue 9",
+    ]  # fmt: skip
 
 
 def test_an_approval_response_over_the_socket_runs_the_call_once(

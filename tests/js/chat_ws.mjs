@@ -89,6 +89,30 @@ async function oneTurn() {
   chat.close();
 }
 
+// A raw socket: `ask(frame)` sends a frame and resolves with its request's frames once it
+// ends (`end`, `error` or `no-active`).
+function rawSocket(path) {
+  const socket = new WebSocket(`${wsBase}${path}`);
+  const waiting = new Map();
+  socket.on("message", (data) => {
+    const frame = JSON.parse(data.toString());
+    const request = waiting.get(frame.requestId);
+    if (request === undefined) return;
+    request.frames.push(frame);
+    if (["end", "error", "no-active"].includes(frame.type)) request.resolve(request.frames);
+  });
+  const open = new Promise((resolve, reject) => { socket.on("open", resolve); socket.on("error", reject); });
+  return {
+    socket,
+    async ask(frame) {
+      await open;
+      const frames = new Promise((resolve) => waiting.set(frame.requestId, { frames: [], resolve }));
+      socket.send(JSON.stringify(frame));
+      return frames;
+    },
+  };
+}
+
 function rawResume(session, lastSequence) {
   // A client that kept its last sequence: a `resume` frame with it, on a new socket.
   return new Promise((resolve, reject) => {
@@ -155,7 +179,42 @@ async function abortTurn() {
   b.close();
 }
 
+// 5. Eviction: a turn on a raw socket, which then stays idle past workerd's 10 s
+//    inactivity timeout while the other steps run on other sessions' objects; workerd
+//    evicts the object and keeps the socket (hibernated). Then frames without a token:
+//    the new instance reads from the socket's attachment that it showed one.
+const EVICT_AFTER_MS = 12_000;
+async function evictionStart() {
+  const session = "chat-ws-evict";
+  const raw = rawSocket(`/sessions/${session}/ws`);
+  const message = userMessage("u-evict-1", "triage issue 8");
+  const first = await raw.ask({
+    type: "send", requestId: "e1", id: session, trigger: "submit-message", messages: [message], headers, body: {},
+  });
+  return { raw, session, first, idleFrom: performance.now() };
+}
+
+async function evictionEnd({ raw, session, first, idleFrom }) {
+  const wait = EVICT_AFTER_MS - (performance.now() - idleFrom);
+  if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+  const idleMs = Math.round(performance.now() - idleFrom);
+  const resumed = await raw.ask({ type: "resume", requestId: "e2", id: session, body: {} });
+  const message = userMessage("u-evict-2", "triage issue 9");
+  const second = await raw.ask({
+    type: "send", requestId: "e3", id: session, trigger: "submit-message", messages: [message], body: {},
+  });
+  raw.socket.close(1000, "done");
+  out.eviction = {
+    idleMs,
+    first: first.map((f) => f.type).filter((t) => t !== "chunk"),
+    resumed: resumed.map((f) => f.type),
+    second: second.map((f) => f.type).filter((t) => t !== "chunk"),
+    secondChunks: second.filter((f) => f.type === "chunk").length,
+  };
+}
+
 const started = performance.now();
+const eviction = await evictionStart();
 await oneTurn();
 await midTurn();
 await abortTurn();
@@ -170,6 +229,7 @@ async function refundsTurn(session, approved) {
 }
 out.approval = await refundsTurn("chat-ws-refund", true);
 out.denial = await refundsTurn("chat-ws-deny", false);
+await evictionEnd(eviction);
 out.approvalsMs = Math.round(performance.now() - approvalsFrom);
 out.ms = Math.round(performance.now() - started);
 console.log(JSON.stringify(out));

@@ -259,6 +259,7 @@ class ChatSockets:
         self.serve, self.live, self.store, self.settings = serve, live, store, settings
         self.sockets, self.keep_alive, self.clock = sockets, keep_alive, clock
         self.pumps: dict[str, TurnPump] = {}
+        self.framed = False  # this instance was sent a frame
         self.tasks: set[asyncio.Task[Any]] = set()
 
     def opened(self, socket: ChatSocket, name: str, agent: str | None) -> None:
@@ -268,6 +269,12 @@ class ChatSockets:
     async def on_frame(self, socket: ChatSocket, text: Any) -> None:
         """`webSocketMessage`: one client frame. Never raises: a bad frame is an `error`."""
         state = SocketState.of(socket)
+        if state.frames and not self.framed:  # a new instance: the one it wrote to is gone
+            print(
+                f"durable-agents: a new instance of session {state.name!r}'s object took a "
+                f"chat socket's frame (its attachment: {state.frames} frame(s) before)"
+            )
+        self.framed = True
         state.frames += 1
         state.keep(socket)
         try:
