@@ -8,9 +8,10 @@ worker_fakes streaming its answers in chunks 200 ms apart:
 - a turn goes over the session's chat socket (`GET .../ws`, the AI SDK's
   WebSocketChatTransport frames; the token in the frames, never in the URL): a
   `send` frame, no `POST .../messages`; its tool parts show in the live bubble
-  while the turn runs; when it ends the stored messages (`GET /sessions/{name}`)
-  replace the bubble: the tool calls, their results and the final reply render once
-  each, in the order of the session's stored messages;
+  while the turn runs, and the final reply types in piece by piece; when it ends
+  the stored messages (`GET /sessions/{name}`) replace the bubble: the tool calls,
+  their results and the final reply render once each, in the order of the session's
+  stored messages;
 - a reload mid-turn: the page draws what it kept and sends a `resume` frame,
   follows the turn to its end, then loads what was stored: every message exactly once;
 - a socket lost mid-turn: the page reconnects and sends `resume` with the last
@@ -226,6 +227,19 @@ def test_a_turn_goes_over_the_chat_socket(tab: Tab, tmp_path: Path) -> None:
     assert tab.page.locator("#live .tool-call .name").first.text_content() == "get_issue"
     assert tab.page.is_enabled("#cancel")
     tab.screenshot(tmp_path / "chat-page-streaming.png")
+    # The final reply types in: a piece of it is on screen before the rest.
+    final = "Triaged issue 42 and posted to #triage."
+    typed = tab.page.wait_for_function(
+        """(full) => {
+            const texts = [...document.querySelectorAll('#live .text')].map((t) => t.textContent);
+            const typed = texts.find((t) => t.startsWith('Triaged'));
+            return typed && typed.length < full.length ? typed : null;
+        }""",
+        arg=final,
+        timeout=TURN_TIMEOUT_MS,
+    ).json_value()
+    assert final.startswith(typed)
+    tab.screenshot(tmp_path / "chat-page-typing.png")
 
     tab.wait_status("complete")
     stored = tab.stored()
@@ -240,8 +254,7 @@ def test_a_turn_goes_over_the_chat_socket(tab: Tab, tmp_path: Path) -> None:
     results = page.locator('.msg[data-role="tool"]')
     assert results.locator(".name").all_text_contents() == ["get_issue", "post_slack"]
     assert '"title": "Login fails (42)"' in (results.nth(0).locator(".result").text_content() or "")
-    final = page.text_content('.msg[data-position="5"] .text')
-    assert final == "Triaged issue 42 and posted to #triage."
+    assert page.text_content('.msg[data-position="5"] .text') == final
     assert page.is_disabled("#cancel")
     # The turn went over one socket of the session, without the token in its URL.
     (socket,) = tab.sockets
@@ -463,6 +476,7 @@ def test_approve_and_deny_from_the_page(
         assert card.locator(".name").text_content() == "issue_refund"
         assert '"order_id": "7"' in (card.locator(".arguments").text_content() or "")
         assert len(payments.refund_requests) == before  # nothing refunded before the decision
+        tab.screenshot(tmp_path / "chat-page-awaiting-approval.png")
         shown = tab.positions()
         tab.send("and order 9 too")  # refused while a call waits: shown, given back
         tab.wait_status("error")
