@@ -26,7 +26,7 @@ SLOW_FILES: Mapping[str, int] = {
     "tests/cloudflare/test_dev_server_streaming_turns.py": 71,
     "tests/cloudflare/test_docs_walkthrough.py": 68,
     "tests/cloudflare/test_dev_server_do_store.py": 54,
-    "tests/cloudflare/test_chat_page.py": 51,
+    "tests/cloudflare/test_chat_page.py": 60,
     "tests/cloudflare/test_dev_server.py": 49,
     "tests/cloudflare/test_dev_server_fresh_state.py": 46,
     "tests/cloudflare/test_dev_server_big_steps.py": 45,
