@@ -190,8 +190,10 @@ def send(request: str, text: str = "note hi", key: str | None = None, **fields: 
     return json.dumps(frame)
 
 
-def resume(request: str, last: int | None = None, headers: dict[str, str] = AUTH) -> str:
-    frame = {"type": "resume", "requestId": request, "id": "s", "headers": headers, "body": {}}
+def resume(
+    request: str, last: int | None = None, headers: dict[str, str] = AUTH, **body: Any
+) -> str:
+    frame = {"type": "resume", "requestId": request, "id": "s", "headers": headers, "body": body}
     if last is not None:
         frame["lastSequence"] = last
     return json.dumps(frame)
@@ -339,6 +341,54 @@ async def test_a_resume_follows_a_turn_started_over_http_from_the_store(store: D
     _, again = replay(stored)
     finish = {"type": "finish-step"}, {"type": "finish", "finishReason": "stop"}
     assert [c["chunk"] for c in chunks] == [*again, *finish]  # the whole message, once
+
+
+async def test_an_idle_socket_waiting_for_the_next_turn_gets_it_whoever_starts_it(
+    store: D1Store,
+) -> None:
+    obj = Object(store, StreamingModel())
+    sender, idle = obj.socket(), obj.socket()
+    await obj.chat.on_frame(idle, resume("w1", waitForTurn=True))
+    assert idle.sent == []  # nothing runs: it waits, in its attachment
+    assert SocketState.of(idle).kind == "watch"
+    await obj.chat.on_frame(sender, send("r1"))
+    await obj.settle()
+    whole = [c["chunk"] for c in sender.chunks("r1")]
+    assert [c["chunk"] for c in idle.chunks("w1")] == whole  # the other tab's turn, whole
+    assert idle.kinds("w1")[0] == "start"
+    assert idle.kinds("w1")[-1] == "end"
+    # Waiting again, then a new instance of the object (an eviction), then a turn
+    # started over HTTP: the socket gets it from its start too.
+    await obj.chat.on_frame(idle, resume("w2", waitForTurn=True))
+    obj.live = LiveSession()
+    obj.chat = obj.new_chat()
+    await obj.serve(SendMessage(message="note hi", request_key="http-1"))
+    await obj.settle()
+    chunks = [c["chunk"] for c in idle.chunks("w2")]
+    assert chunks[0] == {"type": "start", "messageId": "reply-http-1"}
+    stored = await store.load_messages(SESSION_ID)
+    _, again = replay(stored)
+    finish = [{"type": "finish-step"}, {"type": "finish", "finishReason": "stop"}]
+    assert chunks == [*again, *finish]
+    assert [c["sequence"] for c in idle.chunks("w2")] == list(range(len(chunks)))
+    assert SocketState.of(idle).kind is None
+
+
+async def test_a_resume_naming_another_reply_gets_the_running_one_whole(store: D1Store) -> None:
+    model = Model()
+    model.hold = True
+    obj = Object(store, model)
+    sender, back = obj.socket(), obj.socket()
+    await obj.chat.on_frame(sender, send("r1"))
+    await model.waiting.wait()
+    had = len(sender.chunks("r1"))
+    # A client back from a turn that ended meanwhile: its sequence counts that turn's.
+    await obj.chat.on_frame(back, resume("b1", last=had - 1, messageId="reply-an-older-turn"))
+    assert [c["sequence"] for c in back.chunks("b1")] == list(range(had))
+    await obj.chat.on_frame(back, resume("b2", last=had - 2, messageId="reply-key-r1"))
+    assert [c["sequence"] for c in back.chunks("b2")] == [had - 1]
+    model.release.set()
+    await obj.settle()
 
 
 async def test_a_resume_with_no_turn_running_is_no_active(store: D1Store) -> None:

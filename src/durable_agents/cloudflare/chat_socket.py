@@ -39,9 +39,9 @@ from .bodies import body_of
 from .chat_request import ChatAsk, ChatBody, read_chat
 from .commands import SESSION_NAME, Command
 from .config import ApiSettings
-from .live import LiveSession, decode_event, follow, stream_events
+from .live import LiveSession, LiveTurn, decode_event, follow, stream_events
 from .served_agents import ServedAgents, object_name
-from .ui_stream import Chunk, UIMessageStream, replay
+from .ui_stream import Chunk, UIMessageStream, replay, reply_message_id
 from .wire import Reply, error_reply
 
 __all__ = [
@@ -79,7 +79,7 @@ class SocketState:
     agent: str | None = None
     authorized: bool = False
     request: str | None = None
-    kind: str | None = None  # "send" or "resume"
+    kind: str | None = None  # "send", "resume" or "watch" (waits for the next turn)
     turn: str | None = None
     key: str | None = None  # the `send`'s turn's `turn_key`: what `abort` stops
     sequence: int = -1
@@ -143,8 +143,10 @@ class TurnPump:
         turn_id: str,
         sockets: Callable[[], Iterable[ChatSocket]],
         message_id: str | None = None,
+        *,
+        mid_turn: bool = False,
     ) -> None:
-        self.id, self.sockets, self.mid_turn = turn_id, sockets, message_id is None
+        self.id, self.sockets, self.mid_turn = turn_id, sockets, mid_turn
         self.stream = UIMessageStream(message_id)
         self.sent: list[Chunk] = []
         self.position = -1
@@ -260,6 +262,8 @@ class ChatSockets:
         self.sockets, self.keep_alive, self.clock = sockets, keep_alive, clock
         self.pumps: dict[str, TurnPump] = {}
         self.framed = False  # this instance was sent a frame
+        self.sending: set[str] = set()  # turn keys of the `send`s being asked
+        live.on_accept.append(self._accepted)
         self.tasks: set[asyncio.Task[Any]] = set()
 
     def opened(self, socket: ChatSocket, name: str, agent: str | None) -> None:
@@ -297,7 +301,8 @@ class ChatSockets:
         if kind == "send":
             self._start(socket, state, request_id, data)
         elif kind == "resume":
-            await self._resume(socket, state, request_id, data.get("lastSequence"))
+            body = data.get("body")
+            await self._resume(socket, state, request_id, data.get("lastSequence"), body)
         else:
             _send(socket, frame("error", request_id, errorText=f"unknown frame type {kind!r}"))
 
@@ -346,6 +351,7 @@ class ChatSockets:
         state.request, state.kind, state.turn, state.sequence = request_id, "send", None, -1
         state.key = asked.commands[-1].turn_key()
         state.keep(socket)
+        self.sending.update(k for c in asked.commands if (k := c.turn_key()) is not None)
         where = {"name": state.name, "agent": state.agent}
         self._spawn(self._send_turn(socket, request_id, asked, where))
 
@@ -358,10 +364,14 @@ class ChatSockets:
     ) -> None:
         """What the `send` asked, through the object's own path (for session `where`); the
         last command's turn to every follower, as UI message `asked.message_id`."""
-        reply = await asked.send(lambda command: self.serve(command.model_copy(update=where)))
-        key = asked.commands[-1].turn_key()
-        if key is not None:  # an `abort` that came before the turn was accepted has hit it
-            self.live.forget(key)
+        try:
+            reply = await asked.send(lambda c: self.serve(c.model_copy(update=where)))
+        finally:
+            for command in asked.commands:
+                key = command.turn_key()
+                if key is not None:  # an `abort` that came before it was accepted has hit it
+                    self.live.forget(key)
+                    self.sending.discard(key)
         state = SocketState.of(socket)
         if reply.stream is None:  # refused (a digest mismatch, a call waiting, ...)
             if state.request == request_id:
@@ -377,18 +387,26 @@ class ChatSockets:
         await pump.run(stream_events(reply.stream))
 
     async def _resume(
-        self, socket: ChatSocket, state: SocketState, request_id: str, last: Any
+        self, socket: ChatSocket, state: SocketState, request_id: str, last: Any, body: Any
     ) -> None:
-        """`resume`: the current reply from the stored messages, from after `last` (the
-        sequence the client holds; none: all of it), then the running turn; `no-active`
-        when no turn runs."""
+        """`resume`: the current reply from after `last` (the sequence the client holds;
+        none: all of it; all of it too when the frame's `body.messageId` names another
+        reply than the running one), then the running turn. When no turn runs:
+        `no-active`, or, with `body.waitForTurn`, the next turn of the session, whoever
+        starts it (the socket waits in its attachment: `watch`)."""
+        body = body if isinstance(body, dict) else {}
         pump = next((p for p in reversed(self.pumps.values()) if not p.done), None)
         turn = self.live.current
         if pump is None and turn is not None:
-            pump = self._pump(f"follow-{request_id}")
+            pump = self._pump(f"follow-{request_id}", mid_turn=True)
             self._spawn(pump.run(stream_events(follow(turn.follow(), after=-1))))
         if pump is None:
-            _send(socket, frame("no-active", request_id))
+            if body.get("waitForTurn") is True:
+                state.request, state.kind, state.turn = request_id, "watch", None
+                state.sequence = -1
+                state.keep(socket)
+            else:
+                _send(socket, frame("no-active", request_id))
             return
         state.request, state.kind, state.turn, state.replaying = request_id, "resume", pump.id, True
         state.sequence = last if isinstance(last, int) and last >= 0 else -1
@@ -396,11 +414,36 @@ class ChatSockets:
         _send(socket, frame("start", request_id))
         if not pump.ready.is_set():  # a pump that began mid-turn: its first replay
             pump.adopt(*await self._replay(pump))
+            self._take_watchers(pump)
         state = SocketState.of(socket)
         state.replaying = False
+        if body.get("messageId", pump.stream.message_id) != pump.stream.message_id:
+            state.sequence = -1  # the client's sequence counts another reply's chunks
         send_chunks(socket, state, pump.sent, 0)
         if pump.done:  # it ended while the store was read: `sent` holds its last chunks
             end(socket, state)
+
+    def _take_watchers(self, pump: TurnPump) -> None:
+        """The sockets waiting for the next turn (`watch`) follow `pump`'s from its start."""
+        for socket in self.sockets():
+            state = SocketState.of(socket)
+            if state.kind == "watch" and state.request is not None:
+                state.kind, state.turn, state.sequence = "resume", pump.id, -1
+                _send(socket, frame("start", state.request))
+                send_chunks(socket, state, pump.sent, 0)
+
+    def _accepted(self, turn: LiveTurn) -> None:
+        """A turn the object accepted (`LiveSession.accept`): if a socket waits for the next
+        turn and no socket's `send` asked for this one (its pump comes with its answer),
+        a pump follows it from its start."""
+        if turn.key in self.sending:
+            return
+        if not any(SocketState.of(s).kind == "watch" for s in self.sockets()):
+            return
+        asked, _, key = (turn.key or "").partition(":")
+        message_id = reply_message_id(key) if asked == "message" else None
+        pump = self._pump(f"turn-{id(turn)}", message_id)
+        self._spawn(pump.run(stream_events(follow(turn.follow(), after=-1))))
 
     async def _replay(self, pump: TurnPump) -> tuple[UIMessageStream, list[Chunk], int]:
         """The turn's UI message so far from the stored messages, for a pump that began
@@ -427,12 +470,17 @@ class ChatSockets:
                 return messages[users[-1] :], start + users[-1]
         return messages, start
 
-    def _pump(self, turn_id: str, message_id: str | None = None) -> TurnPump:
-        """A pump for a new turn (its reply's `message_id`), or, without one, for a turn
-        running already (started over HTTP: it goes on from a replay)."""
+    def _pump(
+        self, turn_id: str, message_id: str | None = None, *, mid_turn: bool = False
+    ) -> TurnPump:
+        """A pump for a turn from its start (its reply's `message_id`, if known), or for a
+        turn running already (`mid_turn`: it goes on from a replay); a socket waiting for
+        the next turn follows it (a `mid_turn` one once its replay is in)."""
         for done in [k for k, p in self.pumps.items() if p.done]:
             del self.pumps[done]
-        pump = self.pumps[turn_id] = TurnPump(turn_id, self.sockets, message_id)
+        pump = self.pumps[turn_id] = TurnPump(turn_id, self.sockets, message_id, mid_turn=mid_turn)
+        if not mid_turn:
+            self._take_watchers(pump)
         return pump
 
     def _spawn(self, work: Awaitable[Any]) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeAlias
 
 from .._http.sse import SSEEvent, sse_events, sse_lines
@@ -196,6 +196,8 @@ class LiveSession:
         self.waiting: list[LiveTurn] = []  # accepted turns waiting for the lock, in order
         self.tasks: set[asyncio.Task[Any]] = set()  # turns still running: kept referenced
         self.stopped: set[str] = set()  # keys of turns cancelled before they were accepted
+        # Told of each turn as it is accepted (the chat sockets: a socket may wait for it).
+        self.on_accept: list[Callable[[LiveTurn], None]] = []
 
     @property
     def current(self) -> LiveTurn | None:
@@ -210,6 +212,8 @@ class LiveSession:
         if turn.key is not None and turn.key in self.stopped:
             self.stopped.discard(turn.key)
             turn.cancel.cancel("cancelled before it began")
+        for listener in self.on_accept:
+            listener(turn)
 
     def stop(self, key: str, reason: str) -> None:
         """Cancel the turn running or waiting whose `key` is `key`; if none is, the one
