@@ -16,7 +16,8 @@ worker_fakes streaming its answers in chunks 200 ms apart:
   follows the turn to its end, then loads what was stored: every message exactly once;
 - a socket lost mid-turn: the page reconnects and sends `resume` with the last
   sequence it holds, gets only the chunks it missed, and ends with the stored messages;
-- a second page opened on the session mid-turn shows the same turn live;
+- a second page opened on the session mid-turn shows the same turn live, and a page open
+  and idle on the session shows a turn another page sends (its socket waits for it);
 - hostile text (a `<script>`, an `<img onerror>`, in the message and in a tool
   result) renders as text: no script runs, no such element is made;
 - Cancel mid-turn is an `abort` frame and gives `cancelled`, Resume finishes the turn;
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,8 +119,15 @@ class Tab:
         socket.on("framereceived", lambda payload: self.received.append(json.loads(payload)))
 
     def sent(self, kind: str) -> list[dict[str, Any]]:
-        """The frames of type `kind` the page sent."""
-        return [f for f in self.frames if f.get("type") == kind]
+        """The frames of type `kind` the page sent (but the `resume`s of `watches`)."""
+        return [f for f in self.frames if f.get("type") == kind and f not in self.watches()]
+
+    def watches(self) -> list[dict[str, Any]]:
+        """The `resume` frames that wait for the session's next turn (an idle page's)."""
+        return [
+            f for f in self.frames
+            if f.get("type") == "resume" and (f.get("body") or {}).get("waitForTurn") is True
+        ]  # fmt: skip
 
     def posted(self, suffix: str) -> list[Request]:
         """The page's POST requests to this session's `suffix` (like `/messages`)."""
@@ -361,6 +370,34 @@ def test_two_pages_on_one_session_show_the_turn(
         other.assert_shows_exactly(stored)
         assert other.sent("send") == []  # it followed: one turn, run once
         assert len(stored) == 6
+    finally:
+        other.close()
+    assert other.script_errors == []
+
+
+def test_an_idle_page_shows_a_turn_another_page_sends(
+    tab: Tab, browser: Browser, worker: DevWorker
+) -> None:
+    tab.open()
+    other = Tab(browser, worker)
+    try:
+        other.open()
+        other.open_session(tab.session)
+        other.wait_idle()
+        deadline = time.monotonic() + TURN_TIMEOUT_MS / 1000
+        while not other.watches() and time.monotonic() < deadline:
+            other.page.wait_for_timeout(50)
+        assert other.watches(), other.frames  # its socket waits for the session's next turn
+        tab.send("Please triage issue 21")
+        other.wait_live(".tool-call")  # the first page's turn, live, with no reload
+        assert other.page.get_attribute("#status", "data-status") == "running"
+        tab.wait_status("complete")
+        other.wait_status("complete")
+        stored = tab.stored()
+        assert stored[-1]["content"] == "Triaged issue 21 and posted to #triage."
+        other.assert_shows_exactly(stored)
+        assert other.sent("send") == []  # it only watched: one turn, run once
+        assert other.posted("/messages") == []
     finally:
         other.close()
     assert other.script_errors == []
