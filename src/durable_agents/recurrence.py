@@ -110,11 +110,19 @@ def _zone_name(timezone: Any) -> str:
 
 
 def _zone(name: str) -> datetime.tzinfo:
+    if name == "UTC":  # the default needs no zone database (Pyodide has none)
+        return datetime.UTC
     import zoneinfo  # (at call time: in a Worker it reads the tzdata package's files)
 
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        if not zoneinfo.available_timezones():  # (only on this path: it scans the database)
+            raise ScheduleError(
+                f"time zone {name!r} cannot be read here: there is no time zone database "
+                "(a Worker needs the tzdata package, `scripts/add-package tzdata`); "
+                "UTC needs none"
+            ) from None
         raise ScheduleError(
             f"unknown time zone {name!r}: give an IANA name such as 'Europe/Berlin' or 'UTC'"
         ) from None
