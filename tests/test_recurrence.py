@@ -338,3 +338,21 @@ def test_timelines_and_sessions_show_name_the_rule_a_turn_came_from() -> None:
     )
     assert fired_by("schedule:sch_2") == "schedule sch_2"
     assert fired_by("my-key") is None
+
+
+def test_a_zone_where_there_is_no_zone_database_says_how_to_get_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As in a Worker without the tzdata package: a zone is refused with the way out, and
+    UTC (the default) needs no database at all."""
+    import zoneinfo
+
+    def no_database(key: str) -> zoneinfo.ZoneInfo:
+        raise zoneinfo.ZoneInfoNotFoundError(f"No time zone found with key {key}")
+
+    monkeypatch.setattr(zoneinfo, "ZoneInfo", no_database)
+    with pytest.raises(ScheduleError, match=r"no time zone database.*tzdata"):
+        parse_rule(cron="0 9 * * *", timezone="Europe/Berlin")
+    rule = parse_rule(cron="0 9 * * *")
+    assert rule.timezone == "UTC"
+    assert rule.next_after(0, 0) == 9 * 3600 * 1000  # 1970-01-01T09:00Z

@@ -117,7 +117,7 @@ def _zone(name: str) -> datetime.tzinfo:
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        if not zoneinfo.available_timezones():  # (only on this path: it scans the database)
+        if not _has_zones():
             raise ScheduleError(
                 f"time zone {name!r} cannot be read here: there is no time zone database "
                 "(a Worker needs the tzdata package, `scripts/add-package tzdata`); "
@@ -126,6 +126,17 @@ def _zone(name: str) -> datetime.tzinfo:
         raise ScheduleError(
             f"unknown time zone {name!r}: give an IANA name such as 'Europe/Berlin' or 'UTC'"
         ) from None
+
+
+def _has_zones() -> bool:
+    """Whether there is a zone database here at all (a Worker without tzdata has none)."""
+    import zoneinfo
+
+    try:
+        zoneinfo.ZoneInfo("Etc/UTC")
+    except zoneinfo.ZoneInfoNotFoundError:
+        return False
+    return True
 
 
 def _next_cron(rule: Rule, after_ms: int) -> int:
