@@ -182,11 +182,11 @@ def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -
             )
     created: set[str] = set()  # each object a file creates, unless a later file drops it
     for file in files:
-        for verb, name in re.findall(
+        for verb, made in re.findall(
             r"(CREATE|DROP) (?:UNIQUE )?(?:TABLE|INDEX|TRIGGER) (?:IF (?:NOT )?EXISTS )?(\w+)",
             file.read_text(),
         ):
-            (created.add if verb == "CREATE" else created.discard)(name)
+            (created.add if verb == "CREATE" else created.discard)(made)
     assert {"agent_sessions", "agent_messages", "agent_sessions_by_name"} <= created
     assert {row["name"] for row in schema} == created
     # ...and exactly the schema the stores apply from the same files (stores/_schema.py).
