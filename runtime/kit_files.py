@@ -77,6 +77,7 @@ KIT_TESTS = frozenset(
         "test_process_concurrency",
         "test_process_crash",
         "test_public_api",
+        "test_recurrence",
         "test_run",
         "test_run_events",
         "test_schedules",

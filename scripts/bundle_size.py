@@ -60,7 +60,7 @@ FREE_PLAN_KIB = 3 * 1024
 # The template's own requirements (pyproject.toml's [project].dependencies as it ships;
 # scripts/add-package adds yours there): a new one of the kit's goes here too, or the
 # budget would no longer hold the template to LIMIT_KIB.
-KIT_REQUIREMENTS = frozenset({"pydantic", "httpx", "typing-extensions"})
+KIT_REQUIREMENTS = frozenset({"pydantic", "httpx", "typing-extensions", "cronsim", "tzdata"})
 TOP = 12  # the largest parts printed
 TURN_PATH = "/sessions/bundle-check/messages"  # where run_from_bundle sends its turn
 

@@ -316,6 +316,10 @@ def test_show_marks_scheduled_self_resumed_and_stopped_turns(tmp_path: Path) -> 
             await run(agent, llm=ScriptedLLM([LLMResponse("Sent.")]), message=reminder.message,
                       request_key=reminder.request_key, origin="scheduled", session_id="m",
                       store=store)  # fmt: skip
+            tick = await schedule(store, "m", "Tick", every_seconds=60)
+            await run(agent, llm=ScriptedLLM([LLMResponse("Ticked.")]), message=tick.message,
+                      request_key=tick.request_key, origin="scheduled", session_id="m",
+                      store=store)  # fmt: skip
             llm = ScriptedLLM([LLMResponse("", [ToolCall("s1", "send", {"to": "ops"})])])
             with pytest.raises(SimulatedCrash):
                 await run(agent, llm=llm, message="send it", session_id="m",
@@ -327,7 +331,11 @@ def test_show_marks_scheduled_self_resumed_and_stopped_turns(tmp_path: Path) -> 
     shown = cli("sessions", "show", "m", "--db", str(db))
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
-    assert any(re.search(r'\[scheduled\] user "Send the reminder"', line) for line in lines)
+    # A scheduled turn's message names its schedule; a recurring one's, the occurrence too.
+    once = r'\[scheduled: schedule sch_\w+\] user "Send the reminder"'
+    assert any(re.search(once, line) for line in lines), lines
+    every = r'\[scheduled: recurring schedule sch_\w+, occurrence due [0-9T:.-]+Z\] user "Tick"'
+    assert any(re.search(every, line) for line in lines), lines
     assert any(re.search(r'\[scheduled\] assistant "Sent\."', line) for line in lines)
     assert any(re.search(r"\[stopped\] assistant \"It kept crashing\.\"", line) for line in lines)
     assert any("send result = tool-durability-error" in line for line in lines)

@@ -1,4 +1,5 @@
-"""A database written before migration 0007 (instructions, edited approvals) is upgraded in
+"""A database written before migration 0007 (instructions, edited approvals), or before
+0008 (recurring schedules), is upgraded in
 place by every SQL store that applies the schema itself: SQLite on open, D1 by
 `create_tables` (deployments: `wrangler d1 migrations apply`, see
 tests/cloudflare/test_wrangler_migrations.py), a Durable Object's SQLite on first use.
@@ -16,9 +17,10 @@ import pytest
 from tests.support.do_storage import FakeDurableObjectStorage
 
 from durable_agents.cloudflare import d1_store, durable_object_store
+from durable_agents.errors import SessionConflictError
 from durable_agents.messages import Message, ToolCall, encode_tool_calls
 from durable_agents.stores import Store, _schema, sqlite_store
-from durable_agents.stores.base import ApprovalChange
+from durable_agents.stores.base import ApprovalChange, Schedule
 from durable_agents.testing.fake_d1 import FakeD1Database
 
 BEFORE = [name for name, _ in _schema.migrations()].index(
@@ -133,3 +135,61 @@ async def test_an_old_database_is_upgraded_in_place_and_keeps_its_rows(
             "INSERT INTO agent_approvals (session_id, tool_call_id, event, tool_name, digest, "
             "created_at, arguments) VALUES ('x', 'r9', 'approved', 't', 'd', 3000, '{}')"
         )
+
+
+BEFORE_RULES = [name for name, _ in _schema.migrations()].index("0008_recurring_schedules.sql")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "d1-fake", "durable-object"])
+async def test_a_schedule_waiting_before_recurring_rules_fires_once_after_the_upgrade(
+    backend: str, tmp_path: Path
+) -> None:
+    """Migration 0008 replaces 0006's trigger: a one-off schedule stored before it still
+    runs once, and the upgraded database takes recurring ones."""
+    storage = FakeDurableObjectStorage() if backend == "durable-object" else None
+    path = tmp_path / "old.db"
+    conn = storage.connection if storage else sqlite3.connect(path, isolation_level=None)
+    for _, statements in _schema.migrations()[:BEFORE_RULES]:
+        for statement in statements:
+            conn.execute(statement)
+    conn.execute(
+        "INSERT INTO agent_messages (session_id, seq, role, content, created_at) "
+        "VALUES ('old', 0, 'user', 'hi', 1000)"
+    )
+    conn.execute(
+        "INSERT INTO agent_schedules (session_id, schedule_id, message, due_at, created_at) "
+        "VALUES ('old', 'sch_1', 'later', 2000, 1000)"
+    )
+    store: Any
+    if storage is not None:
+        store = durable_object_store(storage)
+    elif backend == "sqlite":
+        store = sqlite_store(path)
+    else:
+        database = FakeD1Database(str(path))
+        store = d1_store(database)
+        await store.create_tables()
+    (waiting,) = await store.load_schedules("old")
+    assert (waiting.schedule_id, waiting.rule) == ("sch_1", None)
+    fired = Message("user", "later", request_key=waiting.request_key, origin="scheduled")
+    assert await store.append_messages_atomic("old", 1, [fired]) == 2
+    assert await store.load_schedules("old") == []
+    with pytest.raises(SessionConflictError):  # once
+        await store.append_messages_atomic("old", 2, [fired])
+    rule = Schedule("sch_2", "tick", 60_000, 0, rule='{"every_seconds":60}')
+    await store.append_messages_atomic("old", 2, [], schedules=[rule])
+    tick = Message("user", "tick", request_key=rule.request_key, origin="scheduled")
+    moved = Schedule("sch_2", "tick", 120_000, 0, rule=rule.rule)
+    assert await store.append_messages_atomic("old", 2, [tick], schedules=[moved]) == 3
+    assert await store.load_schedules("old") == [moved]
+    triggers = {
+        row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+    }
+    assert "agent_messages_scheduled_once" not in triggers
+    assert "agent_messages_scheduled_occurrence" in triggers
+    if backend == "sqlite":
+        await store.close()
+    elif backend == "d1-fake":
+        database.close()
+    if storage is None:
+        conn.close()

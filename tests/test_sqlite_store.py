@@ -57,7 +57,7 @@ async def test_schema_has_the_documented_tables_and_columns(tmp_path: Path) -> N
         "instructions",
     ]  # fmt: skip
     assert columns["agent_schedules"] == [
-        "session_id", "schedule_id", "message", "due_at", "created_at",
+        "session_id", "schedule_id", "message", "due_at", "created_at", "rule",
     ]  # fmt: skip
     assert columns["agent_approvals"] == [
         "session_id", "tool_call_id", "event", "tool_name", "digest", "reason", "created_at",

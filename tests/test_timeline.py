@@ -433,6 +433,25 @@ def test_messages_no_client_wrote_carry_their_origin() -> None:
     # Origins are marks, not alarms: nothing here needs attention but the repaired call.
     (attention,) = root.find_all("section", **{"class": "attention"})
     assert [a.attrs["href"] for a in attention.find_all("a")] == ["#m6"]
+    # The scheduled turn's message names the schedule it came from.
+    (source,) = articles[2].find_all("span", **{"class": "scheduled-by"})
+    assert source.text() == "from schedule sch_1"
+
+
+def test_a_recurring_schedules_turn_names_its_rule_and_occurrence() -> None:
+    key = "schedule:sch_9@1800000000000"
+    messages = [
+        Message.user("hello"),
+        Message.assistant("Hi."),
+        Message("user", "Daily digest", request_key=key, origin="scheduled"),
+        Message("assistant", "Here it is.", origin="scheduled"),
+    ]
+    articles = parse(render(messages)).find_all("article")
+    (source,) = articles[2].find_all("span", **{"class": "scheduled-by"})
+    assert source.text() == (
+        "from recurring schedule sch_9, occurrence due 2027-01-15T08:00:00.000Z"
+    )
+    assert articles[3].find_all("span", **{"class": "scheduled-by"}) == []
 
 
 def test_the_stop_note_stands_out_and_is_listed() -> None:

@@ -709,6 +709,90 @@ def test_two_workers_racing_run_each_schedule_and_resume_once(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+def test_a_kill_during_a_recurring_occurrence_runs_it_once_and_the_next_on_time(
+    tmp_path: Path,
+) -> None:
+    """A real worker SIGKILLed in a handler of a recurring schedule's occurrence (its first
+    write landed: the message, and the rule moved on); the next worker resumes that turn
+    and fires nothing: the occurrence ran once, the next is where the rule puts it."""
+    db, effects = tmp_path / "rhythm.db", tmp_path / "effects.log"
+
+    async def make() -> Any:
+        clock = Clock(time.time() - 630)  # the first occurrence was due 30 s ago
+        async with sqlite_store(db) as store:
+            await complete_turn(store, "k", effects, clock)
+            return await schedule(store, "k", "k every ten minutes", every_seconds=600, clock=clock)
+
+    made = asyncio.run(make())
+
+    async def load() -> tuple[list[Message], list[Any]]:
+        async with sqlite_store(db) as store:
+            return await store.load_messages("k"), await store.load_schedules("k")
+
+    options = ("--once", "--backoff", "0")
+    with worker(db, tmp_path, *options, WORKER_APP_DIE_AT="2", WORKER_APP_DIE_ON="tool") as proc:
+        code, err = finish(proc)
+    assert code == -signal.SIGKILL, err
+    history, rows = asyncio.run(load())
+    occurrence = [m for m in history if m.request_key == made.request_key]
+    assert [m.origin for m in occurrence] == ["scheduled"]  # stored, the turn cut short
+    assert [r.due_at for r in rows] == [made.due_at + 600_000]  # and the rule moved on
+
+    with worker(db, tmp_path, *options) as proc:
+        code, err = finish(proc)
+    assert code == 0, err
+    assert "resume session k: resumed (complete)" in err, err
+    assert "fire" not in err, err  # the next occurrence is not due: nothing fired
+    history, rows = asyncio.run(load())
+    turns = assert_well_formed(history, user_messages=[turn_message(0), "k every ten minutes"])
+    assert_plays_script(turns)
+    assert turns[1].user.request_key == made.request_key
+    assert [r.due_at for r in rows] == [made.due_at + 600_000]  # on time, from the rule
+    logged = read_effects(effects)
+    assert_at_most_once(logged, UNSAFE_TOOLS)
+    assert_effects_match_history(
+        history, logged, session_id="k", safe_tools=SAFE_TOOLS, unsafe_tools=UNSAFE_TOOLS
+    )
+    assert Counter(read_seen(tmp_path / "seen.log"))["k every ten minutes"] == 1
+
+
+@pytest.mark.slow
+def test_two_workers_racing_run_a_recurring_occurrence_once(tmp_path: Path) -> None:
+    db = tmp_path / "race.db"
+
+    async def make() -> Any:
+        clock = Clock(time.time() - 630)  # the first occurrence was due 30 s ago
+        async with sqlite_store(db) as store:
+            await complete_turn(store, "r", tmp_path / "effects.log", clock)
+            return await schedule(store, "r", "r every ten minutes", every_seconds=600, clock=clock)
+
+    made = asyncio.run(make())
+    start = tmp_path / "start"
+    options = ("--once", "--backoff", "0")
+    with (
+        worker(db, tmp_path, *options, WORKER_APP_START_FILE=str(start)) as one,
+        worker(db, tmp_path, *options, WORKER_APP_START_FILE=str(start)) as two,
+    ):
+        start.touch()
+        results = [finish(one), finish(two)]
+    for code, err in results:
+        assert code == 0, err
+    logs = "\n".join(err for _, err in results)
+    assert logs.count(": fired (complete)") == 1, logs
+
+    async def load() -> tuple[list[Message], list[Any]]:
+        async with sqlite_store(db) as store:
+            return await store.load_messages("r"), await store.load_schedules("r")
+
+    history, rows = asyncio.run(load())
+    turns = assert_well_formed(history, user_messages=[turn_message(0), "r every ten minutes"])
+    assert turns[1].user.request_key == made.request_key
+    assert [r.due_at for r in rows] == [made.due_at + 600_000]
+    assert Counter(read_seen(tmp_path / "seen.log"))["r every ten minutes"] == 1
+    assert_at_most_once(read_effects(tmp_path / "effects.log"), UNSAFE_TOOLS)
+
+
+@pytest.mark.slow
 def test_a_worker_whose_resumes_keep_crashing_stops_the_turn(tmp_path: Path) -> None:
     db = tmp_path / "poison.db"
     prepare(db, tmp_path, {}, ["p1"])

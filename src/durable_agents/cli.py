@@ -44,6 +44,7 @@ from .errors import (
 )
 from .messages import Message, ToolCall, ToolErrorKind, pending_tool_calls, tool_error
 from .run import DEFERRED_REASON
+from .schedules import fired_by
 from .session_links import SessionLinks, find_links
 from .stores.base import ApprovalEvent, SessionInfo
 from .stores.sqlite import SQLiteStore, sqlite_store
@@ -511,9 +512,12 @@ def _store_problem(exc: DurableAgentsError) -> str:
 def _describe(message: Message) -> str:
     """One line for a message; `[scheduled]`, `[self-resumed]`, `[stopped]` or
     `[agent-tool]` first for one no client wrote (a schedule's turn, a resume nobody asked
-    for, the kit's stop note, a turn another session's agent tool ran)."""
+    for, the kit's stop note, a turn another session's agent tool ran); a scheduled turn's
+    user message also names its schedule (`schedules.fired_by`)."""
     text = _describe_content(message)
-    return text if message.origin is None else f"[{message.origin}] {text}"
+    by = fired_by(message.request_key) if message.origin == "scheduled" else None
+    origin = message.origin if by is None else f"{message.origin}: {by}"
+    return text if message.origin is None else f"[{origin}] {text}"
 
 
 def _describe_content(message: Message) -> str:

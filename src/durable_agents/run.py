@@ -440,7 +440,7 @@ class _Turn:
         self.cancel = options.cancel
         self.log = SessionLog(
             store, agent.name, session_id, history, base=base, lease=lease,
-            events=options.events, name=options.name, origin=options.origin,
+            events=options.events, name=options.name, origin=options.origin, clock=options.clock,
         )  # fmt: skip
         fixed = agent.instructions if isinstance(agent.instructions, str) else None
         self.system = Message.system(

@@ -1,4 +1,4 @@
-"""Scheduled turns: a message a session runs as a turn later, once.
+"""Scheduled turns: a message a session runs as a turn later, once, or on a rhythm.
 
 Three ways to make one, all stored in the session's store (`Store`, the
 `agent_schedules` table):
@@ -13,13 +13,20 @@ Three ways to make one, all stored in the session's store (`Store`, the
     # Python, on a stored session:
     await schedule(store, session_id, "Check the build", delay_seconds=600)
 
+    # recurring, by each door: cron= (with timezone=, default UTC) or every_seconds=
+    await schedule(store, session_id, "Digest", cron="0 9 * * 1-5", timezone="Europe/Berlin")
+
 What fires them: the session's Durable Object (its alarm, set to the earliest
 due schedule), or on CPython `durable-agents worker --db FILE`. Either runs
 `fire(...)`: the schedule's message as a turn whose user message is stored with
 the request key `schedule:<id>` and origin "scheduled". That first write also
 removes the schedule, and lands only while the schedule is stored (a trigger
 checks it), so a schedule runs at most once: a crash mid-turn leaves a turn
-that resumes like any other; a cancelled schedule never runs.
+that resumes like any other; a cancelled schedule never runs. A recurring schedule
+is one row with its rule: each occurrence fires as above under the key
+`schedule:<id>@<due ms>`, and its first write moves the row to the next occurrence
+instead of removing it (`durable_agents.recurrence`: once per occurrence, no drift,
+missed occurrences run once).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from . import recurrence
 from ._json import repair_text
 from .errors import ScheduleError, SessionNotFoundError
 from .limits import MAX_BOUND_INT, MAX_ROW_BYTES
@@ -112,10 +120,14 @@ def new_schedule(
     now_ms: int,
     delay_seconds: float | None = None,
     at: str | datetime.datetime | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    every_seconds: int | None = None,
     max_message_bytes: int = MAX_ROW_BYTES,
 ) -> Schedule:
     """A checked Schedule (not stored yet): its message as it will be stored (no lone
-    surrogates) and no larger than `max_message_bytes` (the agent's limit, when known)."""
+    surrogates) and no larger than `max_message_bytes` (the agent's limit, when known).
+    With `cron` (and `timezone`) or `every_seconds`, a recurring one (see `when`)."""
     if not isinstance(message, str) or not message.strip():
         raise ScheduleError("a schedule needs a message (non-empty text)")
     message = repair_text(message)  # stored as UTF-8, like every other text
@@ -123,10 +135,40 @@ def new_schedule(
         raise ScheduleError(
             f"the schedule's message is over the agent's {max_message_bytes:,}-byte limit"
         )
-    due = due_time(now_ms, delay_seconds=delay_seconds, at=at)
+    due, rule = when(
+        now_ms, delay_seconds=delay_seconds, at=at, cron=cron, timezone=timezone,
+        every_seconds=every_seconds,
+    )  # fmt: skip
     if not 0 <= due <= MAX_BOUND_INT:
         raise ScheduleError("that time is outside what a store keeps")
-    return Schedule(schedule_id, message, due, now_ms)
+    return Schedule(schedule_id, message, due, now_ms, rule)
+
+
+def when(
+    now_ms: int,
+    *,
+    delay_seconds: float | None = None,
+    at: str | datetime.datetime | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    every_seconds: int | None = None,
+) -> tuple[int, str | None]:
+    """A new schedule's first due time (Unix ms) and its rule as stored (None: once).
+    Once: `delay_seconds` or `at` (`due_time`). Recurring: `cron` in `timezone` (default
+    UTC), or `every_seconds` (at least 60), first due at `at` if given (intervals only),
+    else the rule's first occurrence after now. ScheduleError says what is wrong."""
+    if cron is None and every_seconds is None:
+        if timezone is not None:
+            raise ScheduleError("timezone goes with cron")
+        return due_time(now_ms, delay_seconds=delay_seconds, at=at), None
+    if delay_seconds is not None:
+        raise ScheduleError(
+            "delay_seconds is for a one-off schedule; a recurring one's first occurrence "
+            "comes from its rule (or, for every_seconds, from at)"
+        )
+    rule = recurrence.parse_rule(cron=cron, timezone=timezone, every_seconds=every_seconds)
+    start = None if at is None else due_time(now_ms, at=at)
+    return recurrence.first_due(rule, now_ms, start), rule.to_text()
 
 
 def full(session_id: str) -> ScheduleError:
@@ -192,6 +234,9 @@ class StepSchedules:
         *,
         delay_seconds: float | None = None,
         at: str | datetime.datetime | None = None,
+        cron: str | None = None,
+        timezone: str | None = None,
+        every_seconds: int | None = None,
     ) -> Schedule:
         if len(self.made) >= MAX_SCHEDULES_PER_CALL:
             raise ScheduleError(f"one tool call may schedule at most {MAX_SCHEDULES_PER_CALL}")
@@ -201,6 +246,9 @@ class StepSchedules:
             now_ms=int(self._clock() * 1000),
             delay_seconds=delay_seconds,
             at=at,
+            cron=cron,
+            timezone=timezone,
+            every_seconds=every_seconds,
             max_message_bytes=self._max_message_bytes,
         )
         self._room.take()
@@ -215,12 +263,18 @@ async def schedule(
     *,
     delay_seconds: float | None = None,
     at: str | datetime.datetime | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    every_seconds: int | None = None,
     new_id: Callable[[], str] | None = None,
     clock: Callable[[], float] | None = None,
     max_message_bytes: int = MAX_ROW_BYTES,
 ) -> Schedule:
     """Store a schedule for an existing session (one write); returns it. Pass the
     agent's `max_message_bytes` so its turn can take the message when it fires.
+    Once (`delay_seconds` or `at`) or recurring (`cron` with `timezone`, or
+    `every_seconds`, optionally from `at`): see `when`. A recurring schedule counts
+    once against MAX_SCHEDULES_PER_SESSION.
 
     Raises ScheduleError for a bad time or message or a session holding
     MAX_SCHEDULES_PER_SESSION already, SessionNotFoundError for a session
@@ -235,7 +289,24 @@ async def schedule(
         now_ms=int((clock or time.time)() * 1000),
         delay_seconds=delay_seconds,
         at=at,
+        cron=cron,
+        timezone=timezone,
+        every_seconds=every_seconds,
         max_message_bytes=max_message_bytes,
     )
     await store.append_messages_atomic(session_id, info.message_count, [], schedules=[made])
     return made
+
+
+def fired_by(request_key: str | None) -> str | None:
+    """Which schedule a scheduled turn's user message (its `request_key`) came from, as
+    the timeline and `sessions show` mark it: `schedule sch_…`, and for a recurring
+    schedule's occurrence also the time it was due. None for a key no schedule makes."""
+    occurrence = recurrence.occurrence_of(request_key)
+    if occurrence is not None:
+        schedule_id, due_ms = occurrence
+        due = Schedule(schedule_id, "", due_ms).to_dict()["at"]
+        return f"recurring schedule {schedule_id}, occurrence due {due}"
+    if request_key is not None and request_key.startswith("schedule:"):
+        return f"schedule {request_key.removeprefix('schedule:')}"
+    return None

@@ -39,6 +39,7 @@ from typing import Any
 from ._resources import read_text
 from .approvals import ApprovalState, approval_states
 from .messages import MalformedToolCall, Message, ToolCall, ToolErrorKind, Usage, tool_error
+from .schedules import fired_by
 from .session_links import LinkedSession, SessionLinks
 from .stores.base import ApprovalEvent, SessionInfo
 
@@ -494,6 +495,9 @@ class _Page:
             klass += f" origin-{_e(message.origin)}"
             origin = f' data-origin="{_e(message.origin)}"'
             badge = f" {_origin_badge(message.origin)}"
+            by = fired_by(message.request_key) if message.origin == "scheduled" else None
+            if by is not None:  # which schedule (a recurring one: which occurrence)
+                badge += f' <span class="scheduled-by">from {_e(by)}</span>'
         return (
             f'<article id="m{position}" class="{klass}" data-position="{position}" '
             f'data-role="{_e(message.role)}" data-kind="{_e(kind)}"{origin}>'

@@ -89,9 +89,15 @@ class ToolContext(Generic[DepsT]):
         *,
         delay_seconds: float | None = None,
         at: str | datetime.datetime | None = None,
+        cron: str | None = None,
+        timezone: str | None = None,
+        every_seconds: int | None = None,
     ) -> Schedule:
         """Run `message` as a turn of this session later: `delay_seconds` from now, or
-        `at` (ISO 8601 with a zone, or an aware datetime). Durable with the step: it is
+        `at` (ISO 8601 with a zone, or an aware datetime); or on a rhythm, each
+        occurrence once: `cron` ("0 9 * * 1-5") in `timezone` (an IANA name,
+        default UTC), or every `every_seconds` (60 or more; from `at` if given).
+        Durable with the step: it is
         stored in the same write as this call's result, and only if the handler
         returns (one that raises schedules nothing). Returns the schedule (its
         `schedule_id` cancels it). ScheduleError for a bad time or message, more
@@ -102,7 +108,10 @@ class ToolContext(Generic[DepsT]):
             raise ConfigurationError(
                 "ctx.schedule needs a durable run: call the tool through run() with a store"
             )
-        made: Schedule = self.schedules.add(message, delay_seconds=delay_seconds, at=at)
+        made: Schedule = self.schedules.add(
+            message, delay_seconds=delay_seconds, at=at, cron=cron, timezone=timezone,
+            every_seconds=every_seconds,
+        )  # fmt: skip
         return made
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from tests.support.app_calls import Recorder
 
-from durable_agents import Agent, Message
+from durable_agents import Agent, LLMResponse, Message
 from durable_agents.cloudflare import d1_store
 from durable_agents.cloudflare.alarms import ObjectAlarm
 from durable_agents.cloudflare.app import (
@@ -28,11 +28,13 @@ from durable_agents.cloudflare.app import (
     Reply,
     error_reply,
     handle_request,
+    serve_alarm,
     serve_session,
 )
 from durable_agents.schedules import MAX_DELAY_SECONDS, MAX_SCHEDULES_PER_SESSION
 from durable_agents.stores.base import Schedule
 from durable_agents.stores.d1 import D1Store
+from durable_agents.testing import FunctionLLM
 from durable_agents.testing.fake_d1 import FakeD1Database
 
 TOKEN = "master-token"
@@ -437,6 +439,7 @@ class FakeStorage:
 
 
 AGENT = Agent("schedules-test", "You answer.", [], max_message_bytes=1000)
+ECHO = FunctionLLM(lambda messages, tools: LLMResponse(f"done: {messages[-1].content}"))
 
 
 class Deployment:
@@ -446,13 +449,22 @@ class Deployment:
     def __init__(self, store: D1Store) -> None:
         self.store = store
         self.storage = FakeStorage()
-        self.alarm = ObjectAlarm(self.storage, clock=lambda: NOW)
+        self.now = NOW  # the one clock of the Worker and its objects, moved by a test
+        self.alarm = ObjectAlarm(self.storage, clock=lambda: self.now)
+        self.live = LiveSession()
 
     async def object(self, command: Command) -> Reply:
         return await serve_session(
             command, session_id=f"id-{command.name}", store=self.store, env=ENV,
-            live=LiveSession(), agent=AGENT, make_deps=lambda env, http: None,
-            alarm=self.alarm,
+            live=self.live, agent=AGENT, make_deps=lambda env, http: None,
+            alarm=self.alarm, llm=ECHO,
+        )  # fmt: skip
+
+    async def ring(self, name: str = "a") -> None:
+        """The object's alarm goes off (as the object's alarm() does), at `self.now`."""
+        await serve_alarm(
+            f"id-{name}", self.store, self.live, self.alarm,
+            lambda command: self.object(command.model_copy(update={"name": name})),
         )  # fmt: skip
 
     async def dispatch(self, name: str, command: Command) -> Reply:
@@ -466,7 +478,7 @@ class Deployment:
         raw = b"" if body is None else json.dumps(body).encode()
         return await handle_request(
             method, path, {"authorization": f"Bearer {TOKEN}"}, raw, env=ENV,
-            dispatch=self.dispatch, clock=lambda: NOW,
+            dispatch=self.dispatch, clock=lambda: self.now,
         )  # fmt: skip
 
     async def start(self, name: str = "a") -> None:
@@ -572,3 +584,88 @@ async def test_a_null_for_the_other_time_field_is_made_or_refused_by_the_worker(
     await deployment.start()
     reply = await deployment("POST", body={"message": "ping", **when})
     assert reply.status in (201, 422), reply.body
+
+
+# --- recurring schedules (issue 36) ---
+
+
+@pytest.mark.parametrize(
+    ("when", "mentions"),
+    [
+        ({"cron": "61 * * * *"}, "not a valid expression"),
+        ({"cron": "0 9 * *"}, "five fields"),
+        ({"cron": "0 9 * * *", "timezone": "Europe/Nowhere"}, "unknown time zone"),
+        ({"cron": "0 9 * * *", "timezone": 2}, "IANA time zone name"),
+        ({"cron": 9}, "cron must be a cron expression"),
+        ({"every_seconds": 59}, "every_seconds must be 60"),
+        ({"every_seconds": "900"}, "whole number"),
+        ({"every_seconds": 900.0}, "whole number"),
+        ({"every_seconds": 60, "cron": "* * * * *"}, "exactly one of cron and every_seconds"),
+        ({"every_seconds": 60, "delay_seconds": 5}, "delay_seconds is for a one-off"),
+        ({"cron": "* * * * *", "at": SOON}, "give no at"),
+        ({"every_seconds": 60, "at": "2027-01-15"}, "time zone"),
+        ({"timezone": "UTC", "delay_seconds": 5}, "timezone goes with cron"),
+        ({"timezone": "UTC"}, "timezone goes with cron"),
+    ],
+)
+async def test_a_bad_rule_is_a_422_invalid_schedule(when: dict[str, Any], mentions: str) -> None:
+    status, error, message = await refused("POST", {"message": "ping", **when})
+    assert (status, error) == (422, "invalid-schedule")
+    assert mentions in message
+
+
+async def test_a_recurring_schedule_shows_its_rule_and_next_occurrence(
+    deployment: Deployment,
+) -> None:
+    await deployment.start()
+    cron = {"message": "digest", "cron": "0 9 * * 1-5", "timezone": "Europe/Berlin"}
+    made = await deployment("POST", body=cron)
+    assert made.status == 201, made.body
+    # 2027-01-15 is a Friday, 09:00 in Berlin already past (08:00Z): Monday 09:00 (+01:00).
+    assert made.body["next_at"] == made.body["at"] == "2027-01-18T08:00:00.000Z"
+    assert (made.body["cron"], made.body["timezone"]) == ("0 9 * * 1-5", "Europe/Berlin")
+    every = await deployment("POST", body={"message": "tick", "every_seconds": 900})
+    assert every.status == 201, every.body
+    assert every.body["next_at"] == "2027-01-15T08:15:00.000Z"
+    assert every.body["every_seconds"] == 900
+    assert "cron" not in every.body
+    assert deployment.storage.alarm == int(NOW * 1000) + 900_000  # armed for the earliest
+    listed = (await deployment("GET")).body["schedules"]
+    assert [s["schedule_id"] for s in listed] == [
+        every.body["schedule_id"], made.body["schedule_id"],
+    ]  # fmt: skip
+    assert listed[1] == {k: v for k, v in made.body.items() if k != "session_id"}
+
+
+async def test_the_objects_alarm_runs_each_occurrence_once_and_missed_ones_as_one(
+    deployment: Deployment,
+) -> None:
+    await deployment.start()
+    made = (await deployment("POST", body={"message": "tick", "every_seconds": 60})).body
+    first = int(NOW * 1000) + 60_000
+    assert deployment.storage.alarm == first
+
+    async def ticks() -> list[str | None]:
+        history = await deployment.store.load_messages("id-a")
+        return [m.request_key for m in history if m.role == "user" and m.origin == "scheduled"]
+
+    deployment.now = NOW + 61
+    await deployment.ring()
+    await deployment.ring()  # the same occurrence again (an alarm run twice): nothing more
+    assert await ticks() == [f"schedule:{made['schedule_id']}@{first}"]
+    assert deployment.storage.alarm == first + 60_000  # the next one, from the rule
+    history = await deployment.store.load_messages("id-a")
+    assert history[-1].content == "done: tick"
+    # A day with nothing to wake the object: one catch-up turn, then the rhythm again.
+    deployment.now = NOW + 86_400 + 30
+    await deployment.ring()
+    await deployment.ring()
+    assert len(await ticks()) == 2
+    (row,) = await deployment.store.load_schedules("id-a")
+    assert row.due_at == int(NOW * 1000) + 86_460_000  # the grid's first after now
+    assert deployment.storage.alarm == row.due_at
+    # Deleted: no occurrence runs again.
+    assert (await deployment("DELETE", f"{PATH}/{made['schedule_id']}")).status == 200
+    deployment.now = NOW + 2 * 86_400
+    await deployment.ring()
+    assert len(await ticks()) == 2

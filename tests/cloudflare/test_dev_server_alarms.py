@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from tests.support.worker_fakes import (
@@ -249,6 +250,58 @@ def test_a_schedule_runs_once_and_a_deleted_one_never(
     assert len(services.posts) == posts_before + 1
     assert worker.get("/sessions/soon/schedules").body["schedules"] == []
     assert _scheduled_turns(worker, "never") == []
+
+
+def test_a_recurring_schedule_runs_an_occurrence_once_and_keeps_the_next(
+    shared: tuple[DevWorker, ManyPosts],
+) -> None:
+    """An interval (the shortest, 60 s) whose first occurrence is 2 s away (`at`): the
+    object's alarm runs it once, and the same write moved the rule to its next occurrence,
+    60 s after the first (from the rule, not from when the turn ended). Deleting the rule
+    stops it. Bounded by outcomes: the second occurrence is not waited for."""
+    worker, services = shared
+    assert worker.post("/sessions/rhythm/messages", {"message": "Triage issue 1"}).status == 200
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2)
+    made = _schedule(worker, "rhythm", every_seconds=60, at=at.isoformat())
+    assert (made["every_seconds"], made["next_at"]) == (60, made["at"])
+    first = _ms(made["at"])
+    for bad, words in (({"every_seconds": 59}, "every_seconds must be 60"),
+                       ({"cron": "0 9 * * *", "timezone": "Mars/Olympus"}, "unknown time zone"),
+                       ({"cron": "61 * * * *"}, "cron")):  # fmt: skip
+        refused = worker.post("/sessions/rhythm/schedules", {"message": "x", **bad})
+        assert (refused.status, refused.body["error"]["code"]) == (422, "invalid-schedule")
+        assert words in refused.body["error"]["message"]
+
+    _wait_for(lambda: _scheduled_turns(worker, "rhythm"), 30, "the occurrence's turn")
+    _wait_for(lambda: _final(_stored(worker, "rhythm")), 30, "its reply")
+    time.sleep(3)  # time enough for a second firing of it, if there were one
+    turns = _scheduled_turns(worker, "rhythm")
+    assert [t["request_key"] for t in turns] == [f"schedule:{made['schedule_id']}@{first}"]
+    assert _llm_saw(services, "Triage issue 42") >= 1
+    (waiting,) = worker.get("/sessions/rhythm/schedules").body["schedules"]
+    assert (waiting["schedule_id"], _ms(waiting["next_at"])) == (
+        made["schedule_id"],
+        first + 60_000,
+    )
+    gone = worker.request("DELETE", f"/sessions/rhythm/schedules/{made['schedule_id']}")
+    assert gone.status == 200, gone.text
+    assert worker.get("/sessions/rhythm/schedules").body["schedules"] == []
+
+
+def test_a_cron_rule_in_a_zone_runs_on_workerd(shared: tuple[DevWorker, ManyPosts]) -> None:
+    """A cron rule with a zone is made on real workerd: cronsim and the tzdata package are
+    in the Worker's bundle (Pyodide has no zone database of its own)."""
+    worker, _ = shared
+    assert worker.post("/sessions/zoned/messages", {"message": "Triage issue 1"}).status == 200
+    made = _schedule(worker, "zoned", cron="0 9 * * *", timezone="Europe/Berlin")
+    due = datetime.datetime.fromtimestamp(_ms(made["next_at"]) / 1000, ZoneInfo("Europe/Berlin"))
+    assert (due.hour, due.minute, made["timezone"]) == (9, 0, "Europe/Berlin")
+    gone = worker.request("DELETE", f"/sessions/zoned/schedules/{made['schedule_id']}")
+    assert gone.status == 200, gone.text
+
+
+def _ms(iso: str) -> int:
+    return int(datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
 
 
 def _refusals_over_http(worker: DevWorker) -> None:

@@ -180,13 +180,13 @@ def test_wrangler_upgrades_old_rows_and_the_worker_serves_them(tmp_path: Path) -
                 f"created_at, arguments, arguments_digest) VALUES ('gone', 'r2', '{event}', "
                 f"'refund', 'd2', 1700, '{{}}', {digest})"
             )
-    created = {
-        match
-        for file in files
-        for match in re.findall(
-            r"CREATE (?:UNIQUE )?(?:TABLE|INDEX|TRIGGER) IF NOT EXISTS (\w+)", file.read_text()
-        )
-    }
+    created: set[str] = set()  # each object a file creates, unless a later file drops it
+    for file in files:
+        for verb, made in re.findall(
+            r"(CREATE|DROP) (?:UNIQUE )?(?:TABLE|INDEX|TRIGGER) (?:IF (?:NOT )?EXISTS )?(\w+)",
+            file.read_text(),
+        ):
+            (created.add if verb == "CREATE" else created.discard)(made)
     assert {"agent_sessions", "agent_messages", "agent_sessions_by_name"} <= created
     assert {row["name"] for row in schema} == created
     # ...and exactly the schema the stores apply from the same files (stores/_schema.py).

@@ -66,7 +66,7 @@ async def schema_applies_statement_by_statement(db: Any) -> None:
         ["table", "agent_schedules"],
         ["table", "agent_sessions"],
         ["trigger", "agent_messages_append_only_in_order"],
-        ["trigger", "agent_messages_scheduled_once"],
+        ["trigger", "agent_messages_scheduled_occurrence"],
     ], rows
 
 

@@ -13,6 +13,7 @@ turn's end clears the mark. The alarm ends up in `on_alarm`:
     MAX_SELF_RESUMES resumes crashed    -> stop it (`run.stop_turn`): the history
                                             and the listing ("stopped") say so
     schedules due (the session's store) -> each runs its message as a turn, once
+                                           (a recurring one's occurrence moves it on)
 
 then arms the alarm for what comes next (a mark's check, the earliest schedule),
 or deletes it. The first request a new instance serves looks for a client's turn
@@ -242,8 +243,10 @@ async def on_alarm(
                 blocked = True
                 continue
             # Refused for good (a message over the agent's limit, a bug): dropped, so the
-            # alarm does not fire it forever.
-            refused = reply.status >= 400 and reply.run_status is None
+            # alarm does not fire it forever. (A recurring one's occurrence that another
+            # run took, a conflict, leaves the rule be: it has moved on.)
+            taken = schedule.rule is not None and reply.error_code == "session-conflict"
+            refused = reply.status >= 400 and reply.run_status is None and not taken
             if refused and await store.delete_schedule(session_id, schedule.schedule_id):
                 print(
                     f"durable-agents: schedule {schedule.schedule_id} of session "

@@ -158,19 +158,24 @@ class ApprovalBody(Body):
 
 
 class ScheduleBody(Body):
-    """POST .../schedules: a message, and when (`delay_seconds` or `at`). The time itself
-    is checked by `schedules.due_time` (it needs a clock), not here."""
+    """POST .../schedules: a message, and when: once (`delay_seconds` or `at`) or on a
+    rhythm (`cron` with an optional `timezone`, or `every_seconds`, optionally from `at`).
+    The time and the rule are checked by `schedules.when` (it needs a clock), not here."""
 
     message: NonBlank
     delay_seconds: Any = None
     at: Any = None
+    cron: Any = None
+    timezone: Any = None
+    every_seconds: Any = None
 
     @classmethod
     def explain(cls, errors: list[ErrorDetails], data: Mapping[str, Any]) -> str:
         if extra := _unknown(errors):
             return (
                 f"unknown field(s) {extra}; the body is {{'message': str, 'delay_seconds': "
-                "number} or {'message': str, 'at': ISO 8601 time}"
+                "number}, {'message': str, 'at': ISO 8601 time}, {'message': str, 'cron': "
+                "str, 'timezone': IANA name} or {'message': str, 'every_seconds': int}"
             )
         return "'message' must be a non-empty string"
 

@@ -253,11 +253,13 @@ class Delete(Command):
 
 
 class ScheduleSpec(ScheduleBody):
-    """A schedule body the Worker checked, time included: exactly one of the two times."""
+    """A schedule body the Worker checked, time included: exactly one of the two times,
+    or a rule (checked again by the object, with its own clock)."""
 
     @model_validator(mode="after")
     def _one_time(self) -> ScheduleSpec:
-        if (self.delay_seconds is None) == (self.at is None):
+        once = self.cron is None and self.every_seconds is None
+        if once and (self.delay_seconds is None) == (self.at is None):
             raise PydanticCustomError("one-time", "give exactly one of delay_seconds and at")
         return self
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 
 from ..errors import ConfigurationError, ScheduleError
-from ..schedules import due_time, new_schedule, room_left
+from ..schedules import new_schedule, room_left, when
 from .bodies import ScheduleBody
 from .commands import SCHEDULE_ID, ListSchedules, Schedule, ScheduleSpec, Unschedule
 from .object_context import ObjectContext, handles
@@ -29,12 +29,12 @@ __all__ = [
 
 
 async def post_schedule(request: Request) -> Reply:
-    """POST .../schedules: the body, its time checked with the Worker's clock."""
+    """POST .../schedules: the body, its time (or rule) checked with the Worker's clock."""
     body = await request.json_body(ScheduleBody, required=True)
     if isinstance(body, Reply):
         return body
     try:  # checked here with this clock; the object sets the time with its own
-        due_time(int(request.now * 1000), delay_seconds=body.delay_seconds, at=body.at)
+        when(int(request.now * 1000), **body.model_dump(exclude={"message"}))
     except ScheduleError as exc:
         return error_reply(422, exc.code, str(exc))
     return await request.forward(Schedule(schedule=ScheduleSpec(**body.model_dump())))
@@ -91,14 +91,16 @@ async def make_schedule(command: Schedule, ctx: ObjectContext) -> Reply:
     except ScheduleError as exc:
         return error_for(exc)  # 422 invalid-schedule
     spec = command.schedule
-    made = new_schedule(
-        spec.message,
-        schedule_id=f"sch_{uuid.uuid4().hex}",
-        now_ms=alarm.now_ms(),
-        delay_seconds=spec.delay_seconds,
-        at=spec.at,
-        max_message_bytes=ctx.agent.max_message_bytes,
-    )
+    try:
+        made = new_schedule(
+            spec.message,
+            schedule_id=f"sch_{uuid.uuid4().hex}",
+            now_ms=alarm.now_ms(),
+            max_message_bytes=ctx.agent.max_message_bytes,
+            **spec.model_dump(exclude={"message"}),
+        )
+    except ScheduleError as exc:  # (the Worker checked it with its clock; this is the object's)
+        return error_for(exc)
     await store.append_messages_atomic(session_id, info.message_count, [], schedules=[made])
     await alarm.arm(store, session_id)
     return Reply(201, {"session_id": session_id, **made.to_dict()})

@@ -254,6 +254,8 @@ async def _run_turn(
                 on_event=on_event,
                 cancel=cancel,
                 origin=command.origin,
+                # the object's one clock: its alarm's (what a recurring schedule moves by)
+                clock=None if ctx.alarm is None else ctx.alarm.clock,
                 # the settings the agent module names (its toolsets' too), and the tools' client
                 settings={
                     name: str(value)

@@ -37,7 +37,7 @@ from ._rows import (
 )
 from ._statements import (
     APPROVAL_COLUMNS,
-    DELETE_SCHEDULE,
+    DELETE_FIRED_SCHEDULE,
     INSERT_MESSAGE,
     INSERT_SCHEDULE,
     UPSERT_SESSION,
@@ -160,6 +160,8 @@ def append_statements(
     before anything is written: the messages, the schedule a scheduled turn's
     message fires, the session row, the approval events, the new schedules,
     the lease. The SQLite store runs them in one transaction, D1 in one batch.
+    (A new schedule with the id of the one a message fires replaces it: a recurring
+    schedule moved to its next occurrence, `durable_agents.recurrence`.)
 
     One INSERT per message and per approval event while they fit one D1 batch
     (MAX_BATCH_STATEMENTS); an append too big for that, a step of many tool calls,
@@ -171,7 +173,7 @@ def append_statements(
     inserts: list[Statement] = [(INSERT_MESSAGE, row) for row in rows]
     events = [approval_statement(session_id, change, now_ms) for change in approvals]
     session: list[Statement] = [
-        (DELETE_SCHEDULE, (session_id, fired)) for fired in fired_schedules(messages)
+        (DELETE_FIRED_SCHEDULE, (session_id, key)) for key in fired_schedules(messages)
     ]
     session += [(INSERT_SCHEDULE, schedule_params(session_id, s)) for s in schedules]
     if messages:
@@ -239,11 +241,12 @@ def packed_message_rows(rows: Sequence[tuple[Any, ...]], now_ms: int) -> list[St
 
 
 def fired_schedules(messages: Iterable[Message]) -> list[str]:
-    """The ids of the schedules whose turns `messages` start (their user messages)."""
+    """The request keys of the schedules whose turns `messages` start (their user
+    messages): a one-off schedule's, or a recurring one's occurrence (`Schedule.request_key`).
+    A recurring schedule's next occurrence is in the append's `schedules`, under its id:
+    the fired row is deleted before the new rows are inserted."""
     return [  # (one with no key names no schedule: "" matches none, so it cannot land)
-        (m.request_key or "").removeprefix("schedule:")
-        for m in messages
-        if m.origin == "scheduled" and m.role == "user"
+        m.request_key or "" for m in messages if m.origin == "scheduled" and m.role == "user"
     ]
 
 

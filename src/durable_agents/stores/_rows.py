@@ -93,13 +93,17 @@ def schedule_params(session_id: str, schedule: Schedule) -> tuple[Any, ...]:
         schedule.message,
         schedule.due_at,
         schedule.created_at,
+        schedule.rule,
     )
 
 
 def row_schedule(row: Sequence[Any]) -> Schedule:
     """A Schedule from a SELECT_SCHEDULES row."""
-    schedule_id, message, due_at, created_at = row
-    return Schedule(str(schedule_id), str(message), int(due_at), int(created_at))
+    schedule_id, message, due_at, created_at, rule = row
+    return Schedule(
+        str(schedule_id), str(message), int(due_at), int(created_at),
+        None if rule is None else str(rule),
+    )  # fmt: skip
 
 
 def session_row(

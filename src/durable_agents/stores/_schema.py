@@ -33,6 +33,10 @@ What each later file adds, and why:
   schedule is stored, so a cancelled or fired schedule never runs (again).
 - 0007 instructions and edited approvals: only an approval may carry edited arguments
   (the CHECK), with their own digest.
+- 0008 recurring schedules: a schedule's `rule`; the trigger of 0006 makes way for one
+  that also takes a recurring schedule's occurrence (`schedule:<id>@<due ms>`), only
+  while the row is due at that time, so each occurrence runs once. (A dropped object is
+  made again by its file and dropped again by the later one on every plan: idempotent.)
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ FOLDER = "migrations"
 
 _ADD_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
 _CREATED = re.compile(r"CREATE (?:UNIQUE )?(?:TABLE|INDEX|TRIGGER) IF NOT EXISTS (\w+)")
+_DROPPED = re.compile(r"DROP (?:TABLE|INDEX|TRIGGER) IF EXISTS (\w+)")
 
 
 class Migration(NamedTuple):
@@ -131,9 +136,20 @@ def altered_tables() -> tuple[str, ...]:
 def is_current(existing: Collection[str], columns: Mapping[str, Collection[str]]) -> bool:
     """Whether a database has every table, index and trigger the schema creates
     (`existing`: their names) and every column it adds (`columns`, as `schema_plan`'s)."""
-    created = {m[1] for s in schema() if (m := _CREATED.match(s))}
     added = {(m[1], m[2]) for s in schema() if (m := _ADD_COLUMN.match(s))}
-    return created <= set(existing) and all(c in columns.get(t, ()) for t, c in added)
+    return set(schema_objects()) <= set(existing) and all(c in columns.get(t, ()) for t, c in added)
+
+
+def schema_objects() -> tuple[str, ...]:
+    """The names of the tables, indexes and triggers the schema ends with: each one a
+    migration creates, unless a later one drops it."""
+    names: dict[str, None] = {}
+    for statement in schema():
+        if created := _CREATED.match(statement):
+            names[created[1]] = None
+        elif dropped := _DROPPED.match(statement):
+            names.pop(dropped[1], None)
+    return tuple(names)
 
 
 def table_info(table: str) -> str:

@@ -119,15 +119,22 @@ DELETE_SESSION = "DELETE FROM agent_sessions WHERE id = ?"
 DELETE_APPROVALS = "DELETE FROM agent_approvals WHERE session_id = ?"
 DELETE_SCHEDULES = "DELETE FROM agent_schedules WHERE session_id = ?"
 
-_SCHEDULE_COLUMNS = "schedule_id, message, due_at, created_at"
+_SCHEDULE_COLUMNS = "schedule_id, message, due_at, created_at, rule"
 INSERT_SCHEDULE = (
-    f"INSERT INTO agent_schedules (session_id, {_SCHEDULE_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
+    f"INSERT INTO agent_schedules (session_id, {_SCHEDULE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
 )
 SELECT_SCHEDULES = (
     f"SELECT {_SCHEDULE_COLUMNS} FROM agent_schedules WHERE session_id = ? "
     "ORDER BY due_at, schedule_id"
 )
 DELETE_SCHEDULE = "DELETE FROM agent_schedules WHERE session_id = ? AND schedule_id = ?"
+# Params (session_id, request_key): the schedule a scheduled turn's user message fires,
+# by its key (`Schedule.request_key`, as migration 0008's trigger matches it): a one-off
+# schedule's, or a recurring one's current occurrence.
+DELETE_FIRED_SCHEDULE = (
+    "DELETE FROM agent_schedules WHERE session_id = ? AND 'schedule:' || schedule_id || "
+    "CASE WHEN rule IS NULL THEN '' ELSE '@' || due_at END = ?"
+)
 # Params (before_ms, limit): due schedules of every session, earliest first.
 SELECT_DUE_SCHEDULES = (
     f"SELECT session_id, {_SCHEDULE_COLUMNS} FROM agent_schedules WHERE due_at < ? "

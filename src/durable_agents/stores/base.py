@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -106,25 +107,42 @@ class ApprovalEvent:
 class Schedule:
     """A message to run as a turn of its session later (see `durable_agents.schedules`).
     Times are Unix milliseconds. Stored until its turn's first write, which removes
-    it in the same transaction: a stored schedule has not run."""
+    it in the same transaction: a stored schedule has not run.
+
+    A recurring one has a `rule` (JSON: `cron` and `timezone`, or `every_seconds`;
+    `durable_agents.recurrence`) and `due_at` is its next occurrence: the first write of
+    that occurrence's turn moves the row to the one after, in the same transaction."""
 
     schedule_id: str
     message: str
     due_at: int
     created_at: int = 0
+    rule: str | None = None
 
     @property
     def request_key(self) -> str:
-        """The key its turn's user message is stored with: a turn per schedule, once."""
-        return f"schedule:{self.schedule_id}"
+        """The key its turn's user message is stored with: a turn per schedule, once; a
+        recurring schedule's names its current occurrence (`schedule:<id>@<due ms>`)."""
+        occurrence = "" if self.rule is None else f"@{self.due_at}"
+        return f"schedule:{self.schedule_id}{occurrence}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """As answers show it: `at` (a one-off's time, a recurring one's next occurrence,
+        also as `next_at`) and a recurring one's rule fields."""
+        shown = {
             "schedule_id": self.schedule_id,
             "message": self.message,
             "at": _iso_time(self.due_at),
             "created_at": _iso_time(self.created_at),
         }
+        if self.rule is not None:
+            try:
+                fields = json.loads(self.rule)
+            except ValueError:
+                fields = None
+            rule = fields if isinstance(fields, dict) else {"rule": self.rule}
+            shown.update(next_at=shown["at"], **rule)
+        return shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +212,12 @@ class Store(Protocol):
         no-op if its owner no longer holds it). `approvals` are recorded in
         the same transaction, each only if its condition holds (see
         `ApprovalChange`); `schedules` are stored in it too. A user message with
-        origin "scheduled" fires the schedule its `request_key` names: the same
-        write removes it, and fails (`SessionConflictError`) if it is gone
-        (cancelled, or fired by another run). An append of approval changes or
+        origin "scheduled" fires the schedule its `request_key` names
+        (`Schedule.request_key`): the same write removes it, and fails
+        (`SessionConflictError`) if it is gone (cancelled, or fired by another
+        run; a recurring one's occurrence: moved on). A schedule in `schedules`
+        with the id of the one fired replaces it (a recurring schedule's next
+        occurrence). An append of approval changes or
         schedules alone (no messages) is not positional: `expected_seq` is
         returned unchanged.
         Raises `SessionConflictError` if the session does not hold exactly

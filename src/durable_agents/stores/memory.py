@@ -132,17 +132,20 @@ class MemoryStore:
         messages: Sequence[Message],
         schedules: Sequence[Schedule],
     ) -> list[str]:
-        """The stored schedules whose turns `messages` start, checked as the SQL schema
-        checks them (each must be stored; a new schedule's id must not be)."""
-        fired = fired_schedules(messages)
-        if not fired and not schedules:
-            return fired  # (a step's appends: nothing to look up)
+        """The ids of the stored schedules whose turns `messages` start, checked as the SQL
+        schema checks them (each must be stored, a recurring one with that occurrence due;
+        a new schedule's id must not be, unless it replaces one fired)."""
+        keys = fired_schedules(messages)
+        if not keys and not schedules:
+            return []  # (a step's appends: nothing to look up)
         stored = self._schedules.get(session_id, {})
-        if any(schedule_id not in stored for schedule_id in fired):
+        by_key = {s.request_key: schedule_id for schedule_id, s in stored.items()}
+        if any(key not in by_key for key in keys):
             raise SessionConflictError(
                 session_id, expected_seq, "the schedule was cancelled or has fired already"
             )
-        if any(s.schedule_id in stored for s in schedules):
+        fired = [by_key[key] for key in keys]
+        if any(s.schedule_id in stored and s.schedule_id not in fired for s in schedules):
             raise StoreError(f"session {session_id!r} has that schedule id already")
         return fired
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 from collections.abc import Awaitable, Callable
 
 from ..errors import (
@@ -688,6 +689,47 @@ async def a_cancelled_schedule_never_fires(store: Store) -> None:
     assert await store.append_messages_atomic("s", 1, [plain]) == 2
 
 
+async def a_recurring_schedule_runs_each_occurrence_once_and_moves_on(store: Store) -> None:
+    every = Schedule("r1", "tick", 60_000, 1_000, rule='{"every_seconds":60}')
+    await store.append_messages_atomic("s", 0, [Message.user("hi")], schedules=[every])
+    assert every.request_key == "schedule:r1@60000"
+    # Its occurrence's first write stores the message and moves the row, as one.
+    moved = dataclasses.replace(every, due_at=120_000)
+    fired = _fire(every)
+    assert await store.append_messages_atomic("s", 1, [fired], schedules=[moved]) == 2
+    assert await store.load_schedules("s") == [moved]
+    assert (await store.load_messages("s"))[1] == fired
+    # That occurrence again (another worker, a replay), whatever it would move the row to:
+    # nothing lands, the row stays where the first firing put it.
+    for again in ([], [moved], [dataclasses.replace(every, due_at=180_000)]):
+        await _expect_conflict(store.append_messages_atomic("s", 2, [fired], schedules=again))
+    # A one-off's key for it fires nothing either.
+    await _expect_conflict(
+        store.append_messages_atomic("s", 2, [_fire(dataclasses.replace(every, rule=None))])
+    )
+    assert await store.load_schedules("s") == [moved]
+    assert len(await store.load_messages("s")) == 2
+    # The next occurrence fires once in turn.
+    later = dataclasses.replace(every, due_at=180_000)
+    next_turn = [_fire(moved), Message.assistant("ok")]
+    await store.append_messages_atomic("s", 2, next_turn, schedules=[later])
+    assert await store.load_schedules("s") == [later]
+    assert [m.request_key for m in await store.load_messages("s")] == [
+        None, "schedule:r1@60000", "schedule:r1@120000", None,
+    ]  # fmt: skip
+
+
+async def a_deleted_recurring_schedule_fires_no_waiting_occurrence(store: Store) -> None:
+    every = Schedule("r2", "tick", 60_000, 1_000, rule='{"cron":"* * * * *","timezone":"UTC"}')
+    await store.append_messages_atomic("s", 0, [Message.user("hi")], schedules=[every])
+    assert await store.load_schedules("s") == [every]  # its rule kept as given
+    assert await store.delete_schedule("s", "r2") is True
+    moved = dataclasses.replace(every, due_at=120_000)
+    await _expect_conflict(store.append_messages_atomic("s", 1, [_fire(every)], schedules=[moved]))
+    assert await store.load_schedules("s") == []
+    assert len(await store.load_messages("s")) == 1
+
+
 async def delete_removes_the_schedules(store: Store) -> None:
     schedule = Schedule("x3", "later", 2_000, 1_000)
     await store.append_messages_atomic("s", 0, [Message.user("hi")], schedules=[schedule])
@@ -840,6 +882,8 @@ CHECKS: tuple[Check, ...] = (
     schedules_are_stored_with_an_append_and_listed_earliest_first,
     a_schedule_fires_once_with_its_turns_first_write,
     a_cancelled_schedule_never_fires,
+    a_recurring_schedule_runs_each_occurrence_once_and_moves_on,
+    a_deleted_recurring_schedule_fires_no_waiting_occurrence,
     delete_removes_the_schedules,
     origins_round_trip,
     instructions_round_trip_on_a_user_message_and_a_summary,
