@@ -53,9 +53,10 @@ from dev_process import PROJECT, RUNTIME_FIELDS, DevServer, scratch_worker, wran
 
 _TOTALS = re.compile(r"Total Upload: ([\d.]+) KiB / gzip: ([\d.]+) KiB")
 ECHO = "{{echo}}"  # a setting's value: the URL of a local server answering 200 {} to anything
-# The template's budget, gzipped, in wrangler's KiB: two thirds of the free plan's 3 MB, the
-# rest left to your agent and the packages you add. tests/test_bundle.py holds it to it.
-LIMIT_KIB = 2000
+# The template's budget, gzipped, in wrangler's KiB: about two thirds of the free plan's 3 MB,
+# the rest left to your agent and the packages you add. tests/test_bundle.py holds it to it.
+# (2,000 until recurring schedules: the IANA time zones, tzdata, are 70 KiB of it.)
+LIMIT_KIB = 2100
 FREE_PLAN_KIB = 3 * 1024
 # The template's own requirements (pyproject.toml's [project].dependencies as it ships;
 # scripts/add-package adds yours there): a new one of the kit's goes here too, or the

@@ -117,7 +117,7 @@ def test_the_budget_is_the_templates_until_you_add_packages(tmp_path: Path) -> N
     kit = '"pydantic>=2", "httpx>=0.27", "typing_extensions>=4.12"'
     pyproject.write_text(f"[project]\ndependencies = [{kit}]\n")
     assert bundle_size.added_packages(pyproject) == []
-    assert bundle_size.default_limit(pyproject) == bundle_size.LIMIT_KIB == 2000
+    assert bundle_size.default_limit(pyproject) == bundle_size.LIMIT_KIB == 2100
     pyproject.write_text(f'[project]\ndependencies = [{kit}, "PyYAML>=6", "pydantic[email]"]\n')
     assert bundle_size.added_packages(pyproject) == ["pyyaml"]
     assert bundle_size.default_limit(pyproject) == bundle_size.FREE_PLAN_KIB == 3072
