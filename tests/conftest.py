@@ -30,7 +30,7 @@ SLOW_FILES: Mapping[str, int] = {
     "tests/cloudflare/test_dev_server.py": 49,
     "tests/cloudflare/test_dev_server_fresh_state.py": 46,
     "tests/cloudflare/test_dev_server_big_steps.py": 45,
-    "tests/cloudflare/test_dev_server_alarms.py": 50,
+    "tests/cloudflare/test_dev_server_alarms.py": 56,
     "tests/cloudflare/test_dev_server_approvals.py": 42,
     "tests/cloudflare/test_dev_server_mcp.py": 39,
     "tests/cloudflare/test_dev_server_turn_features.py": 38,

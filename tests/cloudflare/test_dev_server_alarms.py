@@ -288,6 +288,54 @@ def test_a_recurring_schedule_runs_an_occurrence_once_and_keeps_the_next(
     assert worker.get("/sessions/rhythm/schedules").body["schedules"] == []
 
 
+def test_an_occurrence_killed_mid_post_runs_once_and_the_next_stays_on_time(
+    shared: tuple[DevWorker, ManyPosts],
+) -> None:
+    """kill -9 during an occurrence: its turn (its alarm's) is killed while Slack holds its
+    post; after the restart the object's alarm finishes it by itself, without posting
+    again, and the rule still waits for its next occurrence, 60 s after this one's due
+    time (the rule's, not the restart's). The next occurrence is not waited for."""
+    worker, services = shared
+    assert worker.post("/sessions/beat/messages", {"message": "Triage issue 1"}).status == 200
+    posts_before = len(services.posts)
+    services.hold_posts = True
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2)
+    made = _schedule(worker, "beat", every_seconds=60, at=at.isoformat())
+    first = _ms(made["at"])
+    assert services.post_received.wait(90), "the occurrence's post never reached the webhook"
+    worker.kill()  # Slack has the post; the Worker dies before its answer
+    services.hold_posts = False
+    services.release_posts.set()
+    started = time.monotonic()
+    worker.restart()  # nothing is sent to "beat": its alarm finishes the turn
+    try:
+        messages = _wait_for(
+            lambda: (m := _stored(worker, "beat")) and _final(m) and m,
+            90,
+            "the occurrence's turn finishing by itself",
+        )
+    except AssertionError:
+        print("\n".join(worker.lines[-80:]), _stored(worker, "beat"))
+        raise
+    print(f"the occurrence finished {time.monotonic() - started:.1f} s after the restart")
+
+    turns = _scheduled_turns(worker, "beat")
+    assert [(t["request_key"], t["origin"]) for t in turns] == [
+        (f"schedule:{made['schedule_id']}@{first}", "scheduled")
+    ]
+    assert _llm_saw(services, "Triage issue 42") == 1  # no second occurrence ran
+    assert len(services.posts) == posts_before + 1  # posted once: the resume did not post
+    assert messages[-1]["content"] == DURABILITY_REPLY
+    assert messages[-1]["origin"] == "self-resumed"
+    (waiting,) = worker.get("/sessions/beat/schedules").body["schedules"]
+    assert (waiting["schedule_id"], _ms(waiting["next_at"])) == (
+        made["schedule_id"],
+        first + 60_000,  # from the rule: a next occurrence counted from now would drift
+    )
+    gone = worker.request("DELETE", f"/sessions/beat/schedules/{made['schedule_id']}")
+    assert gone.status == 200, gone.text
+
+
 def test_a_cron_rule_in_a_zone_runs_on_workerd(shared: tuple[DevWorker, ManyPosts]) -> None:
     """A cron rule with a zone is made on real workerd: cronsim and the tzdata package are
     in the Worker's bundle (Pyodide has no zone database of its own)."""
