@@ -63,6 +63,7 @@ SLOW_FILES: Mapping[str, int] = {
     "tests/runtime/test_crash_sweep_d1.py": 10,
     "tests/cloudflare/test_output_gate.py": 9,
     "tests/test_crash_sweep.py": 9,
+    "tests/test_postgres_store.py": 9,
     "examples/triage/test_demo.py": 8,
     "tests/test_mcp.py": 8,
     "tests/test_public_api.py": 8,

@@ -328,22 +328,21 @@ class PostgresStore:
             yield conn
 
     async def _open(self) -> AsyncConnectionPool[Any]:
+        import psycopg
         from psycopg_pool import AsyncConnectionPool
 
         async with self._opening:
             if self._pool is not None:
                 return self._pool
+            # One connection first, for the migration: a wrong URL or a server that is
+            # down fails here at once, where a pool would keep retrying until its timeout.
+            async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                await _migrate(conn)
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 self.dsn, min_size=1, max_size=self._max_connections, open=False,
                 kwargs={"autocommit": True}, name="durable-agents",
             )  # fmt: skip
-            try:
-                await pool.open(wait=True, timeout=30)
-                async with pool.connection() as conn:
-                    await _migrate(conn)
-            except BaseException:
-                await pool.close()
-                raise
+            await pool.open()
             self._pool = pool
             return pool
 
