@@ -59,7 +59,7 @@ SLOW_FILES: Mapping[str, int] = {
     "tests/runtime/test_d1_store.py": 13,
     "tests/test_add_package.py": 12,
     "tests/test_compaction.py": 12,
-    "tests/test_worker.py": 26,
+    "tests/test_worker.py": 40,
     "tests/runtime/test_crash_sweep_d1.py": 10,
     "tests/cloudflare/test_output_gate.py": 9,
     "tests/test_crash_sweep.py": 9,

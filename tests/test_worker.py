@@ -40,9 +40,11 @@ from tests.support.process_agent import (
     SAFE_TOOLS,
     UNSAFE_TOOLS,
     assert_plays_script,
+    child,
     make_handlers,
     next_action,
     turn_message,
+    wait_ready,
 )
 from tests.support.worker_app import read_seen, turn_starts
 
@@ -764,24 +766,30 @@ SWEEP_BUDGET_S = 8.0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("backend", "workers"), [("sqlite", 2), ("postgres", 4)])
+@pytest.mark.parametrize(("backend", "workers", "apps"), [("sqlite", 2, 0), ("postgres", 4, 2)])
 def test_workers_killed_anywhere_lose_no_schedule_and_repeat_no_side_effect(
-    request: pytest.FixtureRequest, tmp_path: Path, backend: str, workers: int
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str, workers: int, apps: int
 ) -> None:
     """Rounds of `workers` `--once` workers at once (two on a SQLite file, four on one
     PostgreSQL database, as hosts would share it), each SIGKILLed at a checkpoint drawn at
     random (`worker_app`: before or after an LLM call, in a handler before or after
     its effect) or, now and then, by the test after a random delay; then the next
     round on the same file. When all the work is done, more is added (a schedule per
-    session, another interrupted turn), until enough kills landed."""
+    session, another interrupted turn), until enough kills landed. With `apps`, each round
+    the first round of each batch also starts that many processes of the app itself
+    playing turns of sessions of their own, each SIGKILLed at a random time while the
+    workers run (their turns left behind are the next rounds' to resume)."""
     db = sessions_at(request, backend, tmp_path / "sweep.db")
     plan: dict[str, list[str]] = {f"w{n}": [] for n in range(SWEEP_SESSIONS)}
     interrupted: list[str] = []
+    app_sessions: list[str] = []
     rng = random.Random(SWEEP_SEED)
+    app_rng = random.Random(SWEEP_SEED + 1)  # the workers' kills drawn as without apps
+    batch_begins = False
     options = ("--once", "--backoff", "0", "--max-resumes", "1000")
     kills_file = tmp_path / "kills.log"
     started = time.monotonic()
-    timed_kills = rounds = epochs = 0
+    timed_kills = app_kills = rounds = epochs = 0
     done = True
     while True:
         elapsed = time.monotonic() - started
@@ -796,8 +804,9 @@ def test_workers_killed_anywhere_lose_no_schedule_and_repeat_no_side_effect(
             interrupted.append(f"i{epochs}")
             prepare(db, tmp_path, more, interrupted[-1:])
             epochs += 1
+        batch_begins = done  # the apps run with a batch's first round
         rounds += 1
-        left = _work_left(db, [*plan, *interrupted])
+        left = _work_left(db, [*plan, *interrupted, *app_sessions])
         die_at = [0 if enough or rng.random() < 0.1 else rng.randint(1, 40) for _ in range(workers)]
         delay = None if enough or rng.random() < 0.6 else rng.uniform(0.0, 0.2)
         env = {"WORKER_APP_KILLS": str(kills_file)}
@@ -814,11 +823,17 @@ def test_workers_killed_anywhere_lose_no_schedule_and_repeat_no_side_effect(
             ]  # fmt: skip
             if delay is not None:
                 timed_kills += _kill_after_start(procs[0], ready, delay)
+            started_apps = [f"app{rounds}.{n}" for n in range(apps if batch_begins else 0)]
+            app_sessions += started_apps
+            # An app killed mid-turn leaves work of its own.
+            killed_apps = _apps_killed(db, tmp_path / "effects.log", started_apps, app_rng)
+            app_kills += killed_apps
             results = [finish(proc) for proc in procs]
         for code, err in results:
             assert code in (0, -signal.SIGKILL), err
-        clean = all(code == 0 for code, _ in results)  # nobody killed: a whole pass each
-        now_left = _work_left(db, [*plan, *interrupted])
+        # Nobody killed: a whole pass each, and no new work left behind.
+        clean = all(code == 0 for code, _ in results) and not killed_apps
+        now_left = _work_left(db, [*plan, *interrupted, *app_sessions])
         # Bound by outcome, not time (the machine may be loaded): a round whose workers
         # both finished their pass got work done; once enough kills landed, no more are
         # planned, so the rounds end.
@@ -828,11 +843,14 @@ def test_workers_killed_anywhere_lose_no_schedule_and_repeat_no_side_effect(
         done = clean and now_left == 0
 
     seen = check_store(db, tmp_path, plan, interrupted)
+    check_app_sessions(db, tmp_path / "effects.log", app_sessions)
     lost = sum(  # unsafe calls of scheduled turns whose result a kill lost
         len(durability_errors(history[10:])) for history in load_histories(db, list(plan))
     )
     where = Counter(read_lines(kills_file))
     where["by the test, at a random time"] = timed_kills
+    if apps:
+        where["app processes, by the test at a random time"] = app_kills
     shown_again = sum(n - 1 for n in seen.values())
     print(
         f"\n{sum(where.values())} workers killed over {rounds} rounds, {epochs} batches of work "
@@ -847,6 +865,39 @@ def test_workers_killed_anywhere_lose_no_schedule_and_repeat_no_side_effect(
     print(f"  unsafe calls of scheduled turns answered as lost (durability errors): {lost}")
     assert sum(where.values()) >= SWEEP_MIN_KILLS, f"only {dict(where)}: the sweep proved little"
     assert lost, "no kill lost an unsafe call's result: the sweep proved little"
+
+
+def _apps_killed(db: Where, effects: Path, sessions: Sequence[str], rng: random.Random) -> int:
+    """Run the app on each of `sessions` at once (two turns each) and SIGKILL each after a
+    random time; how many were killed so (the others finished first)."""
+    with ExitStack() as running:
+        apps = [
+            running.enter_context(child(db, effects, session, "--mode", "turns", "--turns", "2"))
+            for session in sessions
+        ]
+        for app in apps:
+            wait_ready(app)
+        killed = 0
+        for app in apps:
+            time.sleep(rng.uniform(0.0, 0.15))
+            if app.poll() is None:
+                app.kill()
+                killed += 1
+        return killed
+
+
+def check_app_sessions(db: Where, effects: Path, sessions: Sequence[str]) -> None:
+    """The app's sessions, each turn of theirs finished by the app or resumed by a worker:
+    well-formed, every unsafe call run at most once and only as stored."""
+    log = read_effects(effects)
+    for session, history in zip(sessions, load_histories(db, sessions), strict=True):
+        if not history:
+            continue  # killed before its first write
+        assert_plays_script(assert_well_formed(history))
+        assert_durability_errors_only_for(history, UNSAFE_TOOLS)
+        assert_effects_match_history(
+            history, log, session_id=session, safe_tools=SAFE_TOOLS, unsafe_tools=UNSAFE_TOOLS
+        )
 
 
 def load_histories(db: Where, sessions: Sequence[str]) -> list[list[Message]]:
@@ -882,7 +933,7 @@ def _work_left(db: Where, sessions: Sequence[str]) -> int:
             left += len(await store.due_schedules(2**52, limit=10_000))
             for session in sessions:
                 history = await store.load_messages(session)
-                left += not history[-1].is_final_reply
+                left += bool(history) and not history[-1].is_final_reply
         return left
 
     return asyncio.run(check())
