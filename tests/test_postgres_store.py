@@ -22,7 +22,7 @@ from tests.support.postgres_server import (
 )
 
 from durable_agents import Message, SessionConflictError
-from durable_agents.stores import Schedule
+from durable_agents.stores import Schedule, _postgres_sql, _schema
 from durable_agents.stores.postgres import PostgresStore, postgres_store
 from durable_agents.testing import check_agent
 from durable_agents.testing.conformance import ticking_clock
@@ -114,6 +114,46 @@ async def test_a_schedule_is_fired_or_cancelled_never_both(hosts: list[PostgresS
         landed = not isinstance(fire, BaseException)
         assert landed != (cancel is True), (fire, cancel)
         assert await hosts[3].load_schedules(session) == []
+
+
+def test_a_store_serves_one_event_loop_after_another(dsn: str) -> None:
+    store = postgres_store(dsn)
+    asyncio.run(store.append_messages_atomic("s", 0, [Message.user("hi")]))
+    asyncio.run(store.append_messages_atomic("s", 1, [Message.assistant("hello")]))
+    assert len(asyncio.run(store.load_messages("s"))) == 2
+    asyncio.run(store.close())
+
+
+async def test_hosts_opening_a_fresh_database_at_once_migrate_it_once(
+    hosts: list[PostgresStore],
+) -> None:
+    found = await asyncio.gather(*(store.get_session("none") for store in hosts))
+    assert found == [None] * len(hosts)
+
+
+async def test_an_older_schema_is_migrated_on_first_use(dsn: str) -> None:
+    """A database at migration 0003 (no names, usage totals, summaries, schedules): the
+    store adds what is missing and backfills the names and totals, as on SQLite."""
+    import psycopg
+
+    old = [s for m in _schema.migrations()[:3] for s in m.statements]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for statement in _postgres_sql.schema_statements(old):
+            await conn.execute(statement)
+        await conn.execute(
+            "INSERT INTO agent_sessions (id, agent_name, state, message_count, created_at, "
+            "updated_at) VALUES ('old', 'bot', 'idle', 1, 5, 5)"
+        )
+        await conn.execute(
+            "INSERT INTO agent_messages (session_id, seq, role, content, input_tokens, "
+            "output_tokens, created_at) VALUES ('old', 0, 'assistant', 'hi', 3, 4, 5)"
+        )
+    async with postgres_store(dsn) as store:
+        info = await store.get_session("old")
+        assert info is not None
+        assert (info.name, info.input_tokens, info.output_tokens) == ("old", 3, 4)
+        assert await store.append_messages_atomic("old", 1, [Message.user("again")]) == 2
+        assert [m.content for m in await store.load_messages("old")] == ["hi", "again"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

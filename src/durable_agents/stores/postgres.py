@@ -101,6 +101,7 @@ class PostgresStore:
         self._clock = clock
         self._max_row_bytes = max_row_bytes
         self._pool: AsyncConnectionPool[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the pool's
         self._opening = asyncio.Lock()
 
     @property
@@ -264,8 +265,8 @@ class PostgresStore:
     async def close(self) -> None:
         """Close the pool's connections. The store reopens on next use."""
         pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
+        if pool is not None and self._loop is asyncio.get_running_loop():
+            await pool.close()  # (another loop's pool went with its loop)
 
     async def __aenter__(self) -> PostgresStore:
         return self
@@ -325,7 +326,9 @@ class PostgresStore:
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        pool = self._pool if self._pool is not None else await self._open()
+        pool = self._pool
+        if pool is None or self._loop is not asyncio.get_running_loop():
+            pool = await self._open()
         async with pool.connection() as conn:
             yield conn
 
@@ -333,6 +336,11 @@ class PostgresStore:
         import psycopg
         from psycopg_pool import AsyncConnectionPool
 
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # A pool serves the loop that opened it: a store used again under a new
+            # loop (a second asyncio.run) opens a new one; the old loop's is gone.
+            self._pool, self._loop, self._opening = None, loop, asyncio.Lock()
         async with self._opening:
             if self._pool is not None:
                 return self._pool
