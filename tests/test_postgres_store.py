@@ -92,6 +92,23 @@ async def test_an_append_racing_a_delete_never_lands_stranded(hosts: list[Postgr
         assert (info is None) == (left == [])
 
 
+async def test_an_append_racing_retention_keeps_the_session_whole_or_deletes_it(
+    dsn: str, hosts: list[PostgresStore]
+) -> None:
+    async with postgres_store(dsn, clock=lambda: 1_000.0) as long_ago:
+        for round_ in range(10):
+            await long_ago.append_messages_atomic(f"o{round_}", 0, [Message.user("a")])
+    for round_ in range(10):
+        session = f"o{round_}"
+        await asyncio.gather(
+            hosts[1].append_messages_atomic(session, 1, [Message.assistant("b")]),
+            hosts[2].delete_idle(2_000_000, limit=1),  # idle since 1,000 s: this one
+            return_exceptions=True,
+        )
+        left = await hosts[3].load_messages(session)
+        assert left in ([], [Message.user("a"), Message.assistant("b")]), left
+
+
 async def test_one_host_takes_a_free_lease(hosts: list[PostgresStore]) -> None:
     for round_ in range(10):
         tries = [s.acquire_lease(f"l{round_}", f"host{i}", 60_000) for i, s in enumerate(hosts)]
