@@ -47,6 +47,12 @@ def postgres_bin() -> Path:
     )
 
 
+def _server_user() -> list[str]:
+    """The prefix running a server command: as `nobody` when we are root (PostgreSQL
+    refuses to run as root)."""
+    return ["runuser", "-u", "nobody", "--"] if os.getuid() == 0 else []
+
+
 def _version(path: str) -> int:
     part = Path(path).parent.parent.name
     return int(part) if part.isdigit() else 0
@@ -62,13 +68,14 @@ class LocalPostgres:
     def __init__(self, *, durable: bool = False, tag: str = "") -> None:
         cache = _ROOT / ".cache"
         cache.mkdir(exist_ok=True)
+        _stop_orphans(cache)
         self.folder = Path(tempfile.mkdtemp(prefix=f"postgres-{tag}", dir=cache))
         self.data = self.folder / "data"
         self.socket_dir = self.folder  # a short path: a socket's path is at most 107 bytes
         self.port = 5432  # names the socket file only: no TCP listener
         self._durable = durable
         self._bin = postgres_bin()
-        self._as_user: list[str] = ["runuser", "-u", "nobody", "--"] if os.getuid() == 0 else []
+        self._as_user = _server_user()
 
     def _run(self, *args: str) -> None:
         done = subprocess.run(
@@ -78,6 +85,7 @@ class LocalPostgres:
             raise RuntimeError(f"{' '.join(args[:2])} failed:\n{done.stdout}\n{done.stderr}")
 
     def start(self) -> LocalPostgres:
+        (self.folder / _OWNER).write_text(str(os.getpid()))
         if self._as_user:
             os.chown(self.folder, 65534, 65534)  # nobody
         self._run(
@@ -118,6 +126,28 @@ class LocalPostgres:
         with contextlib.suppress(RuntimeError):
             self._run(str(self._bin / "pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate")
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_OWNER = "owner.pid"  # the process that started the server, which stops it
+
+
+def _stop_orphans(cache: Path) -> None:
+    """Stop and remove the servers under `cache` whose owner died without stopping them
+    (a test run killed): a shared machine should not keep them running."""
+    for owner in cache.glob(f"postgres-*/{_OWNER}"):
+        try:
+            os.kill(int(owner.read_text()), 0)
+        except ProcessLookupError:
+            pass  # gone: its server is an orphan
+        except (ValueError, OSError):
+            continue  # unreadable, or alive under another user
+        else:
+            continue  # alive
+        folder = owner.parent
+        stop = [str(postgres_bin() / "pg_ctl"), "stop", "-D", str(folder / "data")]
+        stop += ["-m", "immediate"]
+        subprocess.run([*_server_user(), *stop], capture_output=True, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def skip_reason() -> str | None:
