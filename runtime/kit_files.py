@@ -74,6 +74,7 @@ KIT_TESTS = frozenset(
         "test_mcp",
         "test_mcp_stub",
         "test_model_hostile",
+        "test_postgres_store",
         "test_process_concurrency",
         "test_process_crash",
         "test_public_api",

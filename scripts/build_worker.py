@@ -21,8 +21,8 @@ folder as a package (an empty `__init__.py` where it has none); following every
 `__init__.py` comes along. A module that does not parse is staged as it is, its
 imports not followed: the Worker's import of it fails, naming the line. Left out
 even when a module names them: the CPython-only modules in `CPYTHON_ONLY`,
-which the Worker never imports (`durable_agents.stores` names `sqlite_store`
-lazily, for CPython users).
+which the Worker never imports (`durable_agents.stores` names `sqlite_store` and
+`postgres_store` lazily, for CPython users).
 If the Worker did import one, it would fail at once on deploy; the kit's
 tests/test_bundle.py imports the staged bundle inside the local runtime
 and serves a turn from it.
@@ -83,6 +83,7 @@ CPYTHON_ONLY = (
     "durable_agents.testing",  # test doubles, check_agent, the pytest plugin
     "durable_agents.cli",  # the `durable-agents` command
     "durable_agents.stores.sqlite",  # sqlite_store: SQLite files, not D1
+    "durable_agents.stores.postgres",  # postgres_store: psycopg, the `postgres` extra
 )
 # Package data the Worker reads (the schema's migrations, pages, styles).
 DATA_SUFFIXES = (".sql", ".html", ".css")

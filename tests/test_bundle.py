@@ -74,7 +74,8 @@ def test_the_bundle_holds_the_workers_modules_and_nothing_else(bundle: Any) -> N
         "durable_agents.llm.settings",
     } <= bundle.worker_modules
     not_for_the_worker = re.compile(
-        r"(^|/)(testing|tests|examples)/|(^|/)cli\.py$|stores/sqlite\.py$|egg-info|\.txt$"
+        r"(^|/)(testing|tests|examples)/|(^|/)cli\.py$|stores/(sqlite|postgres|_postgres_sql)\.py$"
+        r"|egg-info|\.txt$"
     )
     assert [f for f in bundle.worker_files if not_for_the_worker.search(f)] == []
     # Modules, and the package data build_worker stages beside them (the schema's

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field
+from tests.support.postgres_server import postgres_fixture  # noqa: F401 - fixture
 
 from durable_agents import (
     Agent,
@@ -24,7 +25,7 @@ from durable_agents import (
     run,
     tool,
 )
-from durable_agents.stores import Store, sqlite_store
+from durable_agents.stores import Store, postgres_store, sqlite_store
 from durable_agents.testing import SimulatedCrash, TestLLM, count_writes, crash_on_write
 
 RAN: Counter[str] = Counter()
@@ -66,10 +67,13 @@ async def send_sms(args: Sms, ctx: ToolContext) -> str:
 AGENT = Agent("dentist", "Book appointments.", [book_slot, find_slots, send_sms])
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> Any:
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     RAN.clear()
-    backend = sqlite_store(tmp_path / "s.db")
+    if request.param == "postgres":
+        backend: Any = postgres_store(request.getfixturevalue("postgres").fresh_dsn())
+    else:
+        backend = sqlite_store(tmp_path / "s.db")
     yield backend
     await backend.close()
 

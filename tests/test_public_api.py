@@ -31,7 +31,7 @@ PUBLIC = {
     "durable_agents.stores": {
         "memory_store", "sqlite_store", "MemoryStore", "SQLiteStore", "SessionInfo", "Store",
         "Lease", "LeaseHolder", "ApprovalChange", "ApprovalEvent", "SessionPage",
-        "Schedule",
+        "Schedule", "postgres_store", "PostgresStore",
     },
     "durable_agents.testing": {
         "ScriptedLLM", "SimulatedCrash", "crash_on_write", "crash_after_tool_results",

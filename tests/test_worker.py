@@ -5,7 +5,8 @@ In-process first (`work_once` on a SQLite store with a clock the test moves), th
 real `durable-agents worker` processes (`--app tests.support.worker_app:make_runner`) on one
 SQLite file: two racing, one whose resumes keep crashing, and a sweep that
 SIGKILLs workers at many points of resuming and firing and checks that no
-schedule is lost or run twice and no unsafe call runs twice.
+schedule is lost or run twice and no unsafe call runs twice. The race and the sweep
+run on one PostgreSQL database too, with four workers (`--db postgresql://...`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,17 @@ from tests.support.history_checks import (
     durability_errors,
     read_effects,
 )
+from tests.support.postgres_server import postgres_fixture  # noqa: F401 - fixture
 from tests.support.process_agent import (
     AGENT,
     SAFE_TOOLS,
     UNSAFE_TOOLS,
     assert_plays_script,
+    child,
     make_handlers,
     next_action,
     turn_message,
+    wait_ready,
 )
 from tests.support.worker_app import read_seen, turn_starts
 
@@ -57,7 +61,7 @@ from durable_agents import (
     schedule,
     tool,
 )
-from durable_agents.stores import SQLiteStore, sqlite_store
+from durable_agents.stores import SQLiteStore, postgres_store, sqlite_store
 from durable_agents.testing import CrashingStore, FunctionLLM, ScriptedLLM, SimulatedCrash
 from durable_agents.worker import Runner, WorkReport, load_runner, serve, work_once
 
@@ -569,13 +573,27 @@ def test_load_runner_takes_a_runner_or_a_function_returning_one(
 # -- real processes -----------------------------------------------------------------------
 
 
+# Where a worker's sessions are: a SQLite file, or a PostgreSQL database (its URL) shared by
+# more workers than one machine's file would see (tests/support/postgres_server.py).
+Where = Path | str
+
+
+def store_at(db: Where) -> Any:
+    return postgres_store(db) if isinstance(db, str) else sqlite_store(db)
+
+
+def sessions_at(request: pytest.FixtureRequest, backend: str, file: Path) -> Where:
+    """A fresh SQLite file, or a fresh PostgreSQL schema on this process's server."""
+    return request.getfixturevalue("postgres").fresh_dsn() if backend == "postgres" else file
+
+
 def worker_command() -> list[str]:
     script = Path(sys.executable).parent / "durable-agents"
     return [str(script)] if script.exists() else [sys.executable, "-m", "durable_agents.cli"]
 
 
 @contextmanager
-def worker(db: Path, files: Path, *options: str, **env: str) -> Iterator[subprocess.Popen[str]]:
+def worker(db: Where, files: Path, *options: str, **env: str) -> Iterator[subprocess.Popen[str]]:
     """A `durable-agents worker` process on `db`, run from the repository's root (so
     `--app tests.support.worker_app:...` is found from the current directory); killed
     and reaped on leaving."""
@@ -614,7 +632,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
 
 
 def prepare(
-    db: Path, files: Path, plan: dict[str, Sequence[str]], interrupted: Sequence[str]
+    db: Where, files: Path, plan: dict[str, Sequence[str]], interrupted: Sequence[str]
 ) -> None:
     """Work on `db`: each session of `plan` (with turn 0 done, if it has no turn yet)
     gets a due schedule per message, due in that order; each of `interrupted` gets a
@@ -622,7 +640,7 @@ def prepare(
 
     async def make() -> None:
         clock = Clock(time.time() - 3600)
-        async with sqlite_store(db) as store:
+        async with store_at(db) as store:
             for session, messages in plan.items():
                 if not await store.load_messages(session):
                     await complete_turn(store, session, files / "effects.log", clock)
@@ -640,14 +658,14 @@ def _iso(seconds: float) -> str:
 
 
 def check_store(
-    db: Path, files: Path, plan: dict[str, Sequence[str]], interrupted: Sequence[str]
+    db: Where, files: Path, plan: dict[str, Sequence[str]], interrupted: Sequence[str]
 ) -> Counter[str]:
     """Every session finished as planned: each schedule's message once, in due order,
     every turn played through; no schedule or lease left; no unsafe call twice, none
     run unstored. Returns how many times the model saw each scheduled message."""
 
     async def load() -> tuple[dict[str, list[Message]], list[Any], list[Any]]:
-        async with sqlite_store(db) as store:
+        async with store_at(db) as store:
             sessions = [*plan, *interrupted]
             histories = {s: await store.load_messages(s) for s in sessions}
             schedules = [x for s in sessions for x in await store.load_schedules(s)]
@@ -685,17 +703,21 @@ RACE_INTERRUPTED = ["r5", "r6"]
 
 
 @pytest.mark.slow
-def test_two_workers_racing_run_each_schedule_and_resume_once(tmp_path: Path) -> None:
-    db = tmp_path / "race.db"
+@pytest.mark.parametrize(("backend", "workers"), [("sqlite", 2), ("postgres", 4)])
+def test_workers_racing_run_each_schedule_and_resume_once(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str, workers: int
+) -> None:
+    db = sessions_at(request, backend, tmp_path / "race.db")
     prepare(db, tmp_path, RACE_PLAN, RACE_INTERRUPTED)
     start = tmp_path / "start"
     options = ("--once", "--backoff", "0")
-    with (
-        worker(db, tmp_path, *options, WORKER_APP_START_FILE=str(start)) as one,
-        worker(db, tmp_path, *options, WORKER_APP_START_FILE=str(start)) as two,
-    ):
+    with ExitStack() as running:
+        procs = [
+            running.enter_context(worker(db, tmp_path, *options, WORKER_APP_START_FILE=str(start)))
+            for _ in range(workers)
+        ]
         start.touch()
-        results = [finish(one), finish(two)]
+        results = [finish(proc) for proc in procs]
     for code, err in results:
         assert code == 0, err
     logs = "\n".join(err for _, err in results)
@@ -807,7 +829,7 @@ def test_a_worker_whose_resumes_keep_crashing_stops_the_turn(tmp_path: Path) -> 
     assert "resume session p1: stopped" in err
 
     async def load() -> tuple[list[Message], Any]:
-        async with sqlite_store(db) as store:
+        async with store_at(db) as store:
             return await store.load_messages("p1"), (await store.list_sessions()).sessions[0]
 
     history, info = asyncio.run(load())
@@ -828,22 +850,30 @@ SWEEP_BUDGET_S = 8.0
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("backend", "workers", "apps"), [("sqlite", 2, 0), ("postgres", 4, 2)])
 def test_workers_killed_anywhere_lose_no_schedule_and_repeat_no_side_effect(
-    tmp_path: Path,
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str, workers: int, apps: int
 ) -> None:
-    """Rounds of two `--once` workers at once, each SIGKILLed at a checkpoint drawn at
+    """Rounds of `workers` `--once` workers at once (two on a SQLite file, four on one
+    PostgreSQL database, as hosts would share it), each SIGKILLed at a checkpoint drawn at
     random (`worker_app`: before or after an LLM call, in a handler before or after
     its effect) or, now and then, by the test after a random delay; then the next
     round on the same file. When all the work is done, more is added (a schedule per
-    session, another interrupted turn), until enough kills landed."""
-    db = tmp_path / "sweep.db"
+    session, another interrupted turn), until enough kills landed. With `apps`, each round
+    the first round of each batch also starts that many processes of the app itself
+    playing turns of sessions of their own, each SIGKILLed at a random time while the
+    workers run (their turns left behind are the next rounds' to resume)."""
+    db = sessions_at(request, backend, tmp_path / "sweep.db")
     plan: dict[str, list[str]] = {f"w{n}": [] for n in range(SWEEP_SESSIONS)}
     interrupted: list[str] = []
+    app_sessions: list[str] = []
     rng = random.Random(SWEEP_SEED)
+    app_rng = random.Random(SWEEP_SEED + 1)  # the workers' kills drawn as without apps
+    batch_begins = False
     options = ("--once", "--backoff", "0", "--max-resumes", "1000")
     kills_file = tmp_path / "kills.log"
     started = time.monotonic()
-    timed_kills = rounds = epochs = 0
+    timed_kills = app_kills = rounds = epochs = 0
     done = True
     while True:
         elapsed = time.monotonic() - started
@@ -858,26 +888,36 @@ def test_workers_killed_anywhere_lose_no_schedule_and_repeat_no_side_effect(
             interrupted.append(f"i{epochs}")
             prepare(db, tmp_path, more, interrupted[-1:])
             epochs += 1
+        batch_begins = done  # the apps run with a batch's first round
         rounds += 1
-        left = _work_left(db, [*plan, *interrupted])
-        die_at = [0 if enough or rng.random() < 0.1 else rng.randint(1, 40) for _ in "ab"]
+        left = _work_left(db, [*plan, *interrupted, *app_sessions])
+        die_at = [0 if enough or rng.random() < 0.1 else rng.randint(1, 40) for _ in range(workers)]
         delay = None if enough or rng.random() < 0.6 else rng.uniform(0.0, 0.2)
         env = {"WORKER_APP_KILLS": str(kills_file)}
         ready = tmp_path / f"ready-{rounds}"
-        with (
-            worker(
-                db, tmp_path, *options, WORKER_APP_DIE_AT=str(die_at[0]),
-                WORKER_APP_READY_FILE=str(ready), **env,
-            ) as one,
-            worker(db, tmp_path, *options, WORKER_APP_DIE_AT=str(die_at[1]), **env) as two,
-        ):  # fmt: skip
+        with ExitStack() as running:
+            procs = [
+                running.enter_context(
+                    worker(
+                        db, tmp_path, *options, WORKER_APP_DIE_AT=str(die),
+                        **({"WORKER_APP_READY_FILE": str(ready)} if n == 0 else {}), **env,
+                    )
+                )
+                for n, die in enumerate(die_at)
+            ]  # fmt: skip
             if delay is not None:
-                timed_kills += _kill_after_start(one, ready, delay)
-            results = [finish(one), finish(two)]
+                timed_kills += _kill_after_start(procs[0], ready, delay)
+            started_apps = [f"app{rounds}.{n}" for n in range(apps if batch_begins else 0)]
+            app_sessions += started_apps
+            # An app killed mid-turn leaves work of its own.
+            killed_apps = _apps_killed(db, tmp_path / "effects.log", started_apps, app_rng)
+            app_kills += killed_apps
+            results = [finish(proc) for proc in procs]
         for code, err in results:
             assert code in (0, -signal.SIGKILL), err
-        clean = all(code == 0 for code, _ in results)  # nobody killed: a whole pass each
-        now_left = _work_left(db, [*plan, *interrupted])
+        # Nobody killed: a whole pass each, and no new work left behind.
+        clean = all(code == 0 for code, _ in results) and not killed_apps
+        now_left = _work_left(db, [*plan, *interrupted, *app_sessions])
         # Bound by outcome, not time (the machine may be loaded): a round whose workers
         # both finished their pass got work done; once enough kills landed, no more are
         # planned, so the rounds end.
@@ -887,11 +927,14 @@ def test_workers_killed_anywhere_lose_no_schedule_and_repeat_no_side_effect(
         done = clean and now_left == 0
 
     seen = check_store(db, tmp_path, plan, interrupted)
+    check_app_sessions(db, tmp_path / "effects.log", app_sessions)
     lost = sum(  # unsafe calls of scheduled turns whose result a kill lost
         len(durability_errors(history[10:])) for history in load_histories(db, list(plan))
     )
     where = Counter(read_lines(kills_file))
     where["by the test, at a random time"] = timed_kills
+    if apps:
+        where["app processes, by the test at a random time"] = app_kills
     shown_again = sum(n - 1 for n in seen.values())
     print(
         f"\n{sum(where.values())} workers killed over {rounds} rounds, {epochs} batches of work "
@@ -908,9 +951,42 @@ def test_workers_killed_anywhere_lose_no_schedule_and_repeat_no_side_effect(
     assert lost, "no kill lost an unsafe call's result: the sweep proved little"
 
 
-def load_histories(db: Path, sessions: Sequence[str]) -> list[list[Message]]:
+def _apps_killed(db: Where, effects: Path, sessions: Sequence[str], rng: random.Random) -> int:
+    """Run the app on each of `sessions` at once (two turns each) and SIGKILL each after a
+    random time; how many were killed so (the others finished first)."""
+    with ExitStack() as running:
+        apps = [
+            running.enter_context(child(db, effects, session, "--mode", "turns", "--turns", "2"))
+            for session in sessions
+        ]
+        for app in apps:
+            wait_ready(app)
+        killed = 0
+        for app in apps:
+            time.sleep(rng.uniform(0.0, 0.15))
+            if app.poll() is None:
+                app.kill()
+                killed += 1
+        return killed
+
+
+def check_app_sessions(db: Where, effects: Path, sessions: Sequence[str]) -> None:
+    """The app's sessions, each turn of theirs finished by the app or resumed by a worker:
+    well-formed, every unsafe call run at most once and only as stored."""
+    log = read_effects(effects)
+    for session, history in zip(sessions, load_histories(db, sessions), strict=True):
+        if not history:
+            continue  # killed before its first write
+        assert_plays_script(assert_well_formed(history))
+        assert_durability_errors_only_for(history, UNSAFE_TOOLS)
+        assert_effects_match_history(
+            history, log, session_id=session, safe_tools=SAFE_TOOLS, unsafe_tools=UNSAFE_TOOLS
+        )
+
+
+def load_histories(db: Where, sessions: Sequence[str]) -> list[list[Message]]:
     async def load() -> list[list[Message]]:
-        async with sqlite_store(db) as store:
+        async with store_at(db) as store:
             return [await store.load_messages(s) for s in sessions]
 
     return asyncio.run(load())
@@ -932,22 +1008,22 @@ def _kill_after_start(proc: subprocess.Popen[str], ready: Path, delay: float) ->
     return 1
 
 
-def _work_left(db: Path, sessions: Sequence[str]) -> int:
+def _work_left(db: Where, sessions: Sequence[str]) -> int:
     """What a worker still has to do: leases left behind, due schedules, unfinished turns."""
 
     async def check() -> int:
-        async with sqlite_store(db) as store:
+        async with store_at(db) as store:
             left = len(await store.expired_leases(limit=10_000, host=HOST))
             left += len(await store.due_schedules(2**52, limit=10_000))
             for session in sessions:
                 history = await store.load_messages(session)
-                left += not history[-1].is_final_reply
+                left += bool(history) and not history[-1].is_final_reply
         return left
 
     return asyncio.run(check())
 
 
-def _all_done(db: Path, sessions: Sequence[str]) -> bool:
+def _all_done(db: Where, sessions: Sequence[str]) -> bool:
     return _work_left(db, sessions) == 0
 
 

@@ -2,9 +2,9 @@
 
     durable-agents sessions list [--limit N] [--cursor C] [--json]
     durable-agents sessions show NAME_OR_ID [--json | --html OUT.html]
-    durable-agents worker --db FILE --app MODULE:ATTR [--poll SECONDS] [--once]
+    durable-agents worker --db FILE_OR_URL --app MODULE:ATTR [--poll SECONDS] [--once]
 
-`worker` resumes the turns of a SQLite store whose process died and fires its
+`worker` resumes the turns of a SQLite or PostgreSQL store whose process died and fires its
 due schedules (`durable_agents.worker`), with the agent, LLM and handlers that
 `--app` names: a `Runner`, or a function returning one, in MODULE (importable
 from the current directory too). Safe to run twice at once.
@@ -12,6 +12,8 @@ from the current directory too). Safe to run twice at once.
 Where the sessions are, one of:
 
     --db PATH    a SQLite store (`sqlite_store(PATH)`)
+    --db URL     a PostgreSQL store (`postgres_store(URL)`, a postgresql:// URL; the
+                 `postgres` extra)
     --d1 DIR     the local D1 database of `scripts/dev` (its --persist-to directory,
                  default .wrangler/state), read-only: the server may be running
 
@@ -47,11 +49,17 @@ from .run import DEFERRED_REASON
 from .schedules import fired_by
 from .session_links import SessionLinks, find_links
 from .stores.base import ApprovalEvent, SessionInfo
+from .stores.postgres import PostgresStore, postgres_store
 from .stores.sqlite import SQLiteStore, sqlite_store
 from .timeline import render_timeline
 
 DEFAULT_D1_STATE = Path(".wrangler/state")  # scripts/dev's default --persist-to
 D1_OBJECTS = Path("v3/d1/miniflare-D1DatabaseObject")  # where miniflare keeps D1 databases
+
+
+# The stores the command opens: by --db's form, a file or a postgresql:// URL.
+CommandStore = SQLiteStore | PostgresStore
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 class CommandError(Exception):
@@ -66,7 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     source = argparse.ArgumentParser(add_help=False)
     where = source.add_mutually_exclusive_group()
-    where.add_argument("--db", type=Path, help="a SQLite store file")
+    where.add_argument(
+        "--db", metavar="FILE_OR_URL", help="a SQLite store file or a postgresql:// URL"
+    )
     where.add_argument(
         "--d1",
         type=Path,
@@ -90,9 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--html", type=Path, metavar="OUT", help="write the session's timeline page (- for stdout)"
     )
     working = commands.add_parser(
-        "worker", help="resume crashed turns and fire due schedules of a SQLite store"
+        "worker", help="resume crashed turns and fire due schedules of a store"
     )
-    working.add_argument("--db", type=Path, required=True, help="a SQLite store file")
+    working.add_argument(
+        "--db", required=True, metavar="FILE_OR_URL",
+        help="a SQLite store file or a postgresql:// URL",
+    )  # fmt: skip
     working.add_argument(
         "--app", required=True, metavar="MODULE:ATTR", help="a Runner, or a function returning one"
     )
@@ -162,7 +175,7 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _work_once(runner: worker.Runner[Any], store: SQLiteStore, args: Any) -> int:
+async def _work_once(runner: worker.Runner[Any], store: CommandStore, args: Any) -> int:
     try:
         report = await worker.work_once(
             runner, store, limit=args.limit, max_resumes=args.max_resumes,
@@ -176,7 +189,7 @@ async def _work_once(runner: worker.Runner[Any], store: SQLiteStore, args: Any) 
     return 1 if report.errors else 0
 
 
-async def _serve(runner: worker.Runner[Any], store: SQLiteStore, args: Any) -> None:
+async def _serve(runner: worker.Runner[Any], store: CommandStore, args: Any) -> None:
     """Passes until SIGTERM or SIGINT: the turn under way finishes first (a second
     SIGINT interrupts it; a turn cut short is resumed by the next worker)."""
     stop = asyncio.Event()
@@ -211,9 +224,14 @@ class ReadOnlySQLiteStore(SQLiteStore):
         return conn
 
 
-def _open(db: Path | None, d1: Path | None) -> SQLiteStore:
+def _open(db: str | None, d1: Path | None) -> CommandStore:
+    if db is not None and db.startswith(POSTGRES_SCHEMES):
+        try:
+            return postgres_store(db)
+        except ConfigurationError as exc:  # the extra is not installed
+            raise CommandError(str(exc)) from None
     if db is not None:
-        if not db.is_file():
+        if not Path(db).is_file():
             raise CommandError(f"no database at {db}")
         return sqlite_store(db)
     if d1 is None:
@@ -274,7 +292,7 @@ def _has_sessions(path: Path) -> bool:
 # -- sessions -------------------------------------------------------------------------------
 
 
-async def _list_sessions(store: SQLiteStore, limit: int, cursor: str | None, as_json: bool) -> int:
+async def _list_sessions(store: CommandStore, limit: int, cursor: str | None, as_json: bool) -> int:
     try:
         page = await store.list_sessions(limit=limit, cursor=cursor)
     except InvalidCursorError:
@@ -326,7 +344,7 @@ def _page_file(name: str, agent: str | None) -> str:
     return f"{quote(name, safe='')}.html"
 
 
-async def _load_session(store: SQLiteStore, wanted: str) -> Shown | None:
+async def _load_session(store: CommandStore, wanted: str) -> Shown | None:
     """The session `wanted` names (an id, else a name: the newest of that name), with its
     links to its parent call and child sessions."""
     try:
@@ -350,7 +368,7 @@ async def _load_session(store: SQLiteStore, wanted: str) -> Shown | None:
         await store.close()
 
 
-def _show_session(store: SQLiteStore, wanted: str, as_json: bool, html_out: Path | None) -> int:
+def _show_session(store: CommandStore, wanted: str, as_json: bool, html_out: Path | None) -> int:
     found = asyncio.run(_load_session(store, wanted))
     if found is None:
         print(f"durable-agents: no session {_printable(wanted)!r} (by id or name)", file=sys.stderr)

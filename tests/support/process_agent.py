@@ -60,7 +60,7 @@ from durable_agents import (
     run,
     tool,
 )
-from durable_agents.stores import sqlite_store
+from durable_agents.stores import postgres_store, sqlite_store
 from durable_agents.testing import FunctionLLM
 
 _TEXT = {"properties": {"text": {"type": "string"}}, "required": ["text"]}
@@ -200,7 +200,8 @@ async def main(args: argparse.Namespace) -> int:
     handlers = make_handlers(args.effects, args.handler_ms / 1000)
     outcome: dict[str, Any] = {"pid": os.getpid(), "session": args.session, "mode": args.mode}
     outcome["message"] = args.message
-    async with sqlite_store(args.db) as store:
+    at_url = args.db.startswith("postgresql://")  # a PostgreSQL database: tests/test_worker.py
+    async with postgres_store(args.db) if at_url else sqlite_store(args.db) as store:
         try:
             if args.mode == "turns":
                 result = await play_turns(store, args.session, llm, handlers, args.turns)
@@ -239,7 +240,7 @@ SRC = ROOT / "src"
 
 
 def spawn(
-    db: Path, effects: Path, session: str, *options: str, script: Path = SCRIPT
+    db: Path | str, effects: Path, session: str, *options: str, script: Path = SCRIPT
 ) -> subprocess.Popen[bytes]:
     """Start a child on `db` and `effects` (unbuffered stdout: `read_line` never
     reads past a line): this module, or another `script` that takes the same
@@ -255,7 +256,7 @@ def spawn(
 
 @contextmanager
 def child(
-    db: Path, effects: Path, session: str, *options: str, script: Path = SCRIPT
+    db: Path | str, effects: Path, session: str, *options: str, script: Path = SCRIPT
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`spawn()` a child; on leaving, kill it if it still runs, wait for it and close
     its pipes, so no child outlives a failing test."""

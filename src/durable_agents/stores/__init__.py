@@ -4,7 +4,9 @@
   stateless runs only (a `session_id` with it raises
   `MemoryStoreNotDurableError`).
 - `sqlite_store(path)`: a SQLite file, durable across crashes and shared by
-  processes. The CPython choice.
+  processes on one machine. The CPython choice.
+- `postgres_store(dsn)`: a PostgreSQL database, shared by processes on several hosts
+  (the `postgres` extra).
 - `durable_agents.cloudflare.d1_store(env.DB)`: Cloudflare D1. The Workers choice.
 
 Every store keeps a session as an append-only list of messages numbered from
@@ -32,6 +34,7 @@ from .base import (
 
 if TYPE_CHECKING:
     from .memory import MemoryStore, memory_store
+    from .postgres import PostgresStore, postgres_store
     from .sqlite import SQLiteStore, sqlite_store
 
 
@@ -47,6 +50,10 @@ def __getattr__(name: str) -> Any:
         from . import memory
 
         return getattr(memory, name)
+    if name in ("PostgresStore", "postgres_store"):  # psycopg itself loads on first use
+        from . import postgres
+
+        return getattr(postgres, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -56,11 +63,13 @@ __all__ = [
     "Lease",
     "LeaseHolder",
     "MemoryStore",
+    "PostgresStore",
     "SQLiteStore",
     "Schedule",
     "SessionInfo",
     "SessionPage",
     "Store",
     "memory_store",
+    "postgres_store",
     "sqlite_store",
 ]

@@ -25,6 +25,7 @@ from ._limits import (
     Statement,
     bindable,
     check_batch,
+    check_statement,
     text_bytes,
 )
 from ._rows import (
@@ -155,6 +156,7 @@ def append_statements(
     max_row_bytes: int = MAX_ROW_BYTES,
     session_name: str | None = None,
     schedules: Sequence[Schedule] = (),
+    packed: bool = True,
 ) -> list[Statement]:
     """Every statement of one atomic append, in order, all built (and checked)
     before anything is written: the messages, the schedule a scheduled turn's
@@ -166,7 +168,9 @@ def append_statements(
     One INSERT per message and per approval event while they fit one D1 batch
     (MAX_BATCH_STATEMENTS); an append too big for that, a step of many tool calls,
     goes packed (see the module docstring): a statement or two per megabyte of
-    rows. Past D1's limits even so, `StoreError` (`check_batch`)."""
+    rows. Past D1's limits even so, `StoreError` (`check_batch`). `packed=False`: one
+    statement per row however many (PostgreSQL, which takes a transaction of any length
+    but has no json_each), each statement still within D1's limits."""
     rows = append_rows(
         session_id, expected_seq, messages, now_ms, max_row_bytes, approvals, schedules
     )
@@ -182,10 +186,16 @@ def append_statements(
         session.append((UPSERT_SESSION, row))
     renew_or_release = lease_statement(session_id, lease, now_ms)
     lease_part = [] if renew_or_release is None else [renew_or_release]
-    if len(inserts) + len(session) + len(events) + len(lease_part) > PACK_ABOVE:
+    statements = [*inserts, *session, *events, *lease_part]
+    if not packed:
+        for sql, params in statements:
+            check_statement(sql, params, session_id)
+        return statements
+    if len(statements) > PACK_ABOVE:
         inserts = packed_message_rows(rows, now_ms)
         events = approval_statements(session_id, approvals, now_ms)
-    return check_batch([*inserts, *session, *events, *lease_part], session_id)
+        statements = [*inserts, *session, *events, *lease_part]
+    return check_batch(statements, session_id)
 
 
 def _packed(

@@ -1,0 +1,98 @@
+"""The one schema (`migrations/*.sql`) and the shared statements (`_statements`), as
+PostgreSQL runs them: each dialect difference is translated here, where it occurs,
+so PostgreSQL has no second copy of the schema. Guide: docs/running-at-scale.md.
+
+The differences, and why each translation keeps SQLite's meaning:
+- Placeholders: `?` becomes psycopg's `%s` (no statement holds a `%` or a `?` in a
+  literal; `statement` refuses one that does).
+- Types: SQLite's INTEGER is 64-bit, PostgreSQL's 32-bit: it becomes BIGINT. TEXT
+  compares by code point in SQLite (UTF-8 bytes): it becomes TEXT COLLATE "C", so
+  listing pages and cursors order ids as every other store does, whatever the
+  database's locale.
+- rowid: a SQLite table has one, in insertion order (`ORDER BY rowid` lists approval
+  events as written); a PostgreSQL table gets it as an identity column.
+- Triggers: SQLite's `BEFORE INSERT ... WHEN cond BEGIN SELECT RAISE(ABORT, msg); END`
+  becomes a plpgsql function that raises the same message (an integrity violation,
+  as RAISE(ABORT) is) and a trigger running it: PostgreSQL allows no subquery in a
+  trigger's WHEN.
+- NUL: PostgreSQL text cannot hold U+0000, which the kit stores like any character.
+  Every bound text carries U+0000 as U+0001 U+0001 and U+0001 as U+0001 U+0002 (the
+  code `_appends` uses for packed rows), and every text read back is decoded. The code
+  is prefix-free and keeps code point order, so equality, uniqueness and ORDER BY
+  are those of the decoded texts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+_TRIGGER = re.compile(
+    r"CREATE TRIGGER IF NOT EXISTS (?P<name>\w+)\s+BEFORE INSERT ON (?P<table>\w+)\s+"
+    r"WHEN (?P<condition>.*?)\s+BEGIN\s+SELECT RAISE\(ABORT, '(?P<message>[^'%]*)'\);\s+END",
+    re.DOTALL,
+)
+_CREATE_TABLE = re.compile(r"(CREATE TABLE IF NOT EXISTS \w+ \()")
+_INTEGER = re.compile(r"\bINTEGER\b")
+_TEXT = re.compile(r"\bTEXT\b")
+
+# The columns of the current schema's tables, (table_name, column_name) rows: what
+# `_schema.schema_plan` needs to know which migrations have run (SQLite: PRAGMA table_info).
+SELECT_COLUMNS = (
+    "SELECT table_name, column_name FROM information_schema.columns "
+    "WHERE table_schema = current_schema()"
+)
+
+
+def statement(sql: str) -> str:
+    """A shared statement with psycopg's placeholders."""
+    if "%" in sql or "'?" in sql or "?'" in sql:
+        raise ValueError(f"a statement to translate has a % or a quoted ?: {sql[:60]!r}")
+    return sql.replace("?", "%s")
+
+
+def schema_statements(statements: Iterable[str]) -> list[str]:
+    """Migration statements (as `_schema.schema_plan` gives them) in PostgreSQL's dialect."""
+    translated: list[str] = []
+    for sql in statements:
+        trigger = _TRIGGER.fullmatch(sql)
+        if trigger is not None:
+            translated += _trigger(**trigger.groupdict())
+            continue
+        if sql.startswith(("CREATE TABLE", "ALTER TABLE")):
+            sql = _TEXT.sub('TEXT COLLATE "C"', _INTEGER.sub("BIGINT", sql))
+            sql = _CREATE_TABLE.sub(r"\1\n    rowid BIGINT GENERATED ALWAYS AS IDENTITY,", sql)
+        translated.append(sql)
+    return translated
+
+
+def _trigger(name: str, table: str, condition: str, message: str) -> list[str]:
+    return [
+        f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $body$\n"
+        f"BEGIN\n    IF {condition} THEN\n"
+        f"        RAISE EXCEPTION '{message}' USING ERRCODE = 'integrity_constraint_violation';\n"
+        "    END IF;\n    RETURN NEW;\nEND\n$body$",
+        f"CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {table} "
+        f"FOR EACH ROW EXECUTE FUNCTION {name}()",
+    ]
+
+
+def encode_params(params: Sequence[Any]) -> tuple[Any, ...]:
+    """Parameters with every text as PostgreSQL can hold it (see the module docstring)."""
+    return tuple(
+        value.replace("\x01", "\x01\x02").replace("\x00", "\x01\x01")
+        if isinstance(value, str) and ("\x00" in value or "\x01" in value)
+        else value
+        for value in params
+    )
+
+
+def decode_row(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A row read back, every text decoded (see `encode_params`)."""
+    return tuple(
+        value.replace("\x01\x01", "\x00").replace("\x01\x02", "\x01")
+        if isinstance(value, str) and "\x01" in value
+        else value
+        for value in row
+    )
