@@ -14,7 +14,8 @@ The differences, and why each translation keeps SQLite's meaning:
 - Triggers: SQLite's `BEFORE INSERT ... WHEN cond BEGIN SELECT RAISE(ABORT, msg); END`
   becomes a plpgsql function that raises the same message (an integrity violation,
   as RAISE(ABORT) is) and a trigger running it: PostgreSQL allows no subquery in a
-  trigger's WHEN.
+  trigger's WHEN. SQLite's `DROP TRIGGER IF EXISTS name` names no table, which
+  PostgreSQL's needs: it drops the trigger from whichever table has it, and its function.
 - NUL: PostgreSQL text cannot hold U+0000, which the kit stores like any character.
   Every bound text carries U+0000 as U+0001 U+0001 and U+0001 as U+0001 U+0002 (the
   code `_appends` uses for packed rows), and every text read back is decoded. The code
@@ -33,6 +34,7 @@ _TRIGGER = re.compile(
     r"WHEN (?P<condition>.*?)\s+BEGIN\s+SELECT RAISE\(ABORT, '(?P<message>[^'%]*)'\);\s+END",
     re.DOTALL,
 )
+_DROP_TRIGGER = re.compile(r"DROP TRIGGER IF EXISTS (?P<name>\w+)")
 _CREATE_TABLE = re.compile(r"(CREATE TABLE IF NOT EXISTS \w+ \()")
 _INTEGER = re.compile(r"\bINTEGER\b")
 _TEXT = re.compile(r"\bTEXT\b")
@@ -60,6 +62,10 @@ def schema_statements(statements: Iterable[str]) -> list[str]:
         if trigger is not None:
             translated += _trigger(**trigger.groupdict())
             continue
+        dropped = _DROP_TRIGGER.fullmatch(sql)
+        if dropped is not None:
+            translated += _drop_trigger(dropped["name"])
+            continue
         if sql.startswith(("CREATE TABLE", "ALTER TABLE")):
             sql = _TEXT.sub('TEXT COLLATE "C"', _INTEGER.sub("BIGINT", sql))
             sql = _CREATE_TABLE.sub(r"\1\n    rowid BIGINT GENERATED ALWAYS AS IDENTITY,", sql)
@@ -75,6 +81,18 @@ def _trigger(name: str, table: str, condition: str, message: str) -> list[str]:
         "    END IF;\n    RETURN NEW;\nEND\n$body$",
         f"CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {table} "
         f"FOR EACH ROW EXECUTE FUNCTION {name}()",
+    ]
+
+
+def _drop_trigger(name: str) -> list[str]:
+    return [
+        "DO $body$\nDECLARE found_table text;\nBEGIN\n"
+        "    SELECT event_object_table INTO found_table FROM information_schema.triggers\n"
+        f"    WHERE trigger_name = '{name}' AND trigger_schema = current_schema() LIMIT 1;\n"
+        "    IF found_table IS NOT NULL THEN\n"
+        f"        EXECUTE format('DROP TRIGGER {name} ON %I', found_table);\n"
+        "    END IF;\nEND\n$body$",
+        f"DROP FUNCTION IF EXISTS {name}()",
     ]
 
 
