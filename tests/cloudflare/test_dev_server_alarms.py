@@ -336,6 +336,34 @@ def test_an_occurrence_killed_mid_post_runs_once_and_the_next_stays_on_time(
     assert gone.status == 200, gone.text
 
 
+def test_a_day_of_missed_occurrences_is_one_catch_up_turn(
+    shared: tuple[DevWorker, ManyPosts],
+) -> None:
+    """A rule every 15 minutes whose occurrences were due for a day while nothing ran: the
+    stored rule's due time is a day past, as a Worker not invoked for a day leaves it
+    (its first occurrence, `at`, a day ago). The object's alarm runs ONE turn, not 96,
+    and the rule's next occurrence is the first on its grid after now."""
+    worker, services = shared
+    assert worker.post("/sessions/away/messages", {"message": "Triage issue 1"}).status == 200
+    seen_before = _llm_saw(services, "Triage issue 42")
+    at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1)
+    made = _schedule(worker, "away", every_seconds=900, at=at.isoformat())
+    first = _ms(made["at"])
+    _wait_for(lambda: _scheduled_turns(worker, "away"), 30, "the catch-up turn")
+    _wait_for(lambda: _final(_stored(worker, "away")), 30, "its reply")
+    time.sleep(3)  # time enough for a second firing, if the missed ones piled up
+    turns = _scheduled_turns(worker, "away")
+    assert [t["request_key"] for t in turns] == [f"schedule:{made['schedule_id']}@{first}"]
+    assert _llm_saw(services, "Triage issue 42") == seen_before + 1
+    (waiting,) = worker.get("/sessions/away/schedules").body["schedules"]
+    following = _ms(waiting["next_at"])
+    now = datetime.datetime.now(datetime.UTC).timestamp() * 1000
+    assert (following - first) % 900_000 == 0  # on the rule's grid
+    assert following - 900_000 <= now < following + 60_000  # the first after the catch-up
+    gone = worker.request("DELETE", f"/sessions/away/schedules/{made['schedule_id']}")
+    assert gone.status == 200, gone.text
+
+
 def test_a_cron_rule_in_a_zone_runs_on_workerd(shared: tuple[DevWorker, ManyPosts]) -> None:
     """A cron rule with a zone is made on real workerd: cronsim and the tzdata package are
     in the Worker's bundle (Pyodide has no zone database of its own)."""

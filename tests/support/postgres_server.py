@@ -1,6 +1,7 @@
 """A private PostgreSQL server for the tests and scripts/bench_postgres.py: Debian's
-`postgresql` package, initdb'd into a folder under the project's .cache/, listening on a
-Unix socket only (in that folder), stopped and removed at the end.
+`postgresql` package, initdb'd into a folder of its own (under the project's .cache/, or
+the system's temporary folder as root: see `_base`), listening on a Unix socket only (in
+that folder), stopped and removed at the end.
 
 scripts/test installs the package where it is missing. Where it could not, it says why
 in DURABLE_AGENTS_NO_POSTGRES and the PostgreSQL tests skip with that reason, and only
@@ -47,6 +48,17 @@ def postgres_bin() -> Path:
     )
 
 
+def _base() -> Path:
+    """Where a server's folder goes: the project's .cache/; as root, the system's
+    temporary folder, since the server runs as `nobody`, who may not be let into the
+    project (a clone inside a 0700 folder, such as `mktemp -d` makes)."""
+    if os.getuid() == 0:
+        return Path(tempfile.gettempdir())
+    cache = _ROOT / ".cache"
+    cache.mkdir(exist_ok=True)
+    return cache
+
+
 def _server_user() -> list[str]:
     """The prefix running a server command: as `nobody` when we are root (PostgreSQL
     refuses to run as root)."""
@@ -59,17 +71,16 @@ def _version(path: str) -> int:
 
 
 class LocalPostgres:
-    """One server in a fresh folder under .cache/: `start()`, `dsn(...)`, `stop()`.
+    """One server in a fresh folder (`_base`): `start()`, `dsn(...)`, `stop()`.
 
     `durable`: fsync and synchronous_commit on (what a benchmark measures); off for the
     tests, whose crashes are of the client processes, never of the server or the disk.
     """
 
     def __init__(self, *, durable: bool = False, tag: str = "") -> None:
-        cache = _ROOT / ".cache"
-        cache.mkdir(exist_ok=True)
-        _stop_orphans(cache)
-        self.folder = Path(tempfile.mkdtemp(prefix=f"postgres-{tag}", dir=cache))
+        base = _base()
+        _stop_orphans(base)
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{tag}", dir=base))
         self.data = self.folder / "data"
         self.socket_dir = self.folder  # a short path: a socket's path is at most 107 bytes
         self.port = 5432  # names the socket file only: no TCP listener
@@ -129,12 +140,13 @@ class LocalPostgres:
 
 
 _OWNER = "owner.pid"  # the process that started the server, which stops it
+_PREFIX = "durable-agents-postgres-"  # a server's folder
 
 
 def _stop_orphans(cache: Path) -> None:
     """Stop and remove the servers under `cache` whose owner died without stopping them
     (a test run killed): a shared machine should not keep them running."""
-    for owner in cache.glob(f"postgres-*/{_OWNER}"):
+    for owner in cache.glob(f"{_PREFIX}*/{_OWNER}"):
         try:
             os.kill(int(owner.read_text()), 0)
         except ProcessLookupError:

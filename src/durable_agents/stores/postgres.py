@@ -1,6 +1,6 @@
 """A durable store in PostgreSQL, for CPython processes on several hosts sharing one
-database. Needs the `postgres` extra (`pip install durable-agents[postgres]`: psycopg 3
-and its pool); a Worker never imports it. Guide: docs/running-at-scale.md.
+database. Needs the `postgres` extra (`pip install durable-agents[postgres]`: psycopg 3;
+its connections: `_pg_connections`); a Worker never imports it. Guide: docs/running-at-scale.md.
 
 The same statements as the SQLite store (`_statements`, `_appends`) on the same schema
 (`migrations/*.sql`), translated where the dialects differ (`_postgres_sql`). Each write
@@ -47,7 +47,8 @@ from .base import (
 
 if TYPE_CHECKING:
     import psycopg
-    from psycopg_pool import AsyncConnectionPool
+
+    from ._pg_connections import Connections
 
 # Serialises the writes of one session (see the module docstring); a hash collision of
 # two sessions only makes their writes queue too. The migration takes a lock of its own.
@@ -101,7 +102,7 @@ class PostgresStore:
         self._max_connections = max_connections
         self._clock = clock
         self._max_row_bytes = max_row_bytes
-        self._pool: AsyncConnectionPool[Any] | None = None
+        self._pool: Connections | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the pool's
         self._opening = asyncio.Lock()
 
@@ -272,7 +273,9 @@ class PostgresStore:
         """Close the pool's connections. The store reopens on next use."""
         pool, self._pool = self._pool, None
         if pool is not None and self._loop is asyncio.get_running_loop():
-            await pool.close()  # (another loop's pool went with its loop)
+            await pool.close()
+        elif pool is not None:  # opened in a loop that has ended
+            pool.drop()
 
     async def __aenter__(self) -> PostgresStore:
         return self
@@ -338,29 +341,27 @@ class PostgresStore:
         async with pool.connection() as conn:
             yield conn
 
-    async def _open(self) -> AsyncConnectionPool[Any]:
+    async def _open(self) -> Connections:
         import psycopg
-        from psycopg_pool import AsyncConnectionPool
+
+        from ._pg_connections import Connections
 
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             # A pool serves the loop that opened it: a store used again under a new
             # loop (a second asyncio.run) opens a new one; the old loop's is gone.
+            if self._pool is not None:
+                self._pool.drop()
             self._pool, self._loop, self._opening = None, loop, asyncio.Lock()
         async with self._opening:
             if self._pool is not None:
                 return self._pool
-            # One connection first, for the migration: a wrong URL or a server that is
-            # down fails here at once, where a pool would keep retrying until its timeout.
+            # The migration first, on a connection of its own: a wrong URL or a server
+            # that is down fails here at once.
             async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
                 await _migrate(conn)
-            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                self.dsn, min_size=1, max_size=self._max_connections, open=False,
-                kwargs={"autocommit": True}, name="durable-agents",
-            )  # fmt: skip
-            await pool.open()
-            self._pool = pool
-            return pool
+            self._pool = Connections(self.dsn, self._max_connections)
+            return self._pool
 
 
 async def _migrate(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -398,11 +399,9 @@ def postgres_store(
     tables created or migrated on first use. Needs `durable-agents[postgres]`."""
     try:
         import psycopg  # noqa: F401
-        import psycopg_pool  # noqa: F401
     except ImportError as exc:
         raise ConfigurationError(
-            "postgres_store needs psycopg 3 and psycopg-pool: "
-            "pip install 'durable-agents[postgres]'"
+            "postgres_store needs psycopg 3: pip install 'durable-agents[postgres]'"
         ) from exc
     return PostgresStore(
         dsn, max_connections=max_connections, clock=clock, max_row_bytes=max_row_bytes
