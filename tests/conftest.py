@@ -149,3 +149,16 @@ def template_vars(request: pytest.FixtureRequest) -> Iterator[None]:
         if is_kit(relative.as_posix()):
             env.setenv("DURABLE_AGENTS_VARS", str(TEMPLATE_VARS))
         yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def agent_module_kept() -> Iterator[None]:
+    """The module `agent` is what it was before each test file: the tooling loads an agent
+    file as `agent`, as the Worker names it (runtime/agent_checks.py), and one file's test
+    agent must not become another's (tests/test_agent.py imports the template's)."""
+    kept = sys.modules.get("agent")
+    yield
+    if kept is None:
+        sys.modules.pop("agent", None)
+    else:
+        sys.modules["agent"] = kept
