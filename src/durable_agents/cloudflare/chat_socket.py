@@ -196,6 +196,8 @@ class TurnPump:
         return self.stream.end(str(body["status"]), body.get("pending") or (), error=text)
 
     def publish(self, chunks: list[Chunk]) -> None:
+        if not chunks:  # a delta short of a whole text piece: no socket's state to read
+            return
         first = len(self.sent)
         self.sent += chunks
         for socket, state in self._followers():
