@@ -176,6 +176,71 @@ async def test_an_older_schema_is_migrated_on_first_use(dsn: str) -> None:
         assert [m.content for m in await store.load_messages("old")] == ["hi", "again"]
 
 
+_WRITE_FUNCTIONS = (
+    "SELECT proname FROM pg_proc WHERE proname LIKE 'agent!_write!_%' ESCAPE '!' "
+    "AND pronamespace = current_schema()::regnamespace"
+)
+
+
+async def write_functions(dsn: str) -> list[str]:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return [row[0] for row in await (await conn.execute(_WRITE_FUNCTIONS)).fetchall()]
+
+
+async def test_a_write_is_a_call_of_a_function_made_from_its_statements(dsn: str) -> None:
+    """One function per shape of write, whoever makes it first; an append binding more
+    than a function takes (seven messages) goes as one query, with the same outcome."""
+    async with postgres_store(dsn) as one, postgres_store(dsn) as other:
+        await one.append_messages_atomic("a", 0, [Message.user("hi\x00there")])
+        await other.append_messages_atomic("b", 0, [Message.user("hi")])
+        assert len(await write_functions(dsn)) == 1
+        seven = [Message.assistant(f"{n}") for n in range(7)]
+        assert await one.append_messages_atomic("a", 1, seven) == 8
+        assert len(await write_functions(dsn)) == 1
+        with pytest.raises(SessionConflictError):
+            await other.append_messages_atomic("a", 7, [Message.user("late")])
+        loaded = await other.load_messages("a")
+    assert [m.content for m in loaded] == ["hi\x00there", *(f"{n}" for n in range(7))]
+
+
+async def test_a_write_function_dropped_under_a_running_store_is_made_again(dsn: str) -> None:
+    import psycopg
+
+    async with postgres_store(dsn) as store:
+        await store.append_messages_atomic("s", 0, [Message.user("hi")])
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for name in await write_functions(dsn):
+                await conn.execute(f"DROP FUNCTION {name}")
+        assert await store.append_messages_atomic("s", 1, [Message.user("again")]) == 2
+        assert len(await store.load_messages("s")) == 2
+    assert len(await write_functions(dsn)) == 1
+
+
+async def test_a_role_that_may_not_make_functions_still_writes(dsn: str) -> None:
+    """A role with the tables' rights but no CREATE on the schema, its tables made by
+    another (as a migration role does in production): it opens the current database
+    without running the migration's DDL, and every write goes as one query."""
+    import psycopg
+
+    async with postgres_store(dsn) as owner:
+        await owner.get_session("none")  # the tables
+    schema = dsn.rsplit("search_path%3D", 1)[1]
+    role = f"writer_{schema}"
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(f"CREATE ROLE {role} LOGIN")
+        await conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        await conn.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO {role}")
+    async with postgres_store(
+        dsn.replace("postgresql://postgres@", f"postgresql://{role}@")
+    ) as store:
+        assert await store.append_messages_atomic("s", 0, [Message.user("hi")]) == 1
+        assert await store.append_messages_atomic("s", 1, [Message.user("again")]) == 2
+        assert len(await store.load_messages("s")) == 2
+    assert await write_functions(dsn) == []
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "durable_agents.cli", *args],

@@ -14,8 +14,9 @@ The differences, and why each translation keeps SQLite's meaning:
 - Triggers: SQLite's `BEFORE INSERT ... WHEN cond BEGIN SELECT RAISE(ABORT, msg); END`
   becomes a plpgsql function that raises the same message (an integrity violation,
   as RAISE(ABORT) is) and a trigger running it: PostgreSQL allows no subquery in a
-  trigger's WHEN. SQLite's `DROP TRIGGER IF EXISTS name` names no table, which
-  PostgreSQL's needs: it drops the trigger from whichever table has it, and its function.
+  trigger's WHEN, which keeps the condition's part before its subquery. SQLite's
+  `DROP TRIGGER IF EXISTS name` names no table, which PostgreSQL's needs: it drops the
+  trigger from whichever table has it, and its function.
 - NUL: PostgreSQL text cannot hold U+0000, which the kit stores like any character.
   Every bound text carries U+0000 as U+0001 U+0001 and U+0001 as U+0001 U+0002 (the
   code `_appends` uses for packed rows), and every text read back is decoded. The code
@@ -44,6 +45,13 @@ _TEXT = re.compile(r"\bTEXT\b")
 SELECT_COLUMNS = (
     "SELECT table_name, column_name FROM information_schema.columns "
     "WHERE table_schema = current_schema()"
+)
+# The names of the current schema's tables, indexes and triggers: with the columns, what
+# `_schema.is_current` needs to know that no migration is due.
+SELECT_OBJECTS = (
+    "SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace "
+    "UNION ALL SELECT t.tgname FROM pg_trigger AS t JOIN pg_class AS c ON c.oid = t.tgrelid "
+    "WHERE c.relnamespace = current_schema()::regnamespace AND NOT t.tgisinternal"
 )
 
 
@@ -74,13 +82,18 @@ def schema_statements(statements: Iterable[str]) -> list[str]:
 
 
 def _trigger(name: str, table: str, condition: str, message: str) -> list[str]:
+    # The condition's part before its subquery also goes in the trigger's WHEN, which
+    # PostgreSQL checks without calling the function: a row it rules out (a message
+    # that no schedule fires) costs no call. The function still checks it all.
+    guard, _, _ = condition.partition(" AND NOT EXISTS (")
+    when = f" WHEN ({guard})" if guard != condition and "SELECT" not in guard else ""
     return [
         f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $body$\n"
         f"BEGIN\n    IF {condition} THEN\n"
         f"        RAISE EXCEPTION '{message}' USING ERRCODE = 'integrity_constraint_violation';\n"
         "    END IF;\n    RETURN NEW;\nEND\n$body$",
         f"CREATE OR REPLACE TRIGGER {name} BEFORE INSERT ON {table} "
-        f"FOR EACH ROW EXECUTE FUNCTION {name}()",
+        f"FOR EACH ROW{when} EXECUTE FUNCTION {name}()",
     ]
 
 
