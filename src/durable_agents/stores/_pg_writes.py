@@ -138,31 +138,27 @@ class _Call:
         return True
 
 
-def _numbered(sql: str) -> str:
-    """`%s` placeholders as $1, $2, ... (what PREPARE takes)."""
+def _numbered(sql: str, first: int = 1) -> str:
+    """`%s` placeholders as $first, $first + 1, ... (what PREPARE and a function take)."""
     parts = sql.split("%s")
-    return "".join(
-        part + (f"${i + 1}" if i < len(parts) - 1 else "") for i, part in enumerate(parts)
-    )
+    numbered = [f"{part}${first + i}" for i, part in enumerate(parts[:-1])]
+    return "".join(numbered) + parts[-1]
 
 
 def _function(sqls: Sequence[str], kinds: Sequence[str]) -> tuple[str, str]:
-    """(name, CREATE FUNCTION statement) of the function running `sqls` in order."""
-    position = 0
+    """(name, CREATE FUNCTION statement) of the function running `sqls` in order, their
+    placeholders its arguments in order, of types `kinds`."""
     body: list[str] = []
+    first = 1
     for sql in sqls:
-        parts = sql.split("%s")
-        text = parts[0]
-        for part in parts[1:]:
-            position += 1
-            text += f"${position}" + part
+        text = _numbered(sql, first)
+        first += sql.count("%s")
         if text.startswith("SELECT "):
             text = "PERFORM " + text.removeprefix("SELECT ")
         body.append(f"    {text};\n    GET DIAGNOSTICS _da_n = ROW_COUNT;\n"
                     "    _da_counts := _da_counts || _da_n;")  # fmt: skip
-    arguments = ", ".join(kinds)
     source = (
-        f"({arguments}) RETURNS bigint[] LANGUAGE plpgsql AS $fn$\n"
+        f"({', '.join(kinds)}) RETURNS bigint[] LANGUAGE plpgsql AS $fn$\n"
         "DECLARE _da_counts bigint[] := ARRAY[]::bigint[]; _da_n bigint;\nBEGIN\n"
         + "\n".join(body)
         + "\n    RETURN _da_counts;\nEND\n$fn$"
