@@ -221,24 +221,39 @@ async def test_a_write_function_dropped_under_a_running_store_is_made_again(dsn:
 async def test_a_role_that_may_not_make_functions_still_writes(dsn: str) -> None:
     """A role with the tables' rights but no CREATE on the schema, its tables made by
     another (as a migration role does in production): it opens the current database
-    without running the migration's DDL, and every write goes as one query."""
+    without running the migration's DDL, calls the write function another role made,
+    and sends a write of a shape with none as one query."""
     import psycopg
 
     async with postgres_store(dsn) as owner:
-        await owner.get_session("none")  # the tables
+        await owner.append_messages_atomic("o", 0, [Message.user("hi")])  # its function
+    made = await write_functions(dsn)
     schema = dsn.rsplit("search_path%3D", 1)[1]
     role = f"writer_{schema}"
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(f"CREATE ROLE {role} LOGIN")
         await conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
         await conn.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO {role}")
-    async with postgres_store(
-        dsn.replace("postgresql://postgres@", f"postgresql://{role}@")
-    ) as store:
+        await conn.execute(f"ALTER ROLE {role} SET track_functions = 'pl'")  # counts calls
+    as_role = dsn.replace("postgresql://postgres@", f"postgresql://{role}@")
+    async with postgres_store(as_role) as store:
         assert await store.append_messages_atomic("s", 0, [Message.user("hi")]) == 1
-        assert await store.append_messages_atomic("s", 1, [Message.user("again")]) == 2
-        assert len(await store.load_messages("s")) == 2
-    assert await write_functions(dsn) == []
+        two = [Message.assistant("one"), Message.assistant("two")]  # a shape with none
+        assert await store.append_messages_atomic("s", 1, two) == 3
+        assert len(await store.load_messages("s")) == 3
+    assert await write_functions(dsn) == made  # none made by the role
+    # The role's calls of the function: the first append's (the second went as a query),
+    # counted once its connections' backends have ended (they report as they exit).
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for _ in range(200):
+            found = await conn.execute(
+                "SELECT calls FROM pg_stat_user_functions WHERE funcname = %s", (made[0],)
+            )
+            calls = await found.fetchall()
+            if calls:
+                break
+            await asyncio.sleep(0.05)
+    assert calls == [(1,)]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
