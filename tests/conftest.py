@@ -63,15 +63,9 @@ SLOW_FILES: Mapping[str, int] = {
     "tests/test_compaction.py": 12,
     "tests/runtime/test_recurrence.py": 12,
     "tests/runtime/test_crash_sweep_d1.py": 10,
-    "tests/runtime/test_packed_appends.py": 17,
-    "tests/runtime/test_agent_on_d1.py": 17,
     "tests/cloudflare/test_output_gate.py": 9,
     "tests/test_crash_sweep.py": 9,
     "tests/test_postgres_store.py": 9,
-    "tests/cloudflare/test_dev_server_chat_ws.py": 23,
-    "tests/cloudflare/test_dev_server_snapshot.py": 18,
-    "tests/test_run.py": 17,
-    "tests/cloudflare/test_dev_server_chat_http.py": 13,
     "examples/triage/test_demo.py": 8,
     "tests/test_mcp.py": 8,
     "tests/test_public_api.py": 8,
@@ -100,12 +94,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     out; in collection order (or xdist's own, most tests first) a file of one long test
     could start last and keep one process running alone for a minute."""
 
-    runtime = sum(w for name, w in SLOW_FILES.items() if name.startswith(RUNTIME_TESTS))
-
     def weight(item: pytest.Item) -> int:
         relative = item.path.relative_to(config.rootpath).as_posix()
-        if relative.startswith(RUNTIME_TESTS):  # one unit (pytest_xdist_make_scheduler)
-            return runtime
         return SLOW_FILES.get(relative, 0)
 
     items.sort(key=weight, reverse=True)  # stable: the rest stay in collection order
