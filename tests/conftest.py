@@ -4,7 +4,6 @@ import os
 import sys
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 from runtime.kit_files import is_kit
@@ -99,27 +98,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return SLOW_FILES.get(relative, 0)
 
     items.sort(key=weight, reverse=True)  # stable: the rest stay in collection order
-
-
-# The in-runtime test files (tests/runtime/): all of them one unit of work for xdist.
-RUNTIME_TESTS = "tests/runtime/"
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadfile`, with every in-runtime test file in one unit of work: those files
-    share one workerd (`workers_runtime`, started once per process on first use), so
-    spread over three processes they started it three times, ~15 s each on a loaded
-    machine; in one unit they start it once."""
-    if config.getoption("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class Scheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return RUNTIME_TESTS if scope.startswith(RUNTIME_TESTS) else scope
-
-    return Scheduling(config, log)
 
 
 async def _make(kind: str, tmp_path: Path) -> tuple[Store, object]:
