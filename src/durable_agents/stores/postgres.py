@@ -153,9 +153,9 @@ class PostgresStore:
             await self._write([session_id], statements, session_id)
         except psycopg.IntegrityError as exc:
             if _is_conflict(exc):
-                raise SessionConflictError(session_id, expected_seq, str(exc)) from None
+                raise SessionConflictError(session_id, expected_seq, _said(exc)) from None
             raise StoreError(
-                f"append to session {session_id!r} failed: {exc}", session_id=session_id
+                f"append to session {session_id!r} failed: {_said(exc)}", session_id=session_id
             ) from exc
         return expected_seq + len(messages)
 
@@ -357,7 +357,7 @@ class PostgresStore:
             if unknown
             else ""
         )
-        return StoreError(f"PostgreSQL store failed: {exc}{outcome}", session_id=session_id)
+        return StoreError(f"PostgreSQL store failed: {_said(exc)}{outcome}", session_id=session_id)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -429,6 +429,17 @@ async def _simple_query(
     while cursor.nextset():
         counts.append(cursor.rowcount)
     return counts
+
+
+def _said(exc: Exception) -> str:
+    """What the server said, without its CONTEXT lines (which name the write function
+    and quote its statements): the message, and its detail where it has one."""
+    import psycopg
+
+    if not isinstance(exc, psycopg.Error) or not exc.diag.message_primary:
+        return str(exc)
+    detail = exc.diag.message_detail
+    return exc.diag.message_primary + (f" ({detail})" if detail else "")
 
 
 def _is_conflict(exc: psycopg.IntegrityError) -> bool:
