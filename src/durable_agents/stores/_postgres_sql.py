@@ -30,6 +30,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ._appends import _packable
+
 _TRIGGER = re.compile(
     r"CREATE TRIGGER IF NOT EXISTS (?P<name>\w+)\s+BEFORE INSERT ON (?P<table>\w+)\s+"
     r"WHEN (?P<condition>.*?)\s+BEGIN\s+SELECT RAISE\(ABORT, '(?P<message>[^'%]*)'\);\s+END",
@@ -110,13 +112,9 @@ def _drop_trigger(name: str) -> list[str]:
 
 
 def encode_params(params: Sequence[Any]) -> tuple[Any, ...]:
-    """Parameters with every text as PostgreSQL can hold it (see the module docstring)."""
-    return tuple(
-        value.replace("\x01", "\x01\x02").replace("\x00", "\x01\x01")
-        if isinstance(value, str) and ("\x00" in value or "\x01" in value)
-        else value
-        for value in params
-    )
+    """Parameters with every text as PostgreSQL can hold it (see the module docstring):
+    the code a packed row's texts travel in (`_appends._packable`)."""
+    return tuple(map(_packable, params))
 
 
 def decode_row(row: Sequence[Any]) -> tuple[Any, ...]:

@@ -396,24 +396,22 @@ async def _migrate(conn: psycopg.AsyncConnection[Any]) -> None:
     # processes starting takes no lock on the tables. Else in one transaction behind a
     # lock: two processes opening an old database queue here, and the second sees the
     # columns the first added.
-    if _schema.is_current(*await _schema_state(conn)):
+    objects = await (await conn.execute(_postgres_sql.SELECT_OBJECTS)).fetchall()
+    if _schema.is_current([str(row[0]) for row in objects], await _columns(conn)):
         return
     async with conn.transaction():
         await conn.execute(_LOCK_MIGRATION)
-        _, found = await _schema_state(conn)
-        for statement in _postgres_sql.schema_statements(_schema.schema_plan(found)):
+        plan = _schema.schema_plan(await _columns(conn))  # as the lock's last holder left it
+        for statement in _postgres_sql.schema_statements(plan):
             await conn.execute(statement)
 
 
-async def _schema_state(
-    conn: psycopg.AsyncConnection[Any],
-) -> tuple[list[str], dict[str, set[str]]]:
-    """The names of the schema's tables, indexes and triggers, and each table's columns."""
-    objects = await (await conn.execute(_postgres_sql.SELECT_OBJECTS)).fetchall()
+async def _columns(conn: psycopg.AsyncConnection[Any]) -> dict[str, set[str]]:
+    """Each table of the schema, and its columns."""
     found: dict[str, set[str]] = {}
     for table, column in await (await conn.execute(_postgres_sql.SELECT_COLUMNS)).fetchall():
         found.setdefault(str(table), set()).add(str(column))
-    return [str(row[0]) for row in objects], found
+    return found
 
 
 async def _simple_query(
